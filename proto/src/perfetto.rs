@@ -1,0 +1,1 @@
+//! Perfetto trace messages (placeholder until the protos land).
