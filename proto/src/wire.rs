@@ -817,6 +817,9 @@ impl HeapNameRecord {
 }
 
 /// Any ring-buffer record, borrowed from the bytes it was decoded from.
+// Records are decoded one at a time and consumed at once; boxing the malloc
+// header would cost an allocation per sample for no gain.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record<'a> {
     /// A sampled allocation and its raw stack.

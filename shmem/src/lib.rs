@@ -1,1 +1,39 @@
-//! placeholder
+//! A multi-writer, single-reader ring buffer of variable-size records in a
+//! sealed memfd, shared by the heapprofd-rs client (writers: the profiled
+//! program's threads) and the daemon (the reader).
+//!
+//! Use it as follows:
+//! 1. The daemon calls [`RingBuffer::create`] and sends the returned memfd to
+//!    the client, which maps it with [`RingBuffer::attach`].
+//! 2. A writer calls [`RingBuffer::begin_write`], fills the [`Reservation`]
+//!    and commits it; then, if [`RingBuffer::take_reader_paused`] says the
+//!    reader sleeps, it wakes the reader (the client pokes a socket).
+//! 3. The reader drains records with [`Reader::read`]. When it finds nothing
+//!    it calls [`RingBuffer::pause_reader`], reads once more, and sleeps only
+//!    if that read is still empty.
+//!
+//! # Guarantees
+//! * Records are committed atomically: the header, written last with release
+//!   ordering, makes a record visible; the reader never sees half a record.
+//! * A record never wraps: the data area is mapped twice back to back.
+//! * Writers reserve space under a spinlock in shared memory; a writer that
+//!   waits more than a second poisons it, so a dead or stuck writer cannot
+//!   hang the others. When the buffer is full a writer drops the record
+//!   ([`WriteMode::Drop`]) or waits up to a timeout ([`WriteMode::Block`]).
+//! * **The reader trusts nothing in the shared memory.** Any positions,
+//!   sizes or flags, changed at any moment by the other side, produce a
+//!   counted [`ReadOutcome::Corrupt`], never undefined behaviour, a panic, an
+//!   out-of-bounds access or an endless loop. The fuzz target `shmem_read`
+//!   checks this.
+
+#![warn(missing_docs)]
+
+mod layout;
+mod mapping;
+mod ring;
+
+pub use layout::{ClientError, RECORD_HEADER_LEN, offsets, record_size, used_bytes};
+pub use mapping::{MAX_DATA_SIZE, SetupError, check_data_size, page_size};
+pub use ring::{
+    Corruption, ReadOutcome, Reader, Reservation, RingBuffer, Stats, WriteError, WriteMode,
+};
