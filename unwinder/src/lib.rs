@@ -1,1 +1,108 @@
-//! placeholder
+//! Remote unwinding and symbolization for heapprofd-rs.
+//!
+//! The client library copies the registers and the raw stack (from the stack
+//! pointer up to the thread's stack end) of each sampled allocation into
+//! shared memory. This crate turns such a copy into a call stack with names,
+//! without running anything inside the profiled process: DWARF CFI unwinding
+//! with [framehop](https://docs.rs/framehop) over the copied bytes, and
+//! symbolization with `addr2line` and the ELF symbol tables.
+//!
+//! # Use it as follows
+//!
+//! 1. Create one [`ModuleCache`] for the daemon and share it (`Arc`) between
+//!    threads and processes. It holds the parsed unwind tables of every ELF
+//!    file seen, keyed by build id (or device + inode + size + mtime), and
+//!    builds symbol tables and DWARF contexts lazily.
+//! 2. For each client, create a [`ProcessContext`] from its pid, a
+//!    [`MapsSource`] and a [`ProcessMemory`]. In production these are
+//!    [`FdMaps`] and [`FdMemory`] over the client's `/proc/self/maps` and
+//!    `/proc/self/mem` descriptors. The maps are parsed at creation, so
+//!    samples of a process that has exited still unwind.
+//! 3. For each sample, call [`ProcessContext::unwind`] with the registers,
+//!    the stack copy and the client library's text range (frames there are
+//!    dropped). The result lists [`Frame`]s leaf first; each carries its
+//!    absolute pc, its lookup address, its `rel_pc` (ELF virtual address, as
+//!    Perfetto's `Frame.rel_pc` and offline symbolizers expect) and an
+//!    `Arc<`[`Mapping`]`>` with what a Perfetto `Mapping` needs (path, build
+//!    id, start/end/offset, load bias).
+//! 4. To name a frame call [`ProcessContext::symbolize_frame`] (or
+//!    [`Module::symbolize`] with a `rel_pc`). It returns the inline chain,
+//!    innermost first, as [`SymbolFrame`]s. Answers are cached per module
+//!    and address, so a frame seen before costs one hash lookup. With
+//!    [`SymbolizeOptions::enabled`] false nothing is symbolized, and the
+//!    trace carries build id + rel_pc for offline symbolization.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext};
+//! use heapprofd_proto::wire::{Arch, RegisterFile};
+//!
+//! let cache = Arc::new(ModuleCache::default());
+//! let pid = 1234;
+//! let mut process = ProcessContext::new(
+//!     pid,
+//!     Box::new(FdMaps::open_pid(pid)?),
+//!     Box::new(FdMemory::open_pid(pid)?),
+//!     cache,
+//! );
+//! # let (regs, sp, stack, client_text) = (RegisterFile::default(), 0u64, Vec::<u8>::new(), 0..0);
+//! let result = process.unwind(Arch::X86_64, &regs, sp, &stack, client_text);
+//! for frame in &result.frames {
+//!     for f in process.symbolize_frame(frame).iter() {
+//!         println!("{:#x} {:?} {:?}:{:?}", frame.pc, f.function, f.file, f.line);
+//!     }
+//! }
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! # Unwinding rules
+//!
+//! * x86_64 and AArch64 (both compiled in; the sample's [`Arch`] chooses).
+//!   Code with no CFI (JIT code, or a module whose file cannot be read) is
+//!   unwound with the frame-pointer chain (framehop's fallback).
+//! * At most [`ProcessOptions::max_frames`] (512) frames are walked, client
+//!   frames included.
+//! * A stack that ends early keeps its frames and ends with a synthetic
+//!   frame whose [`Frame::error`] is set; [`ProcessContext::symbolize_frame`]
+//!   names it `ERROR <KIND>` ([`UnwindErrorKind::as_str`]). Errors are
+//!   counted per process in [`ProcessStats`].
+//! * The vDSO is parsed from the process's memory.
+//!
+//! # Symbolization rules
+//!
+//! Names come from DWARF (inline chain included) when there is a debug file
+//! (`/usr/lib/debug/.build-id/xx/rest.debug`, `.gnu_debuglink` with CRC check,
+//! or DWARF in the module itself; dwz files through `.gnu_debugaltlink`), and
+//! otherwise, or for the outermost function when DWARF has no name, from
+//! `.symtab`, `.dynsym` and `.gnu_debugdata` (MiniDebugInfo). Rust and C++
+//! names are demangled. Code outside any file is named from
+//! `/tmp/perf-PID.map`.
+//!
+//! # Performance
+//!
+//! See `docs/PERFORMANCE.md` ("Unwinder") for measured numbers and the
+//! commands that produced them.
+
+mod cache;
+mod debuginfo;
+mod elf;
+mod maps;
+mod memory;
+mod perfmap;
+mod process;
+mod symbols;
+mod unwind;
+
+pub use cache::{CacheStats, FileKey, Module, ModuleCache};
+pub use debuginfo::{build_id_path, hex as build_id_hex};
+pub use elf::{ElfInfo, LoadSegment, compute_bias};
+pub use maps::{MapEntry, ParsedMaps, parse_maps};
+pub use memory::{
+    FdMaps, FdMemory, MapsSource, NoMemory, ProcessMemory, SnapshotMemory, StaticMaps,
+};
+pub use perfmap::PerfMap;
+pub use process::{Mapping, ProcessContext, ProcessOptions, ProcessStats};
+pub use symbols::{SymbolFrame, SymbolSources, SymbolizeOptions};
+pub use unwind::{Frame, UnwindErrorKind, UnwindResult};
+
+pub use heapprofd_proto::wire::{Arch, RegisterFile};

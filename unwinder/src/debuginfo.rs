@@ -1,0 +1,204 @@
+//! Finding the separate debug information of a module.
+//!
+//! Order, as gdb and samply do it:
+//! 1. `<debug dir>/.build-id/xx/rest.debug` for the module's build id (the
+//!    candidate's own build id must match);
+//! 2. `.gnu_debuglink`: `<dir>/<name>`, `<dir>/.debug/<name>`,
+//!    `<debug dir>/<dir>/<name>`, each accepted only if the CRC32 of the
+//!    whole candidate equals the one stored in the link;
+//! 3. the module itself, when it carries `.debug_info`.
+//!
+//! A debug file's `.gnu_debugaltlink` (dwz) names a supplementary file,
+//! looked up by its path (relative to the debug file's directory when not
+//! absolute) and by `<debug dir>/.build-id/` of its build id, and accepted
+//! only when its build id matches. `.gnu_debugdata` (MiniDebugInfo) is an xz
+//! stream holding an ELF with a `.symtab`; see [`mini_debug_info`].
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object::{Object, ObjectSection};
+
+use crate::elf::FileBytes;
+
+/// Largest MiniDebugInfo payload we decompress.
+const MAX_MINI_DEBUG_INFO: usize = 256 << 20;
+
+/// A debug file found for a module.
+#[derive(Debug, Clone)]
+pub struct DebugFile {
+    /// Where it was found.
+    pub path: PathBuf,
+    /// Its bytes.
+    pub bytes: Arc<FileBytes>,
+}
+
+/// Hex of a build id, lower case.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// `<dir>/.build-id/xx/rest.debug` for a build id.
+pub fn build_id_path(debug_dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
+    let (first, rest) = build_id.split_first()?;
+    if rest.is_empty() {
+        return None;
+    }
+    Some(
+        debug_dir
+            .join(".build-id")
+            .join(format!("{first:02x}"))
+            .join(format!("{}.debug", hex(rest))),
+    )
+}
+
+fn map_file(path: &Path) -> Option<Arc<FileBytes>> {
+    let f = File::open(path).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    FileBytes::map(&f).ok().map(Arc::new)
+}
+
+fn build_id_of(bytes: &[u8]) -> Option<Vec<u8>> {
+    let f = object::File::parse(bytes).ok()?;
+    f.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+/// Looks a file up by build id under the debug directories.
+pub fn find_by_build_id(debug_dirs: &[PathBuf], build_id: &[u8]) -> Option<DebugFile> {
+    for dir in debug_dirs {
+        let Some(path) = build_id_path(dir, build_id) else {
+            continue;
+        };
+        let Some(bytes) = map_file(&path) else {
+            continue;
+        };
+        if build_id_of(&bytes).as_deref() == Some(build_id) {
+            return Some(DebugFile { path, bytes });
+        }
+    }
+    None
+}
+
+/// Follows a `.gnu_debuglink` (name, crc) for the module at `module_path`.
+pub fn find_by_debuglink(
+    debug_dirs: &[PathBuf],
+    module_path: &Path,
+    name: &[u8],
+    crc: u32,
+) -> Option<DebugFile> {
+    let name = std::str::from_utf8(name).ok()?;
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    let dir = module_path.parent()?;
+    let mut candidates = vec![dir.join(name), dir.join(".debug").join(name)];
+    for d in debug_dirs {
+        let rel = dir.strip_prefix("/").unwrap_or(dir);
+        candidates.push(d.join(rel).join(name));
+    }
+    for path in candidates {
+        if path == module_path {
+            continue;
+        }
+        let Some(bytes) = map_file(&path) else {
+            continue;
+        };
+        if crc32fast::hash(&bytes) == crc {
+            return Some(DebugFile { path, bytes });
+        }
+    }
+    None
+}
+
+/// Finds the dwz supplementary file named by a debug file's `.gnu_debugaltlink`.
+pub fn find_altlink(
+    debug_dirs: &[PathBuf],
+    debug_file_path: &Path,
+    alt_path: &[u8],
+    alt_build_id: &[u8],
+) -> Option<DebugFile> {
+    if let Ok(p) = std::str::from_utf8(alt_path) {
+        let p = Path::new(p);
+        let path = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            debug_file_path.parent()?.join(p)
+        };
+        if let Some(bytes) = map_file(&path)
+            && build_id_of(&bytes).as_deref() == Some(alt_build_id)
+        {
+            return Some(DebugFile { path, bytes });
+        }
+    }
+    find_by_build_id(debug_dirs, alt_build_id)
+}
+
+/// Whether an ELF file has DWARF debug info.
+pub fn has_dwarf(file: &object::File<'_>) -> bool {
+    file.section_by_name(".debug_info")
+        .is_some_and(|s| s.size() > 0 && s.kind() != object::SectionKind::UninitializedData)
+}
+
+/// The decompressed ELF image inside `.gnu_debugdata`, if any.
+pub fn mini_debug_info(file: &object::File<'_>) -> Option<Vec<u8>> {
+    let section = file.section_by_name(".gnu_debugdata")?;
+    let data = section.data().ok()?;
+    let mut out = LimitedVec(Vec::new());
+    lzma_rs::xz_decompress(&mut io::Cursor::new(data), &mut out).ok()?;
+    Some(out.0)
+}
+
+/// A `Write` into a `Vec` that refuses to grow past [`MAX_MINI_DEBUG_INFO`].
+struct LimitedVec(Vec<u8>);
+
+impl Write for LimitedVec {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.0.len().saturating_add(buf.len()) > MAX_MINI_DEBUG_INFO {
+            return Err(io::Error::other("MiniDebugInfo too large"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_id_paths() {
+        let p = build_id_path(Path::new("/usr/lib/debug"), &[0x93, 0xac, 0x61]).unwrap();
+        assert_eq!(p, Path::new("/usr/lib/debug/.build-id/93/ac61.debug"));
+        assert!(build_id_path(Path::new("/x"), &[]).is_none());
+        assert!(build_id_path(Path::new("/x"), &[1]).is_none());
+    }
+
+    #[test]
+    fn debuglink_rejects_bad_names_and_crc() {
+        let dirs = vec![PathBuf::from("/usr/lib/debug")];
+        assert!(find_by_debuglink(&dirs, Path::new("/bin/ls"), b"", 0).is_none());
+        assert!(find_by_debuglink(&dirs, Path::new("/bin/ls"), b"../etc/x", 0).is_none());
+        assert!(find_by_debuglink(&dirs, Path::new("/bin/ls"), b"\xff", 0).is_none());
+        // A real file with the wrong CRC is not accepted.
+        let tmp = std::env::temp_dir().join(format!("hp-dl-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join("x.debug"), b"not it").unwrap();
+        let module = tmp.join("x");
+        assert!(find_by_debuglink(&dirs, &module, b"x.debug", 1).is_none());
+        let crc = crc32fast::hash(b"not it");
+        let found = find_by_debuglink(&dirs, &module, b"x.debug", crc).unwrap();
+        assert_eq!(found.path, tmp.join("x.debug"));
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+}

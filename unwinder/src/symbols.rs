@@ -1,0 +1,423 @@
+//! Symbolization of one module: function names, files, lines, inline frames.
+//!
+//! Everything is lazy. The first lookup in a module finds its debug file
+//! (see [`crate::debuginfo`]), builds a sorted symbol table from `.symtab`,
+//! `.dynsym` and MiniDebugInfo, and an `addr2line::Context` over the DWARF
+//! (with the dwz supplementary file attached). Each answered address is
+//! cached, so symbolizing a frame seen before is one hash-map lookup.
+//!
+//! Naming rule: DWARF gives the inline chain (innermost first) and the name
+//! of each function; when DWARF has no name for the outermost function (or
+//! there is no DWARF), the symbol table's name is used. Names are demangled
+//! (Rust `{:#}` form without hash, C++ with parameters).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use object::{Object, ObjectSection, ObjectSymbol};
+
+use crate::debuginfo::{self, DebugFile};
+use crate::elf::FileBytes;
+
+/// One (possibly inlined) function at an address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SymbolFrame {
+    /// Demangled function name.
+    pub function: Option<String>,
+    /// Source file (as recorded in DWARF, directory joined).
+    pub file: Option<String>,
+    /// Source line.
+    pub line: Option<u32>,
+}
+
+/// Where a module's symbols came from (diagnostics and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SymbolSources {
+    /// The separate debug file used for DWARF and `.symtab`, if any.
+    pub debug_file: Option<PathBuf>,
+    /// The dwz supplementary file, if any.
+    pub sup_file: Option<PathBuf>,
+    /// Whether DWARF was found (in the debug file or the module).
+    pub has_dwarf: bool,
+    /// Whether MiniDebugInfo contributed symbols.
+    pub mini_debug_info: bool,
+    /// Number of function symbols in the table.
+    pub symbols: usize,
+}
+
+/// Settings for symbolization, shared by all modules of a cache.
+#[derive(Debug, Clone)]
+pub struct SymbolizeOptions {
+    /// When false, [`crate::ModuleCache::symbolize`] returns nothing and no
+    /// debug file is ever opened (only build id + rel_pc reach the trace).
+    pub enabled: bool,
+    /// Global debug directories (default `/usr/lib/debug`).
+    pub debug_dirs: Vec<PathBuf>,
+}
+
+impl Default for SymbolizeOptions {
+    fn default() -> Self {
+        SymbolizeOptions {
+            enabled: true,
+            debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Sym {
+    addr: u64,
+    size: u64,
+    name: Arc<str>,
+}
+
+/// Function symbols sorted by address.
+#[derive(Debug, Default)]
+pub(crate) struct SymbolTable {
+    syms: Vec<Sym>,
+}
+
+impl SymbolTable {
+    fn add_from(&mut self, file: &object::File<'_>) {
+        for s in file.symbols().chain(file.dynamic_symbols()) {
+            if s.kind() != object::SymbolKind::Text || s.is_undefined() || s.address() == 0 {
+                continue;
+            }
+            let Ok(name) = s.name() else { continue };
+            if name.is_empty() {
+                continue;
+            }
+            let name = addr2line::demangle_auto(Cow::Borrowed(name), None);
+            self.syms.push(Sym {
+                addr: s.address(),
+                size: s.size(),
+                name: Arc::from(name.as_ref()),
+            });
+        }
+    }
+
+    fn finish(&mut self) {
+        // Among symbols at one address, prefer sized, then global-looking
+        // (no leading underscore) names, deterministically.
+        self.syms.sort_by(|a, b| {
+            a.addr
+                .cmp(&b.addr)
+                .then(b.size.cmp(&a.size))
+                .then(a.name.starts_with('_').cmp(&b.name.starts_with('_')))
+                .then(a.name.cmp(&b.name))
+        });
+        self.syms.dedup_by_key(|s| s.addr);
+    }
+
+    /// Number of symbols.
+    pub fn len(&self) -> usize {
+        self.syms.len()
+    }
+
+    /// The function containing `svma`. A symbol of size 0 covers up to the
+    /// next symbol.
+    pub fn lookup(&self, svma: u64) -> Option<&str> {
+        let i = self
+            .syms
+            .partition_point(|s| s.addr <= svma)
+            .checked_sub(1)?;
+        let s = &self.syms[i];
+        if s.size == 0 || svma - s.addr < s.size {
+            Some(&s.name)
+        } else {
+            None
+        }
+    }
+}
+
+type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+
+/// Lazily built per-module symbolization state.
+struct SymState {
+    table: SymbolTable,
+    dwarf: Option<addr2line::Context<Reader>>,
+    sources: SymbolSources,
+}
+
+/// u64-keyed hash (Fibonacci multiply), enough for addresses.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// The symbolizer of one module; lives in the module cache.
+pub(crate) struct ModuleSymbolizer {
+    state: Mutex<Option<SymState>>,
+    by_addr: Mutex<AddrMap<Arc<[SymbolFrame]>>>,
+}
+
+impl std::fmt::Debug for ModuleSymbolizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModuleSymbolizer").finish_non_exhaustive()
+    }
+}
+
+impl ModuleSymbolizer {
+    pub(crate) fn new() -> Self {
+        ModuleSymbolizer {
+            state: Mutex::new(None),
+            by_addr: Mutex::new(AddrMap::default()),
+        }
+    }
+
+    /// Symbolizes `svma` (a rel_pc) of the module whose file is `bytes`.
+    pub(crate) fn symbolize(
+        &self,
+        module_path: &Path,
+        bytes: &Arc<FileBytes>,
+        svma: u64,
+        options: &SymbolizeOptions,
+    ) -> Arc<[SymbolFrame]> {
+        if let Some(hit) = lock(&self.by_addr).get(&svma) {
+            return Arc::clone(hit);
+        }
+        let frames: Arc<[SymbolFrame]> = {
+            let mut guard = lock(&self.state);
+            let state = guard.get_or_insert_with(|| load_state(module_path, bytes, options));
+            lookup(state, svma).into()
+        };
+        lock(&self.by_addr).insert(svma, Arc::clone(&frames));
+        frames
+    }
+
+    /// Which files were used (loads the state if needed).
+    pub(crate) fn sources(
+        &self,
+        module_path: &Path,
+        bytes: &Arc<FileBytes>,
+        options: &SymbolizeOptions,
+    ) -> SymbolSources {
+        let mut guard = lock(&self.state);
+        guard
+            .get_or_insert_with(|| load_state(module_path, bytes, options))
+            .sources
+            .clone()
+    }
+
+    /// Number of addresses cached.
+    pub(crate) fn cached_addresses(&self) -> usize {
+        lock(&self.by_addr).len()
+    }
+}
+
+/// Locks a mutex, ignoring poisoning (the data is caches; a panic while
+/// holding the lock leaves them consistent enough to read).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lookup(state: &SymState, svma: u64) -> Vec<SymbolFrame> {
+    let mut out = Vec::new();
+    if let Some(ctx) = &state.dwarf
+        && let Ok(mut iter) = ctx.find_frames(svma).skip_all_loads()
+    {
+        while let Ok(Some(f)) = iter.next() {
+            let function = f
+                .function
+                .as_ref()
+                .and_then(|n| n.demangle().ok())
+                .map(Cow::into_owned);
+            let (file, line) = match f.location {
+                Some(l) => (l.file.map(str::to_owned), l.line),
+                None => (None, None),
+            };
+            out.push(SymbolFrame {
+                function,
+                file,
+                line,
+            });
+            if out.len() >= 256 {
+                break;
+            }
+        }
+    }
+    let sym = state.table.lookup(svma).map(str::to_owned);
+    match out.last_mut() {
+        Some(last) if last.function.is_none() => last.function = sym,
+        Some(_) => {}
+        None => out.push(SymbolFrame {
+            function: sym,
+            file: None,
+            line: None,
+        }),
+    }
+    out
+}
+
+fn load_state(module_path: &Path, bytes: &Arc<FileBytes>, options: &SymbolizeOptions) -> SymState {
+    let mut sources = SymbolSources::default();
+    let mut table = SymbolTable::default();
+    let Ok(file) = object::File::parse(&***bytes) else {
+        return SymState {
+            table,
+            dwarf: None,
+            sources,
+        };
+    };
+    table.add_from(&file);
+
+    let build_id = file.build_id().ok().flatten();
+    let debug = build_id
+        .and_then(|id| debuginfo::find_by_build_id(&options.debug_dirs, id))
+        .or_else(|| {
+            let (name, crc) = file.gnu_debuglink().ok().flatten()?;
+            debuginfo::find_by_debuglink(&options.debug_dirs, module_path, name, crc)
+        });
+
+    let mut dwarf = None;
+    match &debug {
+        Some(DebugFile { path, bytes: dbg }) => {
+            sources.debug_file = Some(path.clone());
+            if let Ok(dfile) = object::File::parse(&***dbg) {
+                table.add_from(&dfile);
+                dwarf = load_dwarf(&dfile, path, options, &mut sources);
+            }
+        }
+        None => {
+            if debuginfo::has_dwarf(&file) {
+                dwarf = load_dwarf(&file, module_path, options, &mut sources);
+            }
+        }
+    }
+    if let Some(mini) = debuginfo::mini_debug_info(&file)
+        && let Ok(mfile) = object::File::parse(&mini[..])
+    {
+        let before = table.len();
+        table.add_from(&mfile);
+        sources.mini_debug_info = table.len() > before;
+    }
+    table.finish();
+    sources.symbols = table.len();
+    sources.has_dwarf = dwarf.is_some();
+    SymState {
+        table,
+        dwarf,
+        sources,
+    }
+}
+
+fn load_sections(file: &object::File<'_>) -> Result<gimli::Dwarf<Reader>, gimli::Error> {
+    let endian = if file.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    };
+    gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+        // Location and macro lists are never needed for names and lines.
+        let skip = matches!(
+            id,
+            gimli::SectionId::DebugLoc
+                | gimli::SectionId::DebugLocLists
+                | gimli::SectionId::DebugMacinfo
+                | gimli::SectionId::DebugMacro
+        );
+        let data: Arc<[u8]> = match file.section_by_name(id.name()) {
+            Some(s) if !skip => match s.uncompressed_data() {
+                Ok(d) => Arc::from(d.as_ref()),
+                Err(_) => Arc::from(&[][..]),
+            },
+            _ => Arc::from(&[][..]),
+        };
+        Ok(gimli::EndianArcSlice::new(data, endian))
+    })
+}
+
+fn load_dwarf(
+    file: &object::File<'_>,
+    path: &Path,
+    options: &SymbolizeOptions,
+    sources: &mut SymbolSources,
+) -> Option<addr2line::Context<Reader>> {
+    if !debuginfo::has_dwarf(file) {
+        return None;
+    }
+    let mut dwarf = load_sections(file).ok()?;
+    if let Ok(Some((alt_path, alt_id))) = file.gnu_debugaltlink()
+        && let Some(sup) = debuginfo::find_altlink(&options.debug_dirs, path, alt_path, alt_id)
+        && let Ok(sfile) = object::File::parse(&**sup.bytes)
+        && let Ok(sdwarf) = load_sections(&sfile)
+    {
+        dwarf.set_sup(sdwarf);
+        sources.sup_file = Some(sup.path);
+    }
+    addr2line::Context::from_dwarf(dwarf).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(entries: &[(u64, u64, &str)]) -> SymbolTable {
+        let mut t = SymbolTable::default();
+        for &(addr, size, name) in entries {
+            t.syms.push(Sym {
+                addr,
+                size,
+                name: Arc::from(name),
+            });
+        }
+        t.finish();
+        t
+    }
+
+    #[test]
+    fn symbol_table_lookup() {
+        let t = table(&[
+            (0x1000, 0x10, "a"),
+            (0x1000, 0x10, "_a_alias"),
+            (0x2000, 0, "unsized"),
+            (0x3000, 0x8, "c"),
+        ]);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.lookup(0xfff), None);
+        assert_eq!(t.lookup(0x1000), Some("a"));
+        assert_eq!(t.lookup(0x100f), Some("a"));
+        assert_eq!(t.lookup(0x1010), None);
+        assert_eq!(t.lookup(0x2fff), Some("unsized"));
+        assert_eq!(t.lookup(0x3008), None);
+        assert_eq!(t.lookup(u64::MAX), None);
+    }
+
+    #[test]
+    fn garbage_module_gives_unnamed_frame() {
+        let s = ModuleSymbolizer::new();
+        let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
+        let f = s.symbolize(
+            Path::new("/x"),
+            &bytes,
+            0x1234,
+            &SymbolizeOptions::default(),
+        );
+        assert_eq!(
+            &f[..],
+            &[SymbolFrame {
+                function: None,
+                file: None,
+                line: None
+            }]
+        );
+        assert_eq!(s.cached_addresses(), 1);
+    }
+}

@@ -1,0 +1,314 @@
+//! Unwinding one sample: registers + the copied stack → frames.
+//!
+//! Memory view: reads inside `[stack_pointer, stack_pointer + stack.len())`
+//! are served from the copy; reads below `stack_pointer` inside the stack's
+//! mapping are refused (that memory has changed since the sample); every
+//! other read is a `pread` of the process memory. Return addresses are
+//! looked up at `address - 1` (the call instruction), the first frame at its
+//! pc.
+//!
+//! The walk and the mapping lookups are two passes: when a frame falls in
+//! no known mapping, the maps are read again (rate limited) and, if they
+//! changed (a `dlopen`), the walk is redone once with the new modules.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use framehop::aarch64::{PtrAuthMask, UnwindRegsAarch64};
+use framehop::x86_64::UnwindRegsX86_64;
+use framehop::{FrameAddress, Unwinder};
+use heapprofd_proto::wire::{Arch, RegisterFile, aarch64, x86_64};
+
+use crate::memory::ProcessMemory;
+use crate::process::{ArchUnwinder, Mapping, ProcessContext};
+
+/// Why an unwind stopped before the root of the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnwindErrorKind {
+    /// A stack (or memory) read the unwind rules asked for failed: the copy
+    /// was too short or the process memory was unreadable.
+    MemoryInvalid,
+    /// A frame's address is in no mapping of the process (after a re-read
+    /// of the maps): a corrupt stack or garbage return address.
+    InvalidMap,
+    /// The code had no unwind information and the frame-pointer guess led
+    /// nowhere (or the CFI gave an impossible result).
+    UnwindInfo,
+    /// More than the frame limit.
+    MaxFramesExceeded,
+    /// pc or sp are zero, or sp is outside the copied stack.
+    InvalidRegisters,
+}
+
+impl UnwindErrorKind {
+    /// Number of kinds.
+    pub const COUNT: usize = 5;
+    /// All kinds, in [`UnwindErrorKind::index`] order.
+    pub const ALL: [UnwindErrorKind; Self::COUNT] = [
+        Self::MemoryInvalid,
+        Self::InvalidMap,
+        Self::UnwindInfo,
+        Self::MaxFramesExceeded,
+        Self::InvalidRegisters,
+    ];
+
+    /// Dense index for counters.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Upper-case name, as used in the `ERROR <KIND>` frame (libunwindstack
+    /// and Perfetto spell the first four the same way).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::MemoryInvalid => "MEMORY_INVALID",
+            Self::InvalidMap => "INVALID_MAP",
+            Self::UnwindInfo => "UNWIND_INFO",
+            Self::MaxFramesExceeded => "MAX_FRAMES_EXCEEDED",
+            Self::InvalidRegisters => "INVALID_REGISTERS",
+        }
+    }
+}
+
+impl std::fmt::Display for UnwindErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One frame of an unwound stack.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// Absolute pc: the interrupted pc for the first frame of the walk, a
+    /// return address for the others. 0 for the error frame.
+    pub pc: u64,
+    /// Address to symbolize: `pc` for the first frame of the walk,
+    /// `pc - 1` for return addresses.
+    pub lookup_pc: u64,
+    /// ELF virtual address of `lookup_pc` in its module (what offline
+    /// symbolizers and Perfetto's `Frame.rel_pc` take).
+    pub rel_pc: u64,
+    /// The mapping `pc` falls in (`None` only for the error frame).
+    pub mapping: Option<Arc<Mapping>>,
+    /// Set on the synthetic last frame of a stack that ended in an error.
+    pub error: Option<UnwindErrorKind>,
+}
+
+impl Frame {
+    fn error(kind: UnwindErrorKind) -> Frame {
+        Frame {
+            pc: 0,
+            lookup_pc: 0,
+            rel_pc: 0,
+            mapping: None,
+            error: Some(kind),
+        }
+    }
+}
+
+/// The result of [`ProcessContext::unwind`].
+#[derive(Debug, Clone, Default)]
+pub struct UnwindResult {
+    /// Leaf first. When `error` is set, the last element is the synthetic
+    /// error frame (`Frame::error` set).
+    pub frames: Vec<Frame>,
+    /// Why the walk stopped early, if it did.
+    pub error: Option<UnwindErrorKind>,
+}
+
+impl UnwindResult {
+    /// The real frames (without the synthetic error frame).
+    pub fn real_frames(&self) -> &[Frame] {
+        match self.frames.last() {
+            Some(f) if f.error.is_some() => &self.frames[..self.frames.len() - 1],
+            _ => &self.frames,
+        }
+    }
+}
+
+/// How a walk ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WalkEnd {
+    Root,
+    Framehop(framehop::Error),
+    MaxFrames,
+    InvalidRegisters,
+}
+
+impl ProcessContext {
+    /// Unwinds one sample.
+    ///
+    /// * `regs`: the captured registers (DWARF numbering, see
+    ///   [`heapprofd_proto::wire::RegisterFile`]);
+    /// * `stack_pointer`, `stack`: the copied stack `[sp, sp + len)`;
+    /// * `skip`: text range of the client library. Leading frames whose pc is
+    ///   inside it (the malloc hook and its helpers) are dropped, so the
+    ///   first frame is the user's call site: the function that called
+    ///   `malloc`/`new` (C++ `operator new` in libstdc++ stays as a frame).
+    ///   An empty range drops nothing.
+    pub fn unwind(
+        &mut self,
+        arch: Arch,
+        regs: &RegisterFile,
+        stack_pointer: u64,
+        stack: &[u8],
+        skip: Range<u64>,
+    ) -> UnwindResult {
+        let t0 = Instant::now();
+        let mut end = self.walk(arch, regs, stack_pointer, stack);
+        let mut unmapped = self.first_unmapped();
+        if unmapped.is_some() && self.maybe_reparse() {
+            end = self.walk(arch, regs, stack_pointer, stack);
+            unmapped = self.first_unmapped();
+        }
+        let mut error = match end {
+            WalkEnd::Root => None,
+            WalkEnd::MaxFrames => Some(UnwindErrorKind::MaxFramesExceeded),
+            WalkEnd::InvalidRegisters => Some(UnwindErrorKind::InvalidRegisters),
+            WalkEnd::Framehop(e) => Some(self.classify(e)),
+        };
+        if let Some(i) = unmapped {
+            self.scratch.truncate(i);
+            error = Some(UnwindErrorKind::InvalidMap);
+        }
+
+        let mut frames = Vec::with_capacity(self.scratch.len() + 1);
+        let mut skipping = !skip.is_empty();
+        for &(pc, is_return) in &self.scratch {
+            if skipping && skip.contains(&pc) {
+                continue;
+            }
+            skipping = false;
+            let lookup_pc = if is_return { pc.wrapping_sub(1) } else { pc };
+            let mapping = self.mapping_for(pc).cloned();
+            let rel_pc = mapping.as_ref().map_or(lookup_pc, |m| m.rel_pc(lookup_pc));
+            frames.push(Frame {
+                pc,
+                lookup_pc,
+                rel_pc,
+                mapping,
+                error: None,
+            });
+        }
+        self.stats.unwinds += 1;
+        self.stats.frames += frames.len() as u64;
+        if let Some(kind) = error {
+            self.stats.errors[kind.index()] += 1;
+            frames.push(Frame::error(kind));
+        }
+        let dt = t0.elapsed();
+        self.stats.unwind_time += dt;
+        self.stats.max_unwind_time = self.stats.max_unwind_time.max(dt);
+        UnwindResult { frames, error }
+    }
+
+    /// Index of the first walked address that is in no mapping.
+    fn first_unmapped(&self) -> Option<usize> {
+        self.scratch
+            .iter()
+            .position(|&(pc, _)| self.mapping_for(pc).is_none())
+    }
+
+    fn classify(&self, e: framehop::Error) -> UnwindErrorKind {
+        let last_has_cfi = self
+            .scratch
+            .last()
+            .and_then(|&(pc, _)| self.mapping_for(pc))
+            .is_some_and(|m| m.has_unwind_info());
+        match e {
+            framehop::Error::CouldNotReadStack(_) if last_has_cfi => UnwindErrorKind::MemoryInvalid,
+            framehop::Error::CouldNotReadStack(_) => UnwindErrorKind::UnwindInfo,
+            framehop::Error::IntegerOverflow
+            | framehop::Error::DidNotAdvance
+            | framehop::Error::FramepointerUnwindingMovedBackwards
+            | framehop::Error::ReturnAddressIsNull => UnwindErrorKind::UnwindInfo,
+        }
+    }
+
+    /// Walks the stack into `self.scratch` as (address, is_return_address).
+    fn walk(
+        &mut self,
+        arch: Arch,
+        regs: &RegisterFile,
+        stack_pointer: u64,
+        stack: &[u8],
+    ) -> WalkEnd {
+        self.scratch.clear();
+        let r = &regs.0;
+        let (sp, pc) = match arch {
+            Arch::X86_64 => (r[x86_64::RSP], r[x86_64::RIP]),
+            Arch::Aarch64 => (r[aarch64::SP], r[aarch64::PC]),
+        };
+        let stack_end = stack_pointer.saturating_add(stack.len() as u64);
+        if pc == 0 || sp == 0 || (!stack.is_empty() && !(stack_pointer..=stack_end).contains(&sp)) {
+            return WalkEnd::InvalidRegisters;
+        }
+        // The stack's own mapping: reads below the copy there are refused.
+        let stack_map = self
+            .mapping_for(stack_pointer)
+            .map_or(stack_pointer..stack_pointer, |m| m.start..m.end);
+        self.ensure_unwinder(arch);
+        let memory: &dyn ProcessMemory = &*self.memory;
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            if let Some(off) = addr.checked_sub(stack_pointer)
+                && let Ok(off) = usize::try_from(off)
+                && let Some(b) = off.checked_add(8).and_then(|e| stack.get(off..e))
+            {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(b);
+                return Ok(u64::from_le_bytes(w));
+            }
+            if addr < stack_pointer && stack_map.contains(&addr) {
+                return Err(());
+            }
+            memory.read_u64(addr).map_err(|_| ())
+        };
+        let max = self.options.max_frames;
+        let out = &mut self.scratch;
+        match (&self.unwinder, arch) {
+            (Some(ArchUnwinder::X86_64(u)), Arch::X86_64) => {
+                let Some(cache) = self.cache_x86_64.as_deref_mut() else {
+                    return WalkEnd::InvalidRegisters;
+                };
+                let regs = UnwindRegsX86_64::new(pc, sp, r[x86_64::RBP]);
+                let mut it = u.iter_frames(pc, regs, cache, &mut read);
+                collect(|| it.next(), out, max)
+            }
+            (Some(ArchUnwinder::Aarch64(u)), Arch::Aarch64) => {
+                let Some(cache) = self.cache_aarch64.as_deref_mut() else {
+                    return WalkEnd::InvalidRegisters;
+                };
+                let mask = PtrAuthMask::from_max_known_address(u.max_known_code_address());
+                let regs = UnwindRegsAarch64::new_with_ptr_auth_mask(
+                    mask,
+                    r[aarch64::LR],
+                    sp,
+                    r[aarch64::FP],
+                );
+                let mut it = u.iter_frames(pc, regs, cache, &mut read);
+                collect(|| it.next(), out, max)
+            }
+            _ => WalkEnd::InvalidRegisters,
+        }
+    }
+}
+
+fn collect(
+    mut next: impl FnMut() -> Result<Option<FrameAddress>, framehop::Error>,
+    out: &mut Vec<(u64, bool)>,
+    max: usize,
+) -> WalkEnd {
+    loop {
+        match next() {
+            Ok(Some(fa)) => {
+                if out.len() >= max {
+                    return WalkEnd::MaxFrames;
+                }
+                out.push((fa.address(), fa.is_return_address()));
+            }
+            Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => return WalkEnd::Root,
+            Err(e) => return WalkEnd::Framehop(e),
+        }
+    }
+}
