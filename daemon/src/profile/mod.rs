@@ -1,0 +1,1 @@
+//! Placeholder for `profile` (in progress).

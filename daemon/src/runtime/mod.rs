@@ -1,0 +1,1 @@
+//! Placeholder for `runtime` (in progress).

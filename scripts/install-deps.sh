@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs, skipping what is already there.
+# Debian packages: compilers and debuggers the end-to-end tests drive, glibc's
+# debug symbols (libc frames must be named), heaptrack (reference totals).
+# Python: the official Perfetto trace schema. Cargo: cargo-fuzz.
+set -euo pipefail
+
+need_apt=()
+for pkg in gcc g++ gdb binutils xz-utils libc6-dbg heaptrack python3-pip; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing Debian packages: ${need_apt[*]} (run as root, or: sudo apt-get install ${need_apt[*]})" >&2
+    exit 1
+  fi
+  echo "install-deps: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! python3 -c 'import perfetto.protos.perfetto.trace.perfetto_trace_pb2' >/dev/null 2>&1; then
+  echo "install-deps: pip install perfetto"
+  python3 -m pip install -q perfetto 2>&1 | grep -v "WARNING: Running pip as the 'root' user" || true
+  python3 -c 'import perfetto.protos.perfetto.trace.perfetto_trace_pb2'
+fi
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "install-deps: cargo install cargo-fuzz"
+  cargo install -q cargo-fuzz --locked
+fi
