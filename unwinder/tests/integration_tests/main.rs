@@ -1,0 +1,4 @@
+//! Integration tests of heapprofd-unwinder (one test binary, samply style).
+
+mod common;
+mod gdb_compare;
