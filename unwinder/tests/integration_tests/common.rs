@@ -203,7 +203,11 @@ pub fn normalize(name: &str) -> String {
         .replace("operator>", "operator@gt");
     let s = strip_groups(&s, '(', ')');
     let s = strip_groups(&s, '<', '>');
-    let mut s = s.trim().trim_end_matches(" const").trim_end_matches("::").to_owned();
+    let mut s = s
+        .trim()
+        .trim_end_matches(" const")
+        .trim_end_matches("::")
+        .to_owned();
     if let Some(i) = s.rfind("::h")
         && s.len() - i == 19
         && s[i + 3..].chars().all(|c| c.is_ascii_hexdigit())
@@ -247,6 +251,21 @@ pub fn assert_same_as_gdb(
     (ctx, r)
 }
 
+/// `[address, address + size)` of the first symbol of `bin` whose (raw)
+/// name equals `name` or, for mangled names, contains it.
+pub fn nm_range(bin: &Path, name: &str) -> (u64, u64) {
+    let out = run(Command::new("nm").arg("-S").arg(bin));
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() == 4 && (f[3] == name || (f[3].starts_with("_") && f[3].contains(name))) {
+            let a = u64::from_str_radix(f[0], 16).unwrap();
+            let n = u64::from_str_radix(f[1], 16).unwrap();
+            return (a, a + n);
+        }
+    }
+    panic!("{name} not in nm output of {}", bin.display());
+}
+
 /// gcc/g++ with the given flags.
 pub fn compile(compiler: &str, src: &str, out: &Path, flags: &[&str]) {
     run(Command::new(compiler)
@@ -274,14 +293,20 @@ fn normalize_examples() {
         ("main::{lambda()#1}::operator()() const", "operator()"),
         ("rprog::recurse::{closure#0}", "{closure}"),
         ("rprog::recurse::{{closure}}", "{closure}"),
-        ("core::iter::adapters::map::map_fold::{closure#0}<u64, u64, u64, fn>", "{closure}"),
+        (
+            "core::iter::adapters::map::map_fold::{closure#0}<u64, u64, u64, fn>",
+            "{closure}",
+        ),
         ("rprog::leaf::h0123456789abcdef", "leaf"),
         ("__GI___qsort_r", "__GI___qsort_r"),
         (
             "std::panicking::catch_unwind::do_call::<&dyn core::ops::function::Fn<(), Output = i32>, i32>",
             "do_call",
         ),
-        ("<fn() -> core::result::Result<(), String> as core::ops::FnOnce<()>>::call_once", "call_once"),
+        (
+            "<fn() -> core::result::Result<(), String> as core::ops::FnOnce<()>>::call_once",
+            "call_once",
+        ),
     ];
     for (input, want) in cases {
         assert_eq!(normalize(input), want, "{input}");

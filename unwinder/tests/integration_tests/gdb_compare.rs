@@ -39,8 +39,11 @@ fn assert_libc_named(names: &[String]) {
 
 #[test]
 fn c_o2_without_frame_pointers_pie() {
-    let Some(cap) = c_capture("c_o2_pie", &["-O2", "-g", "-fomit-frame-pointer", "-pie", "-fPIE"], "10")
-    else {
+    let Some(cap) = c_capture(
+        "c_o2_pie",
+        &["-O2", "-g", "-fomit-frame-pointer", "-pie", "-fPIE"],
+        "10",
+    ) else {
         return;
     };
     let (ctx, r) = common::assert_same_as_gdb(&cap, &cache());
@@ -48,6 +51,14 @@ fn c_o2_without_frame_pointers_pie() {
     let names = common::names(&ctx, &r);
     assert_libc_named(&names);
     assert_eq!(names[0], "leaf");
+    let (lo, hi) = common::nm_range(&cap.dir.join("../deep"), "leaf");
+    let leaf = &r.real_frames()[0];
+    assert!(
+        (lo..hi).contains(&leaf.rel_pc),
+        "{:#x} not in {lo:#x}..{hi:#x}",
+        leaf.rel_pc
+    );
+    assert_eq!(leaf.mapping.as_ref().unwrap().start_offset, 0);
     // The inlined helper appears as its own frame, with main as its caller.
     let i = names.iter().position(|n| n == "helper").unwrap();
     assert_eq!(names[i + 1], "main");
@@ -138,11 +149,17 @@ fn stripped_with_debuglink() {
     assert_eq!(r.error, None);
     let m = r.real_frames()[0].mapping.clone().unwrap();
     let src = m.module.as_ref().unwrap().symbol_sources();
-    assert_eq!(src.debug_file.as_deref(), Some(dir.join("deep.debug").as_path()));
+    assert_eq!(
+        src.debug_file.as_deref(),
+        Some(dir.join("deep.debug").as_path())
+    );
     assert!(src.has_dwarf);
     // File and line come from the debug file.
     let s = &ctx.symbolize_frame(&r.real_frames()[0])[0];
-    assert!(s.file.as_deref().is_some_and(|f| f.ends_with("deep.c")), "{s:?}");
+    assert!(
+        s.file.as_deref().is_some_and(|f| f.ends_with("deep.c")),
+        "{s:?}"
+    );
     assert!(s.line.is_some());
 }
 
@@ -214,7 +231,10 @@ fn cxx_thread_sort_lambda() {
     };
     let (ctx, r) = common::assert_same_as_gdb(&cap, &cache());
     let names = common::names(&ctx, &r);
-    assert!(names.iter().any(|n| n.contains("start_thread")), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.contains("start_thread")),
+        "{names:?}"
+    );
     assert!(names.iter().any(|n| n.contains("sorted_sum")), "{names:?}");
     assert_eq!(r.error, None);
 }
@@ -228,7 +248,15 @@ fn rust_release() {
     let bin = dir.join("rprog");
     common::run(
         std::process::Command::new("rustc")
-            .args(["-C", "opt-level=3", "-C", "debuginfo=2", "--edition", "2021", "-o"])
+            .args([
+                "-C",
+                "opt-level=3",
+                "-C",
+                "debuginfo=2",
+                "--edition",
+                "2021",
+                "-o",
+            ])
             .arg(&bin)
             .arg(common::programs_dir().join("rprog.rs")),
     );
@@ -238,6 +266,29 @@ fn rust_release() {
     let names = common::names(&ctx, &r);
     assert_eq!(names[0], "rprog::leaf");
     assert!(names.iter().filter(|n| *n == "rprog::recurse").count() == 21);
+    // rustc's lld output is the "SVMA gap" case: the executable PT_LOAD's
+    // p_vaddr - p_offset is not the mapping's start - offset.
+    let leaf = &r.real_frames()[0];
+    let m = leaf.mapping.as_ref().unwrap();
+    let seg = m
+        .module
+        .as_ref()
+        .unwrap()
+        .elf
+        .segments
+        .iter()
+        .find(|s| s.exec)
+        .unwrap();
+    assert_ne!(seg.vaddr, seg.offset);
+    assert_ne!(m.avma_bias, m.start - m.offset, "naive bias would be wrong");
+    assert_eq!(m.load_bias, seg.vaddr - seg.offset);
+    // rel_pc is the ELF virtual address nm reports for the symbol.
+    let (lo, hi) = common::nm_range(&bin, "5rprog4leaf");
+    assert!(
+        (lo..hi).contains(&leaf.rel_pc),
+        "{:#x} not in {lo:#x}..{hi:#x}",
+        leaf.rel_pc
+    );
 }
 
 /// Several processes share the cache: libc is parsed once.

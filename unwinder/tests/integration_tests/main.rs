@@ -2,3 +2,6 @@
 
 mod common;
 mod gdb_compare;
+mod hostile;
+mod live;
+mod selfcapture;
