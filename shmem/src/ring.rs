@@ -6,6 +6,7 @@
 //! what they own in private memory (the reader its read position), re-check
 //! every shared value before using it, and never loop without a bound.
 
+use std::ops::Deref;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
@@ -371,18 +372,10 @@ impl RingBuffer {
         }
     }
 
-    /// Returns the reader handle. Only one process (the daemon) may read.
-    pub fn reader(&self) -> Reader<'_> {
-        Reader {
-            rb: self,
-            read_pos: 0,
-            published_pos: 0,
-            write_pos: 0,
-            corrupt: None,
-            reads_ok: 0,
-            reads_corrupt: 0,
-            reads_empty: 0,
-        }
+    /// Returns a reader borrowing this buffer. Only one process (the daemon)
+    /// may read, and only through one reader at a time.
+    pub fn reader(&self) -> Reader<&RingBuffer> {
+        Reader::new(self)
     }
 
     /// Raw pointers to the metadata page and the data area, for fuzzers and
@@ -469,9 +462,13 @@ impl Drop for Reservation<'_> {
 
 /// The single reader. Keeps its read position privately and only publishes
 /// it; the shared copy is never read back.
+///
+/// `B` is how the reader holds the buffer: `&RingBuffer` from
+/// [`RingBuffer::reader`], or an owning pointer (`Box`, `Arc`) from
+/// [`Reader::new`] when the reader must live alongside other session state.
 #[derive(Debug)]
-pub struct Reader<'a> {
-    rb: &'a RingBuffer,
+pub struct Reader<B: Deref<Target = RingBuffer>> {
+    rb: B,
     read_pos: u64,
     /// Last read position stored to shared memory.
     published_pos: u64,
@@ -483,7 +480,26 @@ pub struct Reader<'a> {
     reads_empty: u64,
 }
 
-impl Reader<'_> {
+impl<B: Deref<Target = RingBuffer>> Reader<B> {
+    /// A reader starting at the beginning of a buffer the caller created.
+    pub fn new(rb: B) -> Self {
+        Reader {
+            rb,
+            read_pos: 0,
+            published_pos: 0,
+            write_pos: 0,
+            corrupt: None,
+            reads_ok: 0,
+            reads_corrupt: 0,
+            reads_empty: 0,
+        }
+    }
+
+    /// The buffer being read.
+    pub fn ring(&self) -> &RingBuffer {
+        &self.rb
+    }
+
     /// Copies the next record's payload into `out` (replacing its contents).
     ///
     /// Discarded records are skipped. Never blocks, never loops more than the
