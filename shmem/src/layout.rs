@@ -32,10 +32,11 @@ pub(crate) const HDR_LEN_MASK: u64 = 0xffff_ffff;
 pub const RECORD_HEADER_LEN: usize = 8;
 
 /// Writer-side error states recorded in the metadata page (heapprofd's `ErrorState`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u32)]
 pub enum ClientError {
     /// No error.
+    #[default]
     None = 0,
     /// A blocking writer waited longer than the configured timeout.
     HitTimeout = 1,
