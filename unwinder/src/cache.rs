@@ -161,9 +161,13 @@ impl ModuleCache {
     /// The module of a file-backed mapping of process `pid` (`None`: the
     /// process may be gone, the path is then used).
     pub fn module_for_mapping(&self, pid: Option<u32>, entry: &MapEntry) -> Option<Arc<Module>> {
-        let from_map_files = pid.and_then(|pid| {
-            File::open(format!("/proc/{pid}/map_files/{}", entry.map_files_name())).ok()
-        });
+        // The inode check guards against a reused pid whose new process
+        // happens to have a mapping at the same range.
+        let from_map_files = pid
+            .and_then(|pid| {
+                File::open(format!("/proc/{pid}/map_files/{}", entry.map_files_name())).ok()
+            })
+            .filter(|f| f.metadata().is_ok_and(|m| m.ino() == entry.inode));
         let file = match from_map_files {
             Some(f) => f,
             None => match File::open(&entry.path) {

@@ -27,7 +27,7 @@
 //!    id, start/end/offset, load bias).
 //! 4. To name a frame call [`ProcessContext::symbolize_frame`] (or
 //!    [`Module::symbolize`] with a `rel_pc`). It returns the inline chain,
-//!    innermost first, as [`SymbolFrame`]s. Answers are cached per module
+//!    innermost first, as a shared `Arc<[`[`SymbolFrame`]`]>`. Answers are cached per module
 //!    and address, so a frame seen before costs one hash lookup. With
 //!    [`SymbolizeOptions::enabled`] false nothing is symbolized, and the
 //!    trace carries build id + rel_pc for offline symbolization.
@@ -60,6 +60,12 @@
 //! * x86_64 and AArch64 (both compiled in; the sample's [`Arch`] chooses).
 //!   Code with no CFI (JIT code, or a module whose file cannot be read) is
 //!   unwound with the frame-pointer chain (framehop's fallback).
+//! * The leaf is the user's call site: leading frames whose pc is in the
+//!   client library's text range (the interposed `malloc` and the capture
+//!   code) are dropped, so the first frame is the function that called
+//!   `malloc`/`new`; libstdc++'s `operator new`, when it sits in between,
+//!   stays. The first kept frame is then a return address, looked up at
+//!   `pc - 1` like every caller frame.
 //! * At most [`ProcessOptions::max_frames`] (512) frames are walked, client
 //!   frames included.
 //! * A stack that ends early keeps its frames and ends with a synthetic
@@ -77,6 +83,15 @@
 //! `.symtab`, `.dynsym` and `.gnu_debugdata` (MiniDebugInfo). Rust and C++
 //! names are demangled. Code outside any file is named from
 //! `/tmp/perf-PID.map`.
+//!
+//! # Tests
+//!
+//! `tests/integration_tests/gdb_compare.rs` runs programs from
+//! `tests/programs/` (C at -O2 without frame pointers and at -O0, PIE and
+//! non-PIE, stripped with a debuglink, MiniDebugInfo only, dwz, C++ with
+//! inlining/exceptions/threads, Rust release, recursion over 100 frames)
+//! under gdb, captures a sample at a breakpoint, kills the process, unwinds
+//! the capture offline and requires gdb's `bt` frame names.
 //!
 //! # Performance
 //!

@@ -249,6 +249,13 @@ impl ProcessContext {
             .mapping_for(stack_pointer)
             .map_or(stack_pointer..stack_pointer, |m| m.start..m.end);
         self.ensure_unwinder(arch);
+        let max_code = self
+            .mappings
+            .iter()
+            .filter(|m| m.exec)
+            .map(|m| m.end)
+            .max()
+            .unwrap_or(0);
         let memory: &dyn ProcessMemory = &*self.memory;
         let mut read = |addr: u64| -> Result<u64, ()> {
             if let Some(off) = addr.checked_sub(stack_pointer)
@@ -279,7 +286,12 @@ impl ProcessContext {
                 let Some(cache) = self.cache_aarch64.as_deref_mut() else {
                     return WalkEnd::InvalidRegisters;
                 };
-                let mask = PtrAuthMask::from_max_known_address(u.max_known_code_address());
+                // Pointer-authentication bits are above the highest code
+                // address of the process (JIT code included).
+                let mask = match max_code {
+                    0 => PtrAuthMask::new_no_strip(),
+                    a => PtrAuthMask::from_max_known_address(a.max(u.max_known_code_address())),
+                };
                 let regs = UnwindRegsAarch64::new_with_ptr_auth_mask(
                     mask,
                     r[aarch64::LR],

@@ -308,3 +308,40 @@ fn modules_are_shared_between_processes() {
     assert_eq!(cache.stats().modules_loaded, loaded + 1);
     assert!(Path::new(&a.dir).exists());
 }
+
+/// DWARF moved into a dwz supplementary file (`.gnu_debugaltlink`): names of
+/// functions and inlined functions live in the supplementary file only.
+/// Needs the `dwz` tool; skipped (with a message) where it is missing.
+#[test]
+fn dwz_supplementary_file() {
+    if !common::gdb_tests_enabled() {
+        return;
+    }
+    if std::process::Command::new("dwz")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("dwz not installed: skipping dwz_supplementary_file (apt-get install dwz)");
+        return;
+    }
+    let dir = common::scratch("c_dwz");
+    compile("gcc", "deep.c", &dir.join("a"), &["-O2", "-g"]);
+    compile("gcc", "deep.c", &dir.join("b"), &["-O0", "-g"]);
+    let common_debug = dir.join("common.debug");
+    sh(
+        &dir,
+        &format!("dwz -m common.debug -M {} a b", common_debug.display()),
+    );
+    let cap = common::capture(&dir, &dir.join("a"), &["10"], "leaf");
+    let (ctx, r) = common::assert_same_as_gdb(&cap, &cache());
+    assert_eq!(r.error, None);
+    let m = r.real_frames()[0].mapping.clone().unwrap();
+    let src = m.module.as_ref().unwrap().symbol_sources();
+    assert_eq!(
+        src.sup_file.as_deref(),
+        Some(common_debug.as_path()),
+        "{src:?}"
+    );
+    assert!(common::names(&ctx, &r).contains(&"helper".to_owned()));
+}

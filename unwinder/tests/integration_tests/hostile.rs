@@ -312,3 +312,31 @@ fn unknown_address_triggers_rate_limited_reparse() {
     assert_eq!(c.stats().map_reparses, 0);
     assert_eq!(r.error, Some(UnwindErrorKind::InvalidMap));
 }
+
+/// AArch64 is compiled in: a frame-pointer chain through code without CFI.
+#[test]
+fn aarch64_frame_pointer_chain() {
+    let maps = "7f0000000000-7f0000001000 r-xp 00000000 00:00 0\n\
+                7ffd00000000-7ffd00010000 rw-p 00000000 00:00 0 [stack]\n";
+    let mut c = ctx_with(maps.to_owned(), ProcessOptions::default());
+    let sp = 0x7ffd_0000_0000u64;
+    let mut stack = vec![0u8; 64];
+    // AArch64 frame record at fp: [caller fp][return address (lr)].
+    stack[16..24].copy_from_slice(&(sp + 32).to_le_bytes());
+    stack[24..32].copy_from_slice(&0x7f00_0000_0300u64.to_le_bytes());
+    let mut r = RegisterFile::default();
+    r.0[32] = 0x7f00_0000_0100; // pc
+    r.0[30] = 0x7f00_0000_0200; // lr
+    r.0[31] = sp;
+    r.0[29] = sp + 16; // fp
+    let res = c.unwind(Arch::Aarch64, &r, sp, &stack, 0..0);
+    let pcs: Vec<u64> = res.real_frames().iter().map(|f| f.pc).collect();
+    assert_eq!(pcs[0], 0x7f00_0000_0100);
+    assert!(pcs.len() >= 2, "{pcs:?} {:?}", res.error);
+    assert!(
+        res.real_frames()[1..]
+            .iter()
+            .all(|f| f.lookup_pc == f.pc - 1),
+        "{pcs:x?}"
+    );
+}
