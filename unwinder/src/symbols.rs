@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
@@ -165,7 +165,7 @@ type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 /// The symbolizer of one module; lives in the module cache.
 pub(crate) struct ModuleSymbolizer {
     state: Mutex<Option<SymState>>,
-    by_addr: Mutex<AddrMap<Arc<[SymbolFrame]>>>,
+    by_addr: RwLock<AddrMap<Arc<[SymbolFrame]>>>,
 }
 
 impl std::fmt::Debug for ModuleSymbolizer {
@@ -178,7 +178,7 @@ impl ModuleSymbolizer {
     pub(crate) fn new() -> Self {
         ModuleSymbolizer {
             state: Mutex::new(None),
-            by_addr: Mutex::new(AddrMap::default()),
+            by_addr: RwLock::new(AddrMap::default()),
         }
     }
 
@@ -190,7 +190,7 @@ impl ModuleSymbolizer {
         svma: u64,
         options: &SymbolizeOptions,
     ) -> Arc<[SymbolFrame]> {
-        if let Some(hit) = lock(&self.by_addr).get(&svma) {
+        if let Some(hit) = read(&self.by_addr).get(&svma) {
             return Arc::clone(hit);
         }
         let frames: Arc<[SymbolFrame]> = {
@@ -198,7 +198,7 @@ impl ModuleSymbolizer {
             let state = guard.get_or_insert_with(|| load_state(module_path, bytes, options));
             lookup(state, svma).into()
         };
-        lock(&self.by_addr).insert(svma, Arc::clone(&frames));
+        write(&self.by_addr).insert(svma, Arc::clone(&frames));
         frames
     }
 
@@ -218,7 +218,7 @@ impl ModuleSymbolizer {
 
     /// Number of addresses cached.
     pub(crate) fn cached_addresses(&self) -> usize {
-        lock(&self.by_addr).len()
+        read(&self.by_addr).len()
     }
 }
 
@@ -226,6 +226,14 @@ impl ModuleSymbolizer {
 /// holding the lock leaves them consistent enough to read).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
 }
 
 fn lookup(state: &SymState, svma: u64) -> Vec<SymbolFrame> {

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use heapprofd_unwinder::{ModuleCache, UnwindErrorKind};
+use heapprofd_unwinder::{Arch, ModuleCache, UnwindErrorKind};
 
 use crate::common::{self, Capture, compile, sh};
 
@@ -59,6 +59,18 @@ fn c_o2_without_frame_pointers_pie() {
         leaf.rel_pc
     );
     assert_eq!(leaf.mapping.as_ref().unwrap().start_offset, 0);
+
+    // The same sample with its stack copy cut short: the frames found are
+    // the first frames of the full stack, then MEMORY_INVALID.
+    let mut short = common::context(&cap, &cache());
+    let cut = &cap.stack[..256];
+    let p = short.unwind(Arch::X86_64, &cap.regs, cap.sp, cut, 0..0);
+    assert_eq!(p.error, Some(UnwindErrorKind::MemoryInvalid));
+    let full: Vec<u64> = r.real_frames().iter().map(|f| f.pc).collect();
+    let part: Vec<u64> = p.real_frames().iter().map(|f| f.pc).collect();
+    assert!(!part.is_empty() && part.len() < full.len());
+    assert_eq!(part[..], full[..part.len()]);
+    assert_eq!(short.stats().errors_of(UnwindErrorKind::MemoryInvalid), 1);
     // The inlined helper appears as its own frame, with main as its caller.
     let i = names.iter().position(|n| n == "helper").unwrap();
     assert_eq!(names[i + 1], "main");

@@ -340,3 +340,25 @@ fn aarch64_frame_pointer_chain() {
         "{pcs:x?}"
     );
 }
+
+/// Code without CFI whose frame-pointer chain leads to unreadable memory:
+/// the guess failed, so the error is UNWIND_INFO, not MEMORY_INVALID.
+#[test]
+fn frame_pointer_guess_into_unreadable_memory_is_unwind_info() {
+    let maps = "7f0000000000-7f0000001000 r-xp 00000000 00:00 0\n\
+                7ffd00000000-7ffd00010000 rw-p 00000000 00:00 0 [stack]\n";
+    let mut c = ctx_with(maps.to_owned(), ProcessOptions::default());
+    let sp = 0x7ffd_0000_0000u64;
+    let stack = vec![0u8; 64];
+    // bp points far above the copied 64 bytes; NoMemory refuses the read.
+    let r = c.unwind(
+        Arch::X86_64,
+        &regs(0x7f00_0000_0010, sp, sp + 0x8000),
+        sp,
+        &stack,
+        0..0,
+    );
+    assert_eq!(r.real_frames().len(), 1);
+    assert_eq!(r.error, Some(UnwindErrorKind::UnwindInfo));
+    assert_eq!(c.stats().errors_of(UnwindErrorKind::UnwindInfo), 1);
+}
