@@ -6,7 +6,7 @@
 set -euo pipefail
 
 need_apt=()
-for pkg in gcc g++ gdb binutils xz-utils libc6-dbg heaptrack python3-pip; do
+for pkg in gcc g++ gdb binutils xz-utils dwz libc6-dbg heaptrack python3-pip; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
