@@ -1,0 +1,215 @@
+//! Capturing the registers and finding the stack to copy at a sample.
+//!
+//! The registers are read with inline assembly in the function that takes
+//! the sample, so the instruction pointer, stack pointer and callee-saved
+//! registers agree with that function's unwind information (the daemon
+//! unwinds from there and drops the client's own frames by address).
+//!
+//! The stack copied is `[sp, end of the thread's stack)`. A thread's bounds
+//! are computed once and cached in its TLS block: the main thread's from the
+//! `[stack]` mapping read in the constructor, other threads' with
+//! `pthread_getattr_np` (which allocates, so it runs under the guard). If the
+//! stack pointer is outside the cached bounds, the thread is on a signal
+//! alternate stack (`sigaltstack`), whose end is used instead. If nothing
+//! fits, the sample carries registers only.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+use heapprofd_proto::wire::MAX_REGS;
+
+use crate::tls::{STACK_FAILED, STACK_KNOWN, STACK_UNKNOWN, ThreadState};
+
+/// Main thread stack bounds found by the constructor (0, 0 = unknown).
+static MAIN_STACK_LO: AtomicU64 = AtomicU64::new(0);
+static MAIN_STACK_HI: AtomicU64 = AtomicU64::new(0);
+
+/// Records the main thread's stack mapping (constructor).
+pub(crate) fn set_main_stack(range: Option<(u64, u64)>) {
+    let Some((lo, hi)) = range else { return };
+    // The mapping grows down on demand: allow for the whole stack rlimit.
+    // SAFETY: getrlimit writes into the struct we pass.
+    let mut rl: libc::rlimit = unsafe { core::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut rl) } == 0 {
+        (rl.rlim_cur as u64).clamp(hi - lo, 1 << 30)
+    } else {
+        8 << 20
+    };
+    MAIN_STACK_LO.store(hi.saturating_sub(limit), Ordering::Relaxed);
+    MAIN_STACK_HI.store(hi, Ordering::Relaxed);
+}
+
+/// The kernel thread id, cached in the thread's state.
+#[inline]
+pub(crate) fn tid(st: *mut ThreadState) -> u32 {
+    // SAFETY: `st` is the calling thread's own TLS block.
+    unsafe {
+        if (*st).tid == 0 {
+            (*st).tid = libc::syscall(libc::SYS_gettid) as u32;
+        }
+        (*st).tid
+    }
+}
+
+/// This thread's stack bounds, computed on first use. Call with the guard held.
+pub(crate) fn thread_stack(st: *mut ThreadState) -> Option<(u64, u64)> {
+    // SAFETY: `st` is the calling thread's own TLS block.
+    unsafe {
+        match (*st).stack_state {
+            STACK_KNOWN => return Some(((*st).stack_lo, (*st).stack_hi)),
+            STACK_FAILED => return None,
+            _ => {}
+        }
+        debug_assert_eq!((*st).stack_state, STACK_UNKNOWN);
+        let bounds = if tid(st) as i32 == libc::getpid() {
+            let (lo, hi) = (
+                MAIN_STACK_LO.load(Ordering::Relaxed),
+                MAIN_STACK_HI.load(Ordering::Relaxed),
+            );
+            (hi != 0).then_some((lo, hi))
+        } else {
+            pthread_stack()
+        };
+        match bounds {
+            Some((lo, hi)) => {
+                (*st).stack_lo = lo;
+                (*st).stack_hi = hi;
+                (*st).stack_state = STACK_KNOWN;
+            }
+            None => (*st).stack_state = STACK_FAILED,
+        }
+        bounds
+    }
+}
+
+/// A non-main thread's stack from glibc (allocates: the guard must be held).
+fn pthread_stack() -> Option<(u64, u64)> {
+    // SAFETY: standard use of the pthread attribute API on the calling thread.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = core::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 || addr.is_null() || size == 0 {
+            return None;
+        }
+        let lo = addr as u64;
+        Some((lo, lo.checked_add(size as u64)?))
+    }
+}
+
+/// The stack range to copy for a sample taken at `sp`: the end of whichever
+/// stack `sp` is on, or `None` if unknown.
+pub(crate) fn stack_end_for(st: *mut ThreadState, sp: u64) -> Option<u64> {
+    if let Some((lo, hi)) = thread_stack(st) {
+        if sp >= lo && sp < hi {
+            return Some(hi);
+        }
+    }
+    // Not on the thread's stack: a signal handler on an alternate stack?
+    // SAFETY: sigaltstack with a null new stack only reads the current one.
+    unsafe {
+        let mut ss: libc::stack_t = core::mem::zeroed();
+        if libc::sigaltstack(core::ptr::null(), &mut ss) == 0 && ss.ss_flags & libc::SS_ONSTACK != 0
+        {
+            let lo = ss.ss_sp as u64;
+            let hi = lo.saturating_add(ss.ss_size as u64);
+            if sp >= lo && sp < hi {
+                return Some(hi);
+            }
+        }
+    }
+    None
+}
+
+/// Registers at the capture point, in DWARF numbering (see `proto::wire`).
+/// Only the registers an unwinder starts from are filled: the stack and
+/// frame pointers, the instruction pointer and the callee-saved registers.
+/// Returns the stack pointer.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn capture_regs(regs: &mut [u64; MAX_REGS]) -> u64 {
+    // SAFETY: stores registers into the 34-slot array; touches nothing else.
+    unsafe {
+        core::arch::asm!(
+            "mov qword ptr [{r} + 3*8], rbx",
+            "mov qword ptr [{r} + 6*8], rbp",
+            "mov qword ptr [{r} + 7*8], rsp",
+            "mov qword ptr [{r} + 12*8], r12",
+            "mov qword ptr [{r} + 13*8], r13",
+            "mov qword ptr [{r} + 14*8], r14",
+            "mov qword ptr [{r} + 15*8], r15",
+            "lea {t}, [rip]",
+            "mov qword ptr [{r} + 16*8], {t}",
+            r = in(reg) regs.as_mut_ptr(),
+            t = out(reg) _,
+            options(nostack, preserves_flags),
+        );
+    }
+    regs[heapprofd_proto::wire::x86_64::RSP]
+}
+
+/// Registers at the capture point (x0..x30, sp in slot 31, pc in slot 32).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn capture_regs(regs: &mut [u64; MAX_REGS]) -> u64 {
+    // SAFETY: stores registers into the 34-slot array; touches nothing else.
+    unsafe {
+        core::arch::asm!(
+            "stp x19, x20, [{r}, #152]",
+            "stp x21, x22, [{r}, #168]",
+            "stp x23, x24, [{r}, #184]",
+            "stp x25, x26, [{r}, #200]",
+            "stp x27, x28, [{r}, #216]",
+            "stp x29, x30, [{r}, #232]",
+            "mov {t}, sp",
+            "str {t}, [{r}, #248]",
+            "adr {t}, .",
+            "str {t}, [{r}, #256]",
+            r = in(reg) regs.as_mut_ptr(),
+            t = out(reg) _,
+            options(nostack, preserves_flags),
+        );
+    }
+    regs[heapprofd_proto::wire::aarch64::SP]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::{Guard, state};
+
+    #[test]
+    fn registers_point_into_this_function_and_stack() {
+        let mut regs = [0u64; MAX_REGS];
+        let sp = capture_regs(&mut regs);
+        let local = 0u8;
+        let here = &local as *const u8 as u64;
+        // sp is below our local variables, and within a few KiB of them.
+        assert!(
+            sp <= here && here - sp < 64 * 1024,
+            "sp {sp:#x} local {here:#x}"
+        );
+        assert_ne!(regs[heapprofd_proto::wire::x86_64::RIP], 0);
+    }
+
+    #[test]
+    fn worker_thread_bounds_contain_the_stack_pointer() {
+        std::thread::spawn(|| {
+            let _g = Guard::enter().unwrap();
+            let mut regs = [0u64; MAX_REGS];
+            let sp = capture_regs(&mut regs);
+            let end = stack_end_for(state(), sp).expect("bounds");
+            assert!(end > sp && end - sp < 8 << 20);
+            // Cached the second time.
+            // SAFETY: our own block.
+            assert_eq!(unsafe { (*state()).stack_state }, STACK_KNOWN);
+            assert_eq!(stack_end_for(state(), sp), Some(end));
+        })
+        .join()
+        .unwrap();
+    }
+}

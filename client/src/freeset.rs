@@ -1,0 +1,246 @@
+//! The set of live sampled addresses, so that frees of unsampled blocks cost
+//! almost nothing and write nothing to shared memory.
+//!
+//! ```text
+//! counts: [u16; BUCKETS]          dense summary, 64 KiB: entries + inserts in
+//!                                 flight per bucket; bit 15 = sticky overflow
+//! slots:  [[u64; 8]; BUCKETS]     one 64-byte cache line per bucket, 2 MiB,
+//!                                 0 = empty; MAP_PRIVATE|MAP_NORESERVE, so
+//!                                 only touched pages cost memory and a
+//!                                 forked child gets its own copy
+//! bucket(addr) = (addr >> 4) * golden_ratio >> (64 - log2(BUCKETS))
+//! ```
+//!
+//! * `insert` (a sampled allocation, before it is returned): increment the
+//!   bucket's count, then CAS the address into an empty slot of its line. If
+//!   all 8 slots are taken, set the bucket's sticky overflow bit instead.
+//! * `free` fast path: load the bucket's count. 0 means no sampled address
+//!   hashes there, and the free is done (one load from a 64 KiB array).
+//! * `free` slow path (count != 0): scan the line and CAS the address out.
+//!   Found, or not found in an overflowed bucket: the free is sent to the
+//!   daemon (which ignores frees of addresses it does not know, so the
+//!   overflow fallback stays exact). Not found otherwise: another address
+//!   shares the bucket; nothing is sent.
+//!
+//! Why the count never hides a live entry: an address's own increment
+//! happens before its `malloc` returns, hence before any `free` of it, and
+//! each decrement follows the increment of the entry it removes. So while an
+//! address is in the set its bucket's count is at least 1, and a relaxed
+//! load in the freeing thread (which synchronised with the allocating one
+//! through the program's own ordering of malloc before free) sees it.
+//!
+//! The memory is mapped once and never unmapped, so a hook running late on
+//! another thread can never touch unmapped memory.
+
+use core::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+
+/// Number of buckets (power of two).
+pub const BUCKETS: usize = 1 << 15;
+/// Slots per bucket: one cache line of `u64`s.
+pub const SLOTS: usize = 8;
+const BUCKET_BITS: u32 = BUCKETS.trailing_zeros();
+/// Sticky bit in a bucket's count: an insert found the line full.
+const OVERFLOW: u16 = 0x8000;
+
+/// The outcome of [`FreeSet::remove`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The address was in the set and has been removed.
+    Found,
+    /// Not in the set, but its bucket overflowed: it may be sampled.
+    MaybeOverflowed,
+    /// Certainly not a sampled address.
+    Absent,
+}
+
+/// A fixed-size set of addresses in its own anonymous mapping.
+#[derive(Debug)]
+pub struct FreeSet {
+    counts: *const AtomicU16,
+    slots: *const AtomicU64,
+}
+
+// SAFETY: all access goes through atomics in a mapping that lives forever.
+unsafe impl Sync for FreeSet {}
+// SAFETY: as above.
+unsafe impl Send for FreeSet {}
+
+const COUNTS_BYTES: usize = BUCKETS * 2;
+const SLOTS_BYTES: usize = BUCKETS * SLOTS * 8;
+
+impl FreeSet {
+    /// Maps a new, empty set. The mapping is never unmapped.
+    pub fn map() -> Option<FreeSet> {
+        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+        let base = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                SLOTS_BYTES + COUNTS_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let slots = base.cast::<AtomicU64>();
+        // SAFETY: inside the mapping; SLOTS_BYTES keeps 2-byte alignment.
+        let counts = unsafe { base.cast::<u8>().add(SLOTS_BYTES) }.cast::<AtomicU16>();
+        Some(FreeSet { counts, slots })
+    }
+
+    #[inline(always)]
+    fn bucket(addr: u64) -> usize {
+        ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - BUCKET_BITS)) as usize
+    }
+
+    #[inline(always)]
+    fn count(&self, b: usize) -> &AtomicU16 {
+        // SAFETY: b < BUCKETS by construction of `bucket`.
+        unsafe { &*self.counts.add(b) }
+    }
+
+    #[inline(always)]
+    fn slot(&self, b: usize, i: usize) -> &AtomicU64 {
+        // SAFETY: b < BUCKETS, i < SLOTS.
+        unsafe { &*self.slots.add(b * SLOTS + i) }
+    }
+
+    /// Whether `addr` may be in the set: the whole cost of an unsampled free.
+    #[inline(always)]
+    pub fn may_contain(&self, addr: u64) -> bool {
+        self.count(Self::bucket(addr)).load(Ordering::Relaxed) != 0
+    }
+
+    /// Adds a sampled address. Returns false if its bucket was full (the
+    /// bucket is then marked overflowed and its frees are always reported).
+    pub fn insert(&self, addr: u64) -> bool {
+        let b = Self::bucket(addr);
+        let count = self.count(b);
+        count.fetch_add(1, Ordering::SeqCst);
+        for i in 0..SLOTS {
+            let slot = self.slot(b, i);
+            if slot.load(Ordering::Relaxed) == 0
+                && slot
+                    .compare_exchange(0, addr, Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return true;
+            }
+        }
+        count.fetch_or(OVERFLOW, Ordering::SeqCst);
+        count.fetch_sub(1, Ordering::SeqCst);
+        false
+    }
+
+    /// Removes `addr` if present. Call only when [`Self::may_contain`] said so.
+    pub fn remove(&self, addr: u64) -> Removal {
+        let b = Self::bucket(addr);
+        for i in 0..SLOTS {
+            let slot = self.slot(b, i);
+            if slot.load(Ordering::Relaxed) == addr
+                && slot
+                    .compare_exchange(addr, 0, Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.count(b).fetch_sub(1, Ordering::SeqCst);
+                return Removal::Found;
+            }
+        }
+        if self.count(b).load(Ordering::Relaxed) & OVERFLOW != 0 {
+            Removal::MaybeOverflowed
+        } else {
+            Removal::Absent
+        }
+    }
+
+    /// Empties the set (a new session starts).
+    pub fn clear(&self) {
+        for b in 0..BUCKETS {
+            if self.count(b).load(Ordering::Relaxed) != 0 {
+                for i in 0..SLOTS {
+                    self.slot(b, i).store(0, Ordering::Relaxed);
+                }
+                self.count(b).store(0, Ordering::Relaxed);
+            }
+        }
+        core::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_lookup_remove() {
+        let set = FreeSet::map().unwrap();
+        let a = 0x7f00_1234_5670u64;
+        assert!(!set.may_contain(a));
+        assert!(set.insert(a));
+        assert!(set.may_contain(a));
+        assert_eq!(set.remove(a), Removal::Found);
+        assert!(!set.may_contain(a));
+        assert_eq!(set.remove(a), Removal::Absent);
+    }
+
+    #[test]
+    fn full_bucket_overflows_stickily_and_stays_exact() {
+        let set = FreeSet::map().unwrap();
+        // Find 10 addresses in one bucket.
+        let target = FreeSet::bucket(0x1000);
+        let same: Vec<u64> = (1u64..)
+            .map(|i| 0x1000 + i * 16)
+            .filter(|&a| FreeSet::bucket(a) == target)
+            .take(10)
+            .collect();
+        for &a in &same[..SLOTS] {
+            assert!(set.insert(a));
+        }
+        assert!(!set.insert(same[8]));
+        // The overflowed address is reported on free, as are the others.
+        assert!(set.may_contain(same[8]));
+        assert_eq!(set.remove(same[8]), Removal::MaybeOverflowed);
+        for &a in &same[..SLOTS] {
+            assert_eq!(set.remove(a), Removal::Found);
+        }
+        // Sticky: even an address never inserted is reported.
+        assert!(set.may_contain(same[9]));
+        assert_eq!(set.remove(same[9]), Removal::MaybeOverflowed);
+        set.clear();
+        assert!(!set.may_contain(same[9]));
+    }
+
+    #[test]
+    fn concurrent_inserts_and_removes_lose_nothing() {
+        let set = std::sync::Arc::new(FreeSet::map().unwrap());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let set = set.clone();
+                std::thread::spawn(move || {
+                    let mut lost = 0;
+                    for round in 0..200u64 {
+                        let addrs: Vec<u64> = (0..500u64)
+                            .map(|i| ((t << 40) | (round << 20) | i) * 16 + 0x10_0000)
+                            .collect();
+                        let inserted: Vec<bool> = addrs.iter().map(|&a| set.insert(a)).collect();
+                        for (&a, &ok) in addrs.iter().zip(&inserted) {
+                            assert!(set.may_contain(a));
+                            match set.remove(a) {
+                                Removal::Found => assert!(ok),
+                                Removal::MaybeOverflowed => assert!(!ok),
+                                Removal::Absent => lost += 1,
+                            }
+                        }
+                    }
+                    lost
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 0);
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! The exported malloc family: thin shims around glibc's `__libc_*`.
+//!
+//! Every hook starts with one relaxed load of `MODE` and one branch. While
+//! the library is dormant (or between sessions) that branch is always taken
+//! and the hook tail-calls glibc. While a session is active:
+//!
+//! * allocation: call glibc, then account the size in the thread's sampler
+//!   (a TLS subtraction and compare); only a sampled allocation goes further
+//!   (registers, stack copy, ring buffer, free-set insert).
+//! * free: one load from the free set's 64 KiB summary; only a possibly
+//!   sampled address goes further, and its free is recorded *before* glibc
+//!   gets the block back, so the address cannot be handed out again before
+//!   the daemon hears of the free.
+//! * realloc: the free of the old block (before the call), then an
+//!   allocation of the new one.
+//!
+//! The hooks never panic: no indexing, no unwrap, no overflowing arithmetic
+//! on these paths. `#[cfg_attr(not(test), no_mangle)]` keeps the unit-test
+//! binary's own malloc uninterposed.
+
+use core::ffi::c_void;
+use core::sync::atomic::Ordering;
+
+use crate::real::{
+    __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_pvalloc, __libc_realloc,
+    __libc_valloc,
+};
+use crate::session::{self, MODE, MODE_PENDING, free_set};
+use crate::tls::{self, Guard, ThreadState};
+
+/// After a successful allocation with a session active (or pending).
+#[inline(always)]
+fn on_alloc(p: *mut c_void, size: usize, m: u64) {
+    let st = tls::state();
+    // SAFETY: `st` is this thread's TLS block.
+    unsafe {
+        if ((*st).mode_seen != m || (*st).guard != 0) && !thread_slow_path(st, m) {
+            return;
+        }
+        let ss = (*st).sampler.sample_size(size);
+        if ss != 0 && !p.is_null() {
+            sampled(p, size, ss, m);
+        }
+    }
+}
+
+/// The thread's sampler is not set up for this session, the thread is
+/// inside the client, or an activation is pending. True = go on sampling.
+#[cold]
+#[inline(never)]
+fn thread_slow_path(st: *mut ThreadState, m: u64) -> bool {
+    if Guard::held() {
+        return false;
+    }
+    if m == MODE_PENDING {
+        crate::init::start_pending_activation();
+        return false;
+    }
+    session::init_thread(st, m)
+}
+
+#[cold]
+#[inline(never)]
+fn sampled(p: *mut c_void, size: usize, ss: u64, m: u64) {
+    let Some(g) = Guard::enter() else { return };
+    session::sampled_alloc(&g, m, p, size, ss);
+}
+
+/// Before a block goes back to glibc (free, or realloc's old block).
+/// Returns true if the block was a recorded sample.
+#[inline(always)]
+fn before_free(p: *mut c_void, m: u64) -> bool {
+    if m > MODE_PENDING
+        && !p.is_null()
+        && let Some(set) = free_set()
+        && set.may_contain(p as u64)
+    {
+        return session::sampled_free(m, p as u64);
+    }
+    false
+}
+
+#[inline(always)]
+fn mode() -> u64 {
+    MODE.load(Ordering::Relaxed)
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `malloc(3)`.
+///
+/// # Safety
+/// Same contract as glibc's `malloc`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    if mode() == 0 {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { __libc_malloc(size) };
+    }
+    malloc_active(size)
+}
+
+#[inline(never)]
+fn malloc_active(size: usize) -> *mut c_void {
+    let m = mode();
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { __libc_malloc(size) };
+    on_alloc(p, size, m);
+    p
+}
+
+/// `free(3)`.
+///
+/// # Safety
+/// Same contract as glibc's `free`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    let m = mode();
+    if m > MODE_PENDING {
+        before_free(p, m);
+    }
+    // SAFETY: forwarding with the caller's arguments.
+    unsafe { __libc_free(p) }
+}
+
+/// `calloc(3)`.
+///
+/// # Safety
+/// Same contract as glibc's `calloc`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    if mode() == 0 {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { __libc_calloc(n, size) };
+    }
+    let m = mode();
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { __libc_calloc(n, size) };
+    if !p.is_null() {
+        // glibc checked n * size for overflow before succeeding.
+        on_alloc(p, n.wrapping_mul(size), m);
+    }
+    p
+}
+
+/// `realloc(3)`.
+///
+/// # Safety
+/// Same contract as glibc's `realloc`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn realloc(old: *mut c_void, size: usize) -> *mut c_void {
+    if mode() == 0 {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { __libc_realloc(old, size) };
+    }
+    // SAFETY: same contract.
+    unsafe { realloc_active(old, size) }
+}
+
+#[inline(never)]
+unsafe fn realloc_active(old: *mut c_void, size: usize) -> *mut c_void {
+    let m = mode();
+    let was_sampled = before_free(old, m);
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { __libc_realloc(old, size) };
+    if p.is_null() {
+        if was_sampled && size != 0 {
+            // The old block survives a failed realloc, but its free was
+            // already sent: record it again so the daemon keeps counting it.
+            // SAFETY: `old` is still a live block.
+            let usable = unsafe { malloc_usable_size(old) };
+            resample(old, usable, m);
+        }
+        return p;
+    }
+    on_alloc(p, size, m);
+    p
+}
+
+#[cold]
+fn resample(p: *mut c_void, size: usize, m: u64) {
+    if let Some(g) = Guard::enter() {
+        session::sampled_alloc(&g, m, p, size, size as u64);
+    }
+}
+
+/// `reallocarray(3)`: realloc with an overflow check on `n * size`.
+///
+/// # Safety
+/// Same contract as glibc's `reallocarray`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn reallocarray(old: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    let Some(total) = n.checked_mul(size) else {
+        set_errno(libc::ENOMEM);
+        return core::ptr::null_mut();
+    };
+    // SAFETY: same contract as realloc.
+    unsafe { realloc(old, total) }
+}
+
+/// `memalign(3)` (glibc semantics: a non-power-of-two alignment is rounded up).
+///
+/// # Safety
+/// Same contract as glibc's `memalign`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let m = mode();
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { __libc_memalign(align, size) };
+    if m != 0 {
+        on_alloc(p, size, m);
+    }
+    p
+}
+
+/// `aligned_alloc(3)`: `EINVAL` unless the alignment is a power of two
+/// (C17; the check glibc 2.38 added), otherwise memalign.
+///
+/// # Safety
+/// Same contract as glibc's `aligned_alloc`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return core::ptr::null_mut();
+    }
+    // SAFETY: same contract.
+    unsafe { memalign(align, size) }
+}
+
+/// `posix_memalign(3)`: `EINVAL` unless the alignment is a power of two
+/// multiple of `sizeof(void *)`, `ENOMEM` on failure; errno is left alone.
+///
+/// # Safety
+/// Same contract as glibc's `posix_memalign`; `out` must be writable.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    let word = core::mem::size_of::<*mut c_void>();
+    if align % word != 0 || !(align / word).is_power_of_two() {
+        return libc::EINVAL;
+    }
+    // SAFETY: reading our own errno slot.
+    let saved = unsafe { *libc::__errno_location() };
+    // SAFETY: same contract.
+    let p = unsafe { memalign(align, size) };
+    if p.is_null() {
+        set_errno(saved);
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller passes a writable pointer.
+    unsafe { *out = p };
+    0
+}
+
+/// `valloc(3)`.
+///
+/// # Safety
+/// Same contract as glibc's `valloc`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    let m = mode();
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { __libc_valloc(size) };
+    if m != 0 {
+        on_alloc(p, size, m);
+    }
+    p
+}
+
+/// `pvalloc(3)`.
+///
+/// # Safety
+/// Same contract as glibc's `pvalloc`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let m = mode();
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { __libc_pvalloc(size) };
+    if m != 0 {
+        on_alloc(p, size, m);
+    }
+    p
+}
+
+/// `malloc_usable_size(3)`, forwarded to glibc's.
+///
+/// # Safety
+/// Same contract as glibc's `malloc_usable_size`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    // Resolved by the constructor; the guard covers a late first lookup
+    // (dlsym may allocate).
+    let f = {
+        let _g = Guard::enter();
+        crate::real::resolve_usable_size()
+    };
+    // SAFETY: glibc's function with the caller's argument.
+    unsafe { f(p) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The hooks are plain functions in the test build (not interposed) and
+    // MODE is 0, so they are glibc with our argument checks on top.
+    #[test]
+    fn argument_checks() {
+        let mut p: *mut c_void = core::ptr::null_mut();
+        // SAFETY: valid out-pointer; the blocks are freed.
+        unsafe {
+            assert_eq!(posix_memalign(&mut p, 3, 8), libc::EINVAL);
+            assert_eq!(posix_memalign(&mut p, 4, 8), libc::EINVAL);
+            assert_eq!(posix_memalign(&mut p, 24, 8), libc::EINVAL);
+            assert_eq!(posix_memalign(&mut p, 64, 100), 0);
+            assert_eq!(p as usize % 64, 0);
+            free(p);
+            assert!(aligned_alloc(48, 96).is_null());
+            assert_eq!(*libc::__errno_location(), libc::EINVAL);
+            let q = aligned_alloc(256, 512);
+            assert_eq!(q as usize % 256, 0);
+            free(q);
+            assert!(reallocarray(core::ptr::null_mut(), usize::MAX / 2, 3).is_null());
+            assert_eq!(*libc::__errno_location(), libc::ENOMEM);
+            let r = reallocarray(core::ptr::null_mut(), 10, 10);
+            assert!(malloc_usable_size(r) >= 100);
+            free(r);
+            let v = valloc(10);
+            assert_eq!(v as usize % 4096, 0);
+            free(v);
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! The session state machine, and writing samples and frees into the ring.
+//!
+//! ```text
+//!            signal 36            next allocation           handshake ok
+//!   IDLE ---------------> PENDING ---------------> CONNECTING ------------> ACTIVE
+//!    ^  \______________________________________________/  |  failed           |
+//!    |          HEAPPROFD_SOCKET set (constructor)         v                   |
+//!    +------------------------------------------------- IDLE <----------------+
+//!        teardown: daemon closed the socket or set shutdown, a write failed,
+//!        block-mode timeout, fork (in the child)
+//! ```
+//!
+//! The hooks only read [`MODE`]: 0 = pass through (idle, connecting, torn
+//! down), [`MODE_PENDING`] = an activation is pending, anything else = the
+//! `mode_word` of the active session (even, unique per session), which the
+//! per-thread sampler compares against to know it belongs to this session.
+//!
+//! # Teardown and memory safety
+//! A [`Session`] struct is allocated once per session and never freed (a few
+//! hundred bytes). Its ring-buffer mapping and socket are released only when
+//! the session is retired *and* no writer is inside it: a writer increments
+//! `writers`, then re-checks that the session is still the current one
+//! (sequentially consistent), and only then touches the ring or the socket.
+//! The retiring thread unpublishes the session first and checks `writers`
+//! afterwards, so either it sees the writer, or the writer sees that the
+//! session is gone. The last one out (`writers` reaching 0 on a retired
+//! session) unmaps the ring and closes the socket. The watcher thread counts
+//! as a writer for its whole life, so the socket is never closed under it.
+
+use core::cell::UnsafeCell;
+use core::ffi::c_void;
+use core::mem::ManuallyDrop;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::os::fd::RawFd;
+
+use heapprofd_proto::socket::WAKE_BYTE;
+use heapprofd_proto::wire::{self, FreeRecord, MAX_REGS, MallocHeader, RegisterFile};
+use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
+
+use crate::capture;
+use crate::freeset::{FreeSet, Removal};
+use crate::tls::{Guard, ThreadState};
+
+/// The hooks' switch: 0 = pass through; [`MODE_PENDING`]; else a session's word.
+pub(crate) static MODE: AtomicU64 = AtomicU64::new(0);
+/// `MODE` while an activation signal waits for the next allocation.
+pub(crate) const MODE_PENDING: u64 = 1;
+
+/// Connection states (see the module diagram).
+pub(crate) const IDLE: u32 = 0;
+pub(crate) const PENDING: u32 = 1;
+pub(crate) const CONNECTING: u32 = 2;
+pub(crate) const ACTIVE: u32 = 3;
+pub(crate) static STATE: AtomicU32 = AtomicU32::new(IDLE);
+
+/// The active session, or null.
+static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
+/// Source of unique session mode words (even, >= 2).
+static NEXT_MODE_WORD: AtomicU64 = AtomicU64::new(2);
+
+/// The set of live sampled addresses, mapped on the first activation.
+static FREE_SET: AtomicPtr<FreeSet> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Counters for tests and debugging (never shared with the daemon).
+pub(crate) static SAMPLES_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// The free set, if any session ever started.
+#[inline(always)]
+pub(crate) fn free_set() -> Option<&'static FreeSet> {
+    let p = FREE_SET.load(Ordering::Relaxed);
+    // SAFETY: set once to a leaked, never-freed FreeSet.
+    unsafe { p.as_ref() }
+}
+
+/// Everything a writer needs, hot shared counters on their own cache line.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub(crate) struct Session {
+    // Line 0, written by every record.
+    seq: AtomicU64,
+    writers: AtomicU64,
+    _pad: [u64; 6],
+    // Read-mostly.
+    pub(crate) mode_word: u64,
+    pub(crate) pid: i32,
+    pub(crate) sock: RawFd,
+    pub(crate) interval: u64,
+    pub(crate) seed_base: u64,
+    pub(crate) next_thread: AtomicU64,
+    max_stack: usize,
+    write_mode: WriteMode,
+    rb: UnsafeCell<ManuallyDrop<RingBuffer>>,
+    retired: AtomicBool,
+    reclaimed: AtomicBool,
+}
+
+// SAFETY: the ring buffer is shared-memory plumbing built for concurrent
+// writers; `rb` is only dropped once, by `reclaim`, when no writer is inside.
+unsafe impl Sync for Session {}
+// SAFETY: as above.
+unsafe impl Send for Session {}
+
+/// What the handshake produced.
+#[derive(Debug)]
+pub(crate) struct SessionParams {
+    pub pid: i32,
+    pub sock: RawFd,
+    pub interval: u64,
+    pub seed: u64,
+    pub max_stack: u64,
+    pub write_mode: WriteMode,
+    pub rb: RingBuffer,
+}
+
+/// Publishes a new session and turns the hooks on. The caller (the watcher)
+/// holds one writer reference, released with [`release`].
+pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
+    let set = match free_set() {
+        Some(s) => s,
+        None => {
+            let s: &'static FreeSet = Box::leak(Box::new(FreeSet::map()?));
+            FREE_SET.store(s as *const FreeSet as *mut FreeSet, Ordering::Release);
+            s
+        }
+    };
+    set.clear();
+    let mode_word = NEXT_MODE_WORD.fetch_add(2, Ordering::Relaxed);
+    let seed_base = if p.seed != 0 { p.seed } else { random_seed() };
+    // Cap a record at half the ring so one sample can never be refused as too large.
+    let ring_cap = (p.rb.size() / 2).saturating_sub(MallocHeader::ENCODED_LEN + 64);
+    let max_stack = match usize::try_from(p.max_stack) {
+        Ok(0) | Err(_) => ring_cap,
+        Ok(n) => n.min(ring_cap),
+    };
+    let s: &'static Session = Box::leak(Box::new(Session {
+        seq: AtomicU64::new(0),
+        writers: AtomicU64::new(1),
+        _pad: [0; 6],
+        mode_word,
+        pid: p.pid,
+        sock: p.sock,
+        interval: p.interval,
+        seed_base,
+        next_thread: AtomicU64::new(0),
+        max_stack,
+        write_mode: p.write_mode,
+        rb: UnsafeCell::new(ManuallyDrop::new(p.rb)),
+        retired: AtomicBool::new(false),
+        reclaimed: AtomicBool::new(false),
+    }));
+    SESSION.store(s as *const Session as *mut Session, Ordering::SeqCst);
+    STATE.store(ACTIVE, Ordering::SeqCst);
+    MODE.store(mode_word, Ordering::SeqCst);
+    Some(s)
+}
+
+fn random_seed() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom fills the 8 bytes we pass.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    if n != 8 {
+        let mut ts: libc::timespec = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        v = (ts.tv_sec as u64) << 30 ^ ts.tv_nsec as u64 ^ (std::process::id() as u64) << 48;
+    }
+    v | 1
+}
+
+/// Enters the session `mode_word` belongs to, if it is still the current
+/// one. Pair with [`release`].
+#[inline]
+pub(crate) fn acquire(mode_word: u64) -> Option<&'static Session> {
+    let p = SESSION.load(Ordering::Acquire);
+    // SAFETY: sessions are never freed.
+    let s = unsafe { p.as_ref() }?;
+    s.writers.fetch_add(1, Ordering::SeqCst);
+    if SESSION.load(Ordering::SeqCst) != p || s.mode_word != mode_word {
+        release(s);
+        return None;
+    }
+    Some(s)
+}
+
+/// Leaves a session entered with [`acquire`] (or the watcher's reference).
+#[inline]
+pub(crate) fn release(s: &Session) {
+    if s.writers.fetch_sub(1, Ordering::SeqCst) == 1 && s.retired.load(Ordering::SeqCst) {
+        s.reclaim();
+    }
+}
+
+impl Session {
+    #[inline(always)]
+    fn rb(&self) -> &RingBuffer {
+        // SAFETY: only `reclaim` drops it, once no writer (we are one) is inside.
+        unsafe { &*self.rb.get() }
+    }
+
+    /// Ends the session: hooks back to pass-through, writers released, the
+    /// daemon told (shutdown flag + socket shutdown). Idempotent.
+    pub(crate) fn teardown(&self, error: Option<ClientError>) {
+        let me = self as *const Session as *mut Session;
+        if SESSION
+            .compare_exchange(
+                me,
+                core::ptr::null_mut(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            return;
+        }
+        MODE.store(0, Ordering::SeqCst);
+        STATE.store(IDLE, Ordering::SeqCst);
+        if let Some(e) = error {
+            self.rb().set_client_error(e);
+        }
+        // Wakes writers blocked on a full buffer and tells the daemon.
+        self.rb().set_shutdown();
+        // SAFETY: the socket is open until reclaim, which cannot run before
+        // we leave (the caller holds a writer reference or this is the watcher).
+        unsafe { libc::shutdown(self.sock, libc::SHUT_RDWR) };
+        self.retired.store(true, Ordering::SeqCst);
+    }
+
+    fn reclaim(&self) {
+        if self.reclaimed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: retired and no writer inside: nobody touches rb or sock again.
+        unsafe {
+            ManuallyDrop::drop(&mut *self.rb.get());
+            libc::close(self.sock);
+        }
+    }
+
+    /// The session's socket and ring, released in a forked child without
+    /// telling anyone (the parent still owns the session).
+    pub(crate) fn abandon_in_child(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.reclaim();
+    }
+
+    #[inline(always)]
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// After a commit: wake the daemon if it sleeps. False = socket broken.
+    fn wake_if_paused(&self) -> bool {
+        if !self.rb().take_reader_paused() {
+            return true;
+        }
+        let b = WAKE_BYTE;
+        // SAFETY: sending one byte from a local on our socket.
+        let n = unsafe {
+            libc::send(
+                self.sock,
+                (&b as *const u8).cast(),
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        n == 1 || matches!(crate::errno(), libc::EAGAIN | libc::EINTR)
+    }
+
+    /// Handles a failed reservation. Returns nothing; counts or tears down.
+    fn write_failed(&self, e: WriteError) {
+        match e {
+            WriteError::Full | WriteError::TooLarge => {
+                SAMPLES_DROPPED.fetch_add(1, Ordering::Relaxed);
+            }
+            WriteError::Timeout => self.teardown(Some(ClientError::HitTimeout)),
+            _ => self.teardown(None),
+        }
+    }
+
+    /// Writes a malloc sample. `st` is the calling thread's state.
+    #[inline(never)]
+    pub(crate) fn record_malloc(
+        &self,
+        st: *mut ThreadState,
+        addr: *mut c_void,
+        size: usize,
+        sample_size: u64,
+    ) -> bool {
+        let mut regs = [0u64; MAX_REGS];
+        let sp = capture::capture_regs(&mut regs);
+        let mut flags = 0;
+        let stack_len = match capture::stack_end_for(st, sp) {
+            Some(end) => {
+                let full = (end - sp) as usize;
+                if full > self.max_stack {
+                    flags |= MallocHeader::FLAG_STACK_TRUNCATED;
+                    self.max_stack
+                } else {
+                    full
+                }
+            }
+            None => {
+                flags |= MallocHeader::FLAG_NO_STACK;
+                0
+            }
+        };
+        let header = MallocHeader {
+            flags,
+            sequence: self.next_seq(),
+            alloc_size: size as u64,
+            sample_size,
+            address: addr as u64,
+            timestamp_ns: coarse_now_ns(),
+            context_id: 0,
+            tid: capture::tid(st),
+            heap_id: wire::HEAP_LIBC_MALLOC,
+            arch: NATIVE_ARCH,
+            stack_pointer: sp,
+            stack_len: stack_len as u64,
+            regs: RegisterFile(regs),
+        };
+        let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
+        header.encode_into(&mut fixed);
+        let mut r = match self
+            .rb()
+            .begin_write(MallocHeader::ENCODED_LEN + stack_len, self.write_mode)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.write_failed(e);
+                return false;
+            }
+        };
+        r.write_at(0, &fixed);
+        // SAFETY: [sp, sp + stack_len) is this thread's live stack (within the
+        // bounds found above), and the reservation has room for it after the
+        // header.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                sp as *const u8,
+                r.as_mut_ptr().add(MallocHeader::ENCODED_LEN),
+                stack_len,
+            );
+        }
+        r.commit();
+        if !self.wake_if_paused() {
+            self.teardown(None);
+        }
+        true
+    }
+
+    /// Writes a free record.
+    pub(crate) fn record_free(&self, addr: u64) {
+        let rec = FreeRecord {
+            sequence: self.next_seq(),
+            address: addr,
+            heap_id: wire::HEAP_LIBC_MALLOC,
+        }
+        .encode();
+        match self.rb().begin_write(rec.len(), self.write_mode) {
+            Ok(mut r) => {
+                r.write_at(0, &rec);
+                r.commit();
+                if !self.wake_if_paused() {
+                    self.teardown(None);
+                }
+            }
+            Err(e) => self.write_failed(e),
+        }
+    }
+}
+
+const NATIVE_ARCH: wire::Arch = match wire::Arch::native() {
+    Some(a) => a,
+    None => panic!("unsupported architecture"),
+};
+
+fn coarse_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; served by the vDSO.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// A sampled allocation on the calling thread (guard held by the caller).
+pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: usize, ss: u64) {
+    let Some(s) = acquire(mode_word) else { return };
+    // vfork children and clone(CLONE_VM) processes share our memory: only the
+    // process that owns the session records.
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } == s.pid
+        && s.record_malloc(g.thread(), addr, size, ss)
+        && let Some(set) = free_set()
+    {
+        set.insert(addr as u64);
+    }
+    release(s);
+}
+
+/// A free (or the free half of a realloc) of an address the free set may
+/// hold. Returns true if a free record was sent for an address of the set.
+pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
+    let Some(_g) = Guard::enter() else {
+        return false;
+    };
+    let Some(set) = free_set() else { return false };
+    let Some(s) = acquire(mode_word) else {
+        return false;
+    };
+    let mut found = false;
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } == s.pid {
+        match set.remove(addr) {
+            Removal::Found => {
+                found = true;
+                s.record_free(addr);
+            }
+            Removal::MaybeOverflowed => s.record_free(addr),
+            Removal::Absent => {}
+        }
+    }
+    release(s);
+    found
+}
+
+/// Sets a thread's sampler up for the session `mode_word`. False if that
+/// session is gone.
+#[cold]
+#[inline(never)]
+pub(crate) fn init_thread(st: *mut ThreadState, mode_word: u64) -> bool {
+    let Some(s) = acquire(mode_word) else {
+        return false;
+    };
+    let n = s.next_thread.fetch_add(1, Ordering::Relaxed);
+    let seed = crate::sampler::mix64(s.seed_base ^ crate::sampler::mix64(n.wrapping_add(1)));
+    // SAFETY: the calling thread's own block.
+    unsafe {
+        (*st).sampler = crate::sampler::Sampler::new(s.interval, seed);
+        (*st).mode_seen = mode_word;
+    }
+    release(s);
+    true
+}
+
+/// In a forked child: forget the parent's session without touching it.
+pub(crate) fn forget_in_child() {
+    let p = SESSION.swap(core::ptr::null_mut(), Ordering::SeqCst);
+    MODE.store(0, Ordering::SeqCst);
+    STATE.store(IDLE, Ordering::SeqCst);
+    // SAFETY: sessions are never freed.
+    if let Some(s) = unsafe { p.as_ref() } {
+        s.abandon_in_child();
+    }
+}
+
+/// Whether the session has been retired (the watcher's loop condition).
+pub(crate) fn is_retired(s: &Session) -> bool {
+    s.retired.load(Ordering::SeqCst)
+}
