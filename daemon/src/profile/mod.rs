@@ -1,1 +1,326 @@
-//! Placeholder for `profile` (in progress).
+//! Bookkeeping: what was allocated where, and what is still live.
+//!
+//! Pure data structures, no I/O. The semantics follow heapprofd's
+//! (`bookkeeping.cc`): per process and heap a table of live *sampled*
+//! allocations, per callsite cumulative allocated/freed bytes and counts,
+//! and the state at the peak of live sampled bytes for dump_at_max.
+//!
+//! # Threads and ownership
+//!
+//! * [`Interner`] is `Send + Sync` and shared (in an `Arc`) by the
+//!   unwinding workers, which turn pcs into [`FrameId`]s, and the
+//!   bookkeeping thread, which reads frames back when writing dumps.
+//! * [`Profile`] is owned by one bookkeeping thread and takes `&mut self`;
+//!   it has no locks. Workers send it (pid, heap, seq, address, sizes,
+//!   timestamp, `Vec<FrameId>`) and the record reader sends it frees; the
+//!   trace writer borrows it between operations to dump.
+//!
+//! # Ordering
+//!
+//! Mallocs and frees of a process carry sequence numbers from one counter.
+//! The profile commits them in that order whatever order they arrive in
+//! (see [`order`]): a free that arrives before its malloc waits for it, a
+//! malloc at a live address frees the older allocation, and frees of
+//! addresses that are not live are ignored. Arrival may be out of order by
+//! up to the reordering window (default [`order::DEFAULT_WINDOW`] sequence
+//! numbers); call [`Profile::flush`] when a process's stream has ended (all
+//! records drained and unwound) so that nothing stays pending, and
+//! [`Profile::commit_through`] when the caller knows every operation up to
+//! a sequence number has been delivered.
+
+pub mod heap;
+pub mod interner;
+pub mod order;
+pub mod process;
+pub mod tree;
+
+use std::collections::BTreeMap;
+
+pub use heap::{CallsiteTotals, HeapState};
+pub use interner::{
+    FrameData, FrameId, Interner, InternerView, MappingData, MappingId, MappingSpec, StringId,
+};
+pub use process::{
+    ClientError, OrderStats, ProcessFlags, ProcessState, ProcessStats, UNWIND_HISTOGRAM_BUCKETS,
+};
+pub use tree::{CallsiteId, CallsiteTree};
+
+use process::PendingOp;
+
+/// The bookkeeping of one profiling session; see the module docs.
+#[derive(Debug)]
+pub struct Profile {
+    tree: CallsiteTree,
+    processes: BTreeMap<u32, ProcessState>,
+    empty_stack: FrameId,
+    window: u64,
+}
+
+impl Profile {
+    /// An empty profile with the default reordering window. Interns the
+    /// `ERROR EMPTY_STACK` frame that stands for samples without frames.
+    pub fn new(interner: &Interner) -> Self {
+        Self::with_window(interner, order::DEFAULT_WINDOW)
+    }
+
+    /// An empty profile whose processes hold at most `window` sequence
+    /// numbers of out-of-order operations.
+    pub fn with_window(interner: &Interner, window: u64) -> Self {
+        Profile {
+            tree: CallsiteTree::new(),
+            processes: BTreeMap::new(),
+            empty_stack: interner.intern_error_frame("EMPTY_STACK"),
+            window: window.max(1),
+        }
+    }
+
+    /// Registers a process (or updates its command line), and returns it.
+    pub fn add_process(
+        &mut self,
+        pid: u32,
+        cmdline: Vec<String>,
+        from_startup: bool,
+    ) -> &mut ProcessState {
+        let p = self.process_or_default(pid);
+        if !cmdline.is_empty() {
+            p.cmdline = cmdline;
+        }
+        p.from_startup = from_startup;
+        p
+    }
+
+    fn process_or_default(&mut self, pid: u32) -> &mut ProcessState {
+        let window = self.window;
+        self.processes
+            .entry(pid)
+            .or_insert_with(|| ProcessState::new(pid, window))
+    }
+
+    /// Declares heap `heap_id` of `pid` with its sampling interval, or
+    /// changes the interval (adaptive sampling). `name` `None` keeps the
+    /// current name. The first interval is kept as the original one.
+    pub fn set_heap(&mut self, pid: u32, heap_id: u32, name: Option<&str>, sampling_interval: u64) {
+        let h = self.process_or_default(pid).heap_or_default(heap_id);
+        if let Some(name) = name.filter(|n| !n.is_empty()) {
+            h.name = name.to_owned();
+        }
+        if h.orig_sampling_interval == 0 {
+            h.orig_sampling_interval = sampling_interval;
+        }
+        h.sampling_interval = sampling_interval;
+    }
+
+    /// The callsite of `stack` (outermost caller first); an empty stack
+    /// becomes the `ERROR EMPTY_STACK` frame.
+    pub fn intern_callsite(&mut self, stack: &[FrameId]) -> CallsiteId {
+        if stack.is_empty() {
+            return self.tree.intern(&[self.empty_stack]);
+        }
+        self.tree.intern(stack)
+    }
+
+    /// Records a sampled allocation. `stack` is outermost caller first;
+    /// `sample_size` is the bytes the sample stands for; `timestamp_ns` is
+    /// CLOCK_MONOTONIC_COARSE. Unknown processes and heaps are created.
+    #[allow(clippy::too_many_arguments)]
+    pub fn malloc(
+        &mut self,
+        pid: u32,
+        heap_id: u32,
+        seq: u64,
+        address: u64,
+        alloc_size: u64,
+        sample_size: u64,
+        timestamp_ns: u64,
+        stack: &[FrameId],
+    ) {
+        let callsite = self.intern_callsite(stack);
+        self.malloc_at(
+            pid,
+            heap_id,
+            seq,
+            address,
+            alloc_size,
+            sample_size,
+            timestamp_ns,
+            callsite,
+        );
+    }
+
+    /// [`Profile::malloc`] with a callsite from [`Profile::intern_callsite`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn malloc_at(
+        &mut self,
+        pid: u32,
+        heap_id: u32,
+        seq: u64,
+        address: u64,
+        _alloc_size: u64,
+        sample_size: u64,
+        timestamp_ns: u64,
+        callsite: CallsiteId,
+    ) {
+        let op = PendingOp::Malloc {
+            heap_id,
+            address,
+            sample_size,
+            timestamp: timestamp_ns,
+            callsite,
+        };
+        self.push(pid, seq, op);
+    }
+
+    /// Records a free (or the free half of a realloc).
+    pub fn free(&mut self, pid: u32, heap_id: u32, seq: u64, address: u64) {
+        self.push(pid, seq, PendingOp::Free { heap_id, address });
+    }
+
+    fn push(&mut self, pid: u32, seq: u64, op: PendingOp) {
+        self.process_or_default(pid).push(seq, op);
+    }
+
+    /// Commits every operation of `pid` with a sequence number <= `seq`:
+    /// the caller knows nothing older is still on its way.
+    pub fn commit_through(&mut self, pid: u32, seq: u64) {
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.release_through(seq);
+        }
+    }
+
+    /// Commits every pending operation of `pid` (its stream has ended).
+    pub fn flush(&mut self, pid: u32) {
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.flush();
+        }
+    }
+
+    /// [`Profile::flush`] for every process.
+    pub fn flush_all(&mut self) {
+        for p in self.processes.values_mut() {
+            p.flush();
+        }
+    }
+
+    /// A process.
+    pub fn process(&self, pid: u32) -> Option<&ProcessState> {
+        self.processes.get(&pid)
+    }
+
+    /// A process, to update its stats and flags.
+    pub fn process_mut(&mut self, pid: u32) -> Option<&mut ProcessState> {
+        self.processes.get_mut(&pid)
+    }
+
+    /// All processes, by pid.
+    pub fn processes(&self) -> impl Iterator<Item = &ProcessState> {
+        self.processes.values()
+    }
+
+    /// Forgets a process (after its final dump) to free its memory.
+    pub fn remove_process(&mut self, pid: u32) -> Option<ProcessState> {
+        self.processes.remove(&pid)
+    }
+
+    /// A heap of a process.
+    pub fn heap(&self, pid: u32, heap_id: u32) -> Option<&HeapState> {
+        self.processes.get(&pid)?.heaps.get(&heap_id)
+    }
+
+    /// The callsite tree.
+    pub fn tree(&self) -> &CallsiteTree {
+        &self.tree
+    }
+
+    /// The tree and the processes, borrowed apart (for the dump path).
+    pub(crate) fn split_mut(&mut self) -> (&CallsiteTree, &mut BTreeMap<u32, ProcessState>) {
+        (&self.tree, &mut self.processes)
+    }
+
+    /// Sum of live sampled bytes over every process and heap.
+    pub fn live_bytes(&self) -> u64 {
+        self.processes.values().map(|p| p.live_bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(i: &Interner, names: &[&str]) -> Vec<FrameId> {
+        names
+            .iter()
+            .map(|n| i.intern_frame(None, 0, Some(n), None, None))
+            .collect()
+    }
+
+    #[test]
+    fn free_before_malloc_is_matched() {
+        let i = Interner::new();
+        let mut p = Profile::new(&i);
+        let st = frames(&i, &["main", "f"]);
+        p.set_heap(7, 0, Some("libc.malloc"), 1);
+        p.free(7, 0, 2, 0x100); // arrives first
+        p.malloc(7, 0, 1, 0x100, 10, 10, 5, &st);
+        let h = p.heap(7, 0).unwrap();
+        let t = h.callsite(p.tree().find(&st).unwrap()).unwrap();
+        assert_eq!((t.allocated, t.freed, t.live_count), (10, 10, 0));
+        assert_eq!(p.process(7).unwrap().pending_ops(), 0);
+    }
+
+    #[test]
+    fn unknown_frees_are_counted_and_ignored() {
+        let i = Interner::new();
+        let mut p = Profile::new(&i);
+        p.set_heap(1, 0, None, 4096);
+        p.free(1, 0, 1, 0xdead);
+        p.free(1, 3, 2, 0xbeef); // undeclared heap
+        let proc_ = p.process(1).unwrap();
+        assert_eq!(proc_.order_stats().unknown_frees, 2);
+        assert_eq!(proc_.live_bytes(), 0);
+        assert_eq!(proc_.heap(0).unwrap().name, "libc.malloc");
+    }
+
+    #[test]
+    fn empty_stack_gets_an_error_frame() {
+        let i = Interner::new();
+        let mut p = Profile::new(&i);
+        let c = p.intern_callsite(&[]);
+        assert_ne!(c, CallsiteId::ROOT);
+        let f = p.tree().frame(c).unwrap();
+        assert_eq!(
+            i.read().function_name(f).as_deref(),
+            Some("ERROR EMPTY_STACK")
+        );
+    }
+
+    #[test]
+    fn interval_changes_keep_the_original() {
+        let i = Interner::new();
+        let mut p = Profile::new(&i);
+        p.set_heap(1, 2, Some("custom"), 100);
+        p.set_heap(1, 2, None, 200);
+        let h = p.heap(1, 2).unwrap();
+        assert_eq!(
+            (
+                h.name.as_str(),
+                h.sampling_interval,
+                h.orig_sampling_interval
+            ),
+            ("custom", 200, 100)
+        );
+    }
+
+    #[test]
+    fn pending_ops_wait_for_flush() {
+        let i = Interner::new();
+        let mut p = Profile::new(&i);
+        let st = frames(&i, &["a"]);
+        p.malloc(1, 0, 2, 0x10, 8, 8, 1, &st); // seq 1 never comes
+        assert_eq!(p.live_bytes(), 0);
+        p.flush(1);
+        assert_eq!(p.live_bytes(), 8);
+        p.commit_through(1, 10);
+        p.malloc(1, 0, 11, 0x20, 8, 8, 1, &st);
+        assert_eq!(p.live_bytes(), 16);
+    }
+}

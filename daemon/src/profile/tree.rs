@@ -1,0 +1,235 @@
+//! The callsite tree: every distinct stack, as a path from the root.
+//!
+//! A node is (parent, [`FrameId`]); a stack, outermost caller first, is the
+//! path from the root to its node, so stacks that share callers share
+//! nodes. Node ids are Perfetto callstack iids: the root is 1 and is never
+//! emitted (a stack always has at least one frame); ids are never reused,
+//! so a callstack written to a trace keeps meaning the same frames.
+//!
+//! ```text
+//!            root (1)
+//!            /      \
+//!        main (2)   thread_start (5)
+//!         /    \          \
+//!     foo (3)  bar (4)    worker (6)
+//!                           \
+//!                          malloc (7)     stack [thread_start, worker, malloc] = 7
+//! ```
+//!
+//! Nodes are kept for the whole session: cumulative per-callsite values must
+//! never decrease in a trace, so a callsite that goes idle and later comes
+//! back must keep its id and totals.
+
+use std::num::NonZeroU32;
+
+use rustc_hash::FxHashMap;
+
+use super::interner::FrameId;
+
+/// A node of the callsite tree: a stack, outermost caller first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallsiteId(NonZeroU32);
+
+impl CallsiteId {
+    /// The root: the empty stack. Never written to a trace.
+    pub const ROOT: CallsiteId = CallsiteId(NonZeroU32::MIN);
+
+    /// The id as a number (the root is 1).
+    #[inline]
+    pub const fn get(self) -> u32 {
+        self.0.get()
+    }
+
+    /// The id as a Perfetto callstack iid.
+    #[inline]
+    pub const fn iid(self) -> u64 {
+        self.0.get() as u64
+    }
+
+    /// The id with number `n`, if `n >= 1`.
+    pub const fn new(n: u32) -> Option<Self> {
+        match NonZeroU32::new(n) {
+            Some(n) => Some(Self(n)),
+            None => None,
+        }
+    }
+
+    #[inline]
+    fn index(self) -> usize {
+        (self.0.get() - 1) as usize
+    }
+}
+
+impl std::fmt::Display for CallsiteId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    /// `None` only for the root.
+    parent: Option<CallsiteId>,
+    /// Meaningless for the root.
+    frame: Option<FrameId>,
+    depth: u32,
+}
+
+/// The callsite tree; see the module docs.
+#[derive(Debug)]
+pub struct CallsiteTree {
+    nodes: Vec<Node>,
+    children: FxHashMap<(CallsiteId, FrameId), CallsiteId>,
+}
+
+impl Default for CallsiteTree {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CallsiteTree {
+    /// A tree with only the root.
+    pub fn new() -> Self {
+        CallsiteTree {
+            nodes: vec![Node {
+                parent: None,
+                frame: None,
+                depth: 0,
+            }],
+            children: FxHashMap::default(),
+        }
+    }
+
+    /// The child of `parent` for `frame`, created if needed.
+    pub fn child(&mut self, parent: CallsiteId, frame: FrameId) -> CallsiteId {
+        if let Some(&c) = self.children.get(&(parent, frame)) {
+            return c;
+        }
+        let depth = self.nodes.get(parent.index()).map_or(0, |n| n.depth + 1);
+        // Saturates instead of panicking; u32::MAX nodes cannot fit in memory.
+        let n = u32::try_from(self.nodes.len() + 1).unwrap_or(u32::MAX);
+        let id = CallsiteId(NonZeroU32::new(n).unwrap_or(NonZeroU32::MAX));
+        self.nodes.push(Node {
+            parent: Some(parent),
+            frame: Some(frame),
+            depth,
+        });
+        self.children.insert((parent, frame), id);
+        id
+    }
+
+    /// The node of `stack` (outermost caller first), created if needed. The
+    /// empty stack is the root.
+    pub fn intern(&mut self, stack: &[FrameId]) -> CallsiteId {
+        stack
+            .iter()
+            .fold(CallsiteId::ROOT, |node, &f| self.child(node, f))
+    }
+
+    /// The node of `stack` if it exists.
+    pub fn find(&self, stack: &[FrameId]) -> Option<CallsiteId> {
+        stack.iter().try_fold(CallsiteId::ROOT, |node, &f| {
+            self.children.get(&(node, f)).copied()
+        })
+    }
+
+    /// Parent of `id` (`None` for the root and unknown ids).
+    pub fn parent(&self, id: CallsiteId) -> Option<CallsiteId> {
+        self.nodes.get(id.index())?.parent
+    }
+
+    /// Innermost frame of `id` (`None` for the root and unknown ids).
+    pub fn frame(&self, id: CallsiteId) -> Option<FrameId> {
+        self.nodes.get(id.index())?.frame
+    }
+
+    /// Number of frames of the stack `id` (0 for the root).
+    pub fn depth(&self, id: CallsiteId) -> u32 {
+        self.nodes.get(id.index()).map_or(0, |n| n.depth)
+    }
+
+    /// Whether `id` is a node of this tree.
+    pub fn contains(&self, id: CallsiteId) -> bool {
+        id.index() < self.nodes.len()
+    }
+
+    /// Replaces `out` with the frames of `id`, outermost caller first.
+    pub fn stack(&self, id: CallsiteId, out: &mut Vec<FrameId>) {
+        out.clear();
+        let mut cur = Some(id);
+        while let Some(c) = cur {
+            let Some(node) = self.nodes.get(c.index()) else {
+                break;
+            };
+            if let Some(f) = node.frame {
+                out.push(f);
+            }
+            cur = node.parent;
+        }
+        out.reverse();
+    }
+
+    /// Number of nodes, the root included.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Always false: the root is always there.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(n: u32) -> FrameId {
+        FrameId::new(n).unwrap()
+    }
+
+    #[test]
+    fn shared_prefixes_share_nodes() {
+        let mut t = CallsiteTree::new();
+        assert_eq!(t.intern(&[]), CallsiteId::ROOT);
+        let a = t.intern(&[f(1), f(2), f(3)]);
+        let b = t.intern(&[f(1), f(2), f(4)]);
+        assert_ne!(a, b);
+        assert_eq!(t.parent(a), t.parent(b));
+        assert_eq!(t.len(), 5); // root, 1, 1/2, 1/2/3, 1/2/4
+        assert_eq!(t.intern(&[f(1), f(2), f(3)]), a);
+        assert_eq!(t.find(&[f(1), f(2)]), t.parent(a));
+        assert_eq!(t.find(&[f(2)]), None);
+        assert_eq!(t.depth(a), 3);
+        assert_eq!(t.frame(a), Some(f(3)));
+        assert_eq!(t.frame(CallsiteId::ROOT), None);
+        assert_eq!(t.parent(CallsiteId::ROOT), None);
+    }
+
+    #[test]
+    fn ids_are_sequential_from_two() {
+        let mut t = CallsiteTree::new();
+        let a = t.intern(&[f(9)]);
+        let b = t.intern(&[f(9), f(9)]);
+        assert_eq!((a.get(), b.get()), (2, 3));
+        // Same frame under a different parent is a different node.
+        assert_eq!(t.child(b, f(9)).get(), 4);
+    }
+
+    #[test]
+    fn stack_walks_back_to_the_root() {
+        let mut t = CallsiteTree::new();
+        let stack = [f(5), f(6), f(7), f(5)];
+        let id = t.intern(&stack);
+        let mut out = vec![f(1)];
+        t.stack(id, &mut out);
+        assert_eq!(out, stack);
+        t.stack(CallsiteId::ROOT, &mut out);
+        assert!(out.is_empty());
+        // Unknown ids give an empty stack, not a panic.
+        t.stack(CallsiteId::new(1000).unwrap(), &mut out);
+        assert!(out.is_empty());
+        assert!(!t.contains(CallsiteId::new(1000).unwrap()));
+    }
+}
