@@ -1,0 +1,420 @@
+//! `heapprofd-rs report`: per process and heap, totals and the top
+//! allocation sites by self bytes, inclusive bytes and unreleased bytes.
+//!
+//! A "site" is a function (the frame's display name and location); self
+//! values count the stacks whose allocating (last) frame it is, inclusive
+//! values every stack it appears in (once per stack, even when recursive).
+
+use std::collections::HashSet;
+use std::io::{self, Write};
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use super::Filter;
+use crate::trace::{CallstackValues, HeapProfile, ResolvedFrame, TraceData};
+
+/// Summed values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Sampled bytes allocated.
+    pub allocated: u64,
+    /// Sampled bytes freed.
+    pub freed: u64,
+    /// Bytes allocated and not freed.
+    pub unreleased: u64,
+    /// Allocations.
+    pub alloc_count: u64,
+    /// Frees.
+    pub free_count: u64,
+    /// Allocations not freed.
+    pub unreleased_count: u64,
+}
+
+impl Totals {
+    fn add(&mut self, c: &CallstackValues) {
+        self.allocated += c.self_allocated;
+        self.freed += c.self_freed;
+        self.unreleased += c.unreleased();
+        self.alloc_count += c.alloc_count;
+        self.free_count += c.free_count;
+        self.unreleased_count += c.unreleased_count();
+    }
+}
+
+/// One function among the top sites.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Site {
+    /// Function name (or `module+0xpc`).
+    pub function: String,
+    /// `file:line` of the first stack seen, if known.
+    pub location: Option<String>,
+    /// Module path.
+    pub module: Option<String>,
+    /// Values.
+    #[serde(flatten)]
+    pub totals: Totals,
+    /// The callers of this site in the heaviest stack through it, outermost
+    /// first, ending with the site itself.
+    pub heaviest_stack: Vec<String>,
+}
+
+/// Summary of one heap of one process.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeapReport {
+    /// Process id.
+    pub pid: u32,
+    /// Command line, if the trace names the process.
+    pub cmdline: Vec<String>,
+    /// Heap name.
+    pub heap: String,
+    /// Sampling interval in bytes (1 = every allocation).
+    pub sampling_interval_bytes: u64,
+    /// Dumps of this heap.
+    pub dumps: u64,
+    /// Values are the state at the peak (dump_at_max trace).
+    pub dump_at_max: bool,
+    /// Length of the profiled window in nanoseconds, if known.
+    pub duration_ns: Option<u64>,
+    /// Problems flagged in the trace.
+    pub flags: Vec<String>,
+    /// Samples unwound.
+    pub samples: Option<u64>,
+    /// Unwinding errors.
+    pub unwinding_errors: Option<u64>,
+    /// Mean unwinding time in microseconds.
+    pub mean_unwind_us: Option<f64>,
+    /// Totals over every stack.
+    pub totals: Totals,
+    /// Distinct stacks.
+    pub stacks: usize,
+    /// Top sites by self allocated bytes.
+    pub top_self: Vec<Site>,
+    /// Top sites by inclusive allocated bytes.
+    pub top_inclusive: Vec<Site>,
+    /// Top sites by self unreleased bytes.
+    pub top_unreleased: Vec<Site>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// The trace file.
+    pub trace: String,
+    /// One entry per process and heap.
+    pub heaps: Vec<HeapReport>,
+    /// Non-fatal problems found while reading the trace.
+    pub warnings: Vec<String>,
+}
+
+fn site_key(f: &ResolvedFrame) -> (String, Option<String>) {
+    (f.display_name(), f.mapping.clone())
+}
+
+fn location(f: &ResolvedFrame) -> Option<String> {
+    let file = f.source_file.as_deref()?;
+    Some(match f.line {
+        Some(l) => format!("{file}:{l}"),
+        None => file.to_owned(),
+    })
+}
+
+struct SiteAcc {
+    first: ResolvedFrame,
+    totals: Totals,
+    heaviest: (u64, usize),
+}
+
+fn top_sites(
+    h: &HeapProfile,
+    top: usize,
+    inclusive: bool,
+    rank: impl Fn(&Totals) -> u64,
+) -> Vec<Site> {
+    let mut acc: FxHashMap<(String, Option<String>), SiteAcc> = FxHashMap::default();
+    for (i, c) in h.callstacks.iter().enumerate() {
+        let frames: Vec<&ResolvedFrame> = if inclusive {
+            let mut seen = HashSet::new();
+            c.frames
+                .iter()
+                .filter(|f| seen.insert(site_key(f)))
+                .collect()
+        } else {
+            c.frames.last().into_iter().collect()
+        };
+        let mut one = Totals::default();
+        one.add(c);
+        let weight = rank(&one);
+        for f in frames {
+            let a = acc.entry(site_key(f)).or_insert_with(|| SiteAcc {
+                first: f.clone(),
+                totals: Totals::default(),
+                heaviest: (0, i),
+            });
+            a.totals.add(c);
+            if weight > a.heaviest.0 {
+                a.heaviest = (weight, i);
+            }
+        }
+    }
+    let mut sites: Vec<Site> = acc
+        .into_values()
+        .filter(|a| rank(&a.totals) > 0)
+        .map(|a| Site {
+            function: a.first.display_name(),
+            location: location(&a.first),
+            module: a.first.mapping.clone(),
+            totals: a.totals,
+            heaviest_stack: {
+                // The heaviest stack through the site, cut after the site
+                // (its callers, then itself).
+                let frames = &h.callstacks[a.heaviest.1].frames;
+                let key = site_key(&a.first);
+                let end = frames
+                    .iter()
+                    .position(|f| site_key(f) == key)
+                    .map_or(frames.len(), |i| i + 1);
+                frames[..end]
+                    .iter()
+                    .map(ResolvedFrame::display_name)
+                    .collect()
+            },
+        })
+        .collect();
+    sites.sort_by(|a, b| {
+        rank(&b.totals)
+            .cmp(&rank(&a.totals))
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    sites.truncate(top);
+    sites
+}
+
+/// Builds the report of the heaps `filter` selects.
+pub fn build_report(trace: &str, data: &TraceData, filter: &Filter, top: usize) -> Report {
+    let heaps = data
+        .heaps
+        .iter()
+        .filter(|h| filter.matches(h))
+        .map(|h| {
+            let mut totals = Totals::default();
+            for c in &h.callstacks {
+                totals.add(c);
+            }
+            let f = &h.flags;
+            let mut flags = Vec::new();
+            for (set, name) in [
+                (f.disconnected, "client disconnected early"),
+                (f.buffer_overran, "ring buffer overran: samples were lost"),
+                (f.buffer_corrupted, "ring buffer corrupted"),
+                (f.hit_guardrail, "stopped at a resource guardrail"),
+                (
+                    f.rejected_concurrent,
+                    "rejected: another session was profiling",
+                ),
+            ] {
+                if set {
+                    flags.push(name.to_owned());
+                }
+            }
+            if f.client_error != Default::default() {
+                flags.push(format!("client error: {:?}", f.client_error));
+            }
+            let stats = h.stats.as_ref();
+            HeapReport {
+                pid: h.pid,
+                cmdline: data
+                    .processes
+                    .get(&h.pid)
+                    .map(|p| p.cmdline.clone())
+                    .unwrap_or_default(),
+                heap: h.heap_name.clone(),
+                sampling_interval_bytes: h.sampling_interval_bytes,
+                dumps: h.dumps,
+                dump_at_max: h.dump_at_max,
+                duration_ns: match (h.start_timestamp, h.timestamp) {
+                    (Some(s), Some(e)) if e >= s => Some(e - s),
+                    _ => None,
+                },
+                flags,
+                samples: stats.map(|s| s.heap_samples),
+                unwinding_errors: stats.map(|s| s.unwinding_errors),
+                mean_unwind_us: stats
+                    .filter(|s| s.heap_samples > 0)
+                    .map(|s| s.total_unwinding_time_us as f64 / s.heap_samples as f64),
+                totals,
+                stacks: h.callstacks.len(),
+                top_self: top_sites(h, top, false, |t| t.allocated),
+                top_inclusive: top_sites(h, top, true, |t| t.allocated),
+                top_unreleased: top_sites(h, top, false, |t| t.unreleased),
+            }
+        })
+        .collect();
+    Report {
+        trace: trace.to_owned(),
+        heaps,
+        warnings: data.warnings.clone(),
+    }
+}
+
+/// `1.50 MiB`-style sizes.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", UNITS[u])
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+fn write_sites(
+    out: &mut impl Write,
+    title: &str,
+    sites: &[Site],
+    whole: u64,
+    value: impl Fn(&Totals) -> (u64, u64),
+) -> io::Result<()> {
+    writeln!(out, "\n  {title}")?;
+    if sites.is_empty() {
+        writeln!(out, "    (none)")?;
+    }
+    for s in sites {
+        let (bytes, count) = value(&s.totals);
+        write!(
+            out,
+            "    {:>11} {:5.1}% in {:>8} allocations  {}",
+            human_bytes(bytes),
+            percent(bytes, whole),
+            count,
+            s.function
+        )?;
+        if let Some(l) = &s.location {
+            write!(out, " ({l})")?;
+        }
+        writeln!(out)?;
+        if let Some(m) = &s.module {
+            writeln!(out, "          in {m}")?;
+        }
+        let callers: Vec<&str> = s
+            .heaviest_stack
+            .iter()
+            .rev()
+            .skip(1)
+            .take(6)
+            .map(String::as_str)
+            .collect();
+        if !callers.is_empty() {
+            let more = if s.heaviest_stack.len() > 7 {
+                " <- …"
+            } else {
+                ""
+            };
+            writeln!(out, "          from {}{more}", callers.join(" <- "))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the report as text, heaptrack_print style.
+pub fn write_text(r: &Report, out: &mut impl Write) -> io::Result<()> {
+    writeln!(out, "heap profile: {}", r.trace)?;
+    if r.heaps.is_empty() {
+        writeln!(
+            out,
+            "\nno heap dumps (nothing was sampled, or the filter matched nothing)"
+        )?;
+    }
+    for h in &r.heaps {
+        let cmd = if h.cmdline.is_empty() {
+            String::new()
+        } else {
+            format!(" `{}`", h.cmdline.join(" "))
+        };
+        writeln!(out, "\nPROCESS {}{cmd}, HEAP {}", h.pid, h.heap)?;
+        let interval = match h.sampling_interval_bytes {
+            0 => "unknown".to_owned(),
+            1 => "every allocation".to_owned(),
+            n => format!("1 sample per {} on average", human_bytes(n)),
+        };
+        write!(out, "  sampling: {interval}; {} dump(s)", h.dumps)?;
+        if let Some(d) = h.duration_ns {
+            write!(out, " over {:.3} s", d as f64 / 1e9)?;
+        }
+        writeln!(out)?;
+        if h.dump_at_max {
+            writeln!(out, "  values are the live heap at its peak (dump-at-max)")?;
+        }
+        if let (Some(n @ 1..), Some(e)) = (h.samples, h.unwinding_errors) {
+            write!(
+                out,
+                "  unwinding: {n} samples, {e} errors ({:.1}%)",
+                percent(e, n)
+            )?;
+            if let Some(us) = h.mean_unwind_us {
+                write!(out, ", mean {us:.0} us")?;
+            }
+            writeln!(out)?;
+        }
+        for f in &h.flags {
+            writeln!(out, "  WARNING: {f}")?;
+        }
+        let t = &h.totals;
+        writeln!(
+            out,
+            "  allocated: {} in {} allocations ({} stacks)",
+            human_bytes(t.allocated),
+            t.alloc_count,
+            h.stacks
+        )?;
+        writeln!(
+            out,
+            "  freed:     {} in {} frees",
+            human_bytes(t.freed),
+            t.free_count
+        )?;
+        writeln!(
+            out,
+            "  unreleased: {} in {} allocations",
+            human_bytes(t.unreleased),
+            t.unreleased_count
+        )?;
+        write_sites(
+            out,
+            "TOP ALLOCATION SITES (self, allocated bytes)",
+            &h.top_self,
+            t.allocated,
+            |s| (s.allocated, s.alloc_count),
+        )?;
+        write_sites(
+            out,
+            "TOP FUNCTIONS (inclusive, allocated bytes)",
+            &h.top_inclusive,
+            t.allocated,
+            |s| (s.allocated, s.alloc_count),
+        )?;
+        write_sites(
+            out,
+            "TOP UNRELEASED (self, bytes not freed)",
+            &h.top_unreleased,
+            t.unreleased,
+            |s| (s.unreleased, s.unreleased_count),
+        )?;
+    }
+    for w in &r.warnings {
+        writeln!(out, "\nwarning: {w}")?;
+    }
+    Ok(())
+}
