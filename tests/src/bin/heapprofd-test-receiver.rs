@@ -1,0 +1,342 @@
+//! `heapprofd-test-receiver`: a minimal stand-in for the daemon, for the
+//! client's end-to-end tests and benchmarks. **A test tool, not the daemon.**
+//!
+//! It listens on a UNIX socket, answers every client's handshake with a
+//! `ClientConfig` and a fresh ring buffer, drains and decodes every record,
+//! and when its standard input is closed (and every client has gone) prints
+//! one summary line per session, then `done sessions=N`:
+//!
+//! ```text
+//! listening path=/tmp/x.sock
+//! connected pid=123 flags=1
+//! rec pid=123 seq=1 kind=malloc addr=0x... size=100 sample=100 stack=2048 flags=0
+//! rec pid=123 seq=2 kind=free addr=0x...
+//! session pid=123 flags=1 mallocs=1 sample_bytes=100 alloc_bytes=100 frees=1 ...
+//! done sessions=1
+//! ```
+//!
+//! `rec` lines only with `--records`. Drain protocol: read until empty,
+//! `pause_reader`, read once more, then sleep in `poll` on the socket (a wake
+//! byte or EOF ends the sleep; 100 ms at most).
+//!
+//! Usage: `heapprofd-test-receiver --socket PATH [--interval N] [--seed N]
+//! [--block] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]`
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Set when stdin closes: sessions still running are ended (shutdown flag
+/// and socket shutdown, as the daemon does), drained, and summarised.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+use heapprofd_proto::socket::{recv_with_fds, send_with_fds};
+use heapprofd_proto::wire::{ClientConfig, Handshake, MallocHeader, Record};
+use heapprofd_shmem::{ReadOutcome, RingBuffer};
+
+#[derive(Debug, Clone)]
+struct Options {
+    socket: String,
+    config: ClientConfig,
+    records: bool,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut socket = None;
+    let mut config = ClientConfig::new(4096, 8 << 20);
+    let mut records = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut num = |name: &str| -> Result<u64, String> {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .ok_or(format!("{name} needs a number"))
+        };
+        match a.as_str() {
+            "--socket" => socket = args.next(),
+            "--interval" => {
+                config.sampling_interval = num("--interval")?;
+                config.heaps[0].interval = config.sampling_interval;
+            }
+            "--seed" => config.seed = num("--seed")?,
+            "--block" => config.flags |= ClientConfig::FLAG_BLOCK_CLIENT,
+            "--block-timeout-us" => config.block_timeout_us = num("--block-timeout-us")?,
+            "--shmem-size" => config.shmem_size = num("--shmem-size")?,
+            "--max-stack" => config.max_stack_bytes = num("--max-stack")?,
+            "--records" => records = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(Options {
+        socket: socket.ok_or("--socket is required")?,
+        config,
+        records,
+    })
+}
+
+/// What one session delivered.
+#[derive(Debug, Default)]
+struct Summary {
+    pid: u32,
+    flags: u32,
+    mallocs: u64,
+    sample_bytes: u64,
+    alloc_bytes: u64,
+    frees: u64,
+    heap_names: u64,
+    decode_errors: u64,
+    corrupt: u64,
+    overflow: u64,
+    no_stack: u64,
+    truncated: u64,
+    stack_bytes: u64,
+    seq_dupes: u64,
+    sp_mismatch: u64,
+    pending_at_end: u64,
+    client_error: u32,
+}
+
+type Out = Arc<Mutex<std::io::Stdout>>;
+
+fn say(out: &Out, line: &str) {
+    let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = writeln!(o, "{line}");
+    let _ = o.flush();
+}
+
+fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, String> {
+    let sock = stream.as_raw_fd();
+    let mut buf = [0u8; Handshake::ENCODED_LEN];
+    let mut fds: [Option<OwnedFd>; 2] = [None, None];
+    recv_with_fds(sock, &mut buf, &mut fds).map_err(|e| format!("handshake: {e}"))?;
+    let hs = Handshake::decode(&buf).map_err(|e| format!("handshake: {e}"))?;
+    if fds.iter().any(Option::is_none) {
+        return Err("handshake without the maps and mem descriptors".into());
+    }
+    let (rb, memfd) = RingBuffer::create(opts.config.shmem_size).map_err(|e| e.to_string())?;
+    send_with_fds(sock, &opts.config.encode(), &[memfd.as_raw_fd()])
+        .map_err(|e| format!("config: {e}"))?;
+    drop(memfd);
+    say(out, &format!("connected pid={} flags={}", hs.pid, hs.flags));
+    let mut sum = Summary {
+        pid: hs.pid,
+        flags: hs.flags,
+        ..Summary::default()
+    };
+    let mut seqs = HashSet::new();
+    let mut reader = rb.reader();
+    let mut rec = Vec::new();
+    let mut eof = false;
+    let mut idle_after_eof = 0;
+    loop {
+        match reader.read(&mut rec) {
+            ReadOutcome::Record(_) => {
+                account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
+                continue;
+            }
+            ReadOutcome::Corrupt(_) => {
+                sum.corrupt += 1;
+                break;
+            }
+            ReadOutcome::Pending if eof => {
+                // A writer died mid-record, or is about to commit.
+                idle_after_eof += 1;
+                if idle_after_eof > 200 {
+                    sum.pending_at_end = 1;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                continue;
+            }
+            ReadOutcome::Empty if eof => break,
+            ReadOutcome::Empty | ReadOutcome::Pending => {}
+        }
+        rb.pause_reader();
+        if let ReadOutcome::Record(_) = reader.read(&mut rec) {
+            rb.unpause_reader();
+            account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
+            continue;
+        }
+        let mut pfd = libc::pollfd {
+            fd: sock,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, 100) };
+        if pfd.revents != 0 {
+            let mut b = [0u8; 256];
+            // SAFETY: reading into our own buffer.
+            let n = unsafe { libc::recv(sock, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+            if n == 0
+                || (n < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock)
+            {
+                eof = true;
+            }
+        }
+        rb.unpause_reader();
+        if STOP.load(Ordering::SeqCst) && !eof {
+            rb.set_shutdown();
+            // SAFETY: shutting down our own socket.
+            unsafe { libc::shutdown(sock, libc::SHUT_RDWR) };
+            eof = true;
+        }
+    }
+    let stats = reader.stats();
+    sum.overflow = stats.writes_overflow;
+    sum.client_error = rb.client_error() as u32;
+    rb.set_shutdown();
+    Ok(sum)
+}
+
+fn account(rec: &[u8], sum: &mut Summary, seqs: &mut HashSet<u64>, out: Option<&Out>) {
+    match Record::decode(rec) {
+        Ok(Record::Malloc(h, stack)) => {
+            sum.mallocs += 1;
+            sum.sample_bytes += h.sample_size;
+            sum.alloc_bytes += h.alloc_size;
+            sum.stack_bytes += stack.len() as u64;
+            if h.flags & MallocHeader::FLAG_NO_STACK != 0 {
+                sum.no_stack += 1;
+            }
+            if h.flags & MallocHeader::FLAG_STACK_TRUNCATED != 0 {
+                sum.truncated += 1;
+            }
+            let (sp_slot, _) = h.arch.sp_ip_slots();
+            if h.regs.0.get(sp_slot) != Some(&h.stack_pointer) {
+                sum.sp_mismatch += 1;
+            }
+            if !seqs.insert(h.sequence) {
+                sum.seq_dupes += 1;
+            }
+            if let Some(out) = out {
+                say(
+                    out,
+                    &format!(
+                        "rec pid={} seq={} kind=malloc addr={:#x} size={} sample={} stack={} flags={}",
+                        sum.pid,
+                        h.sequence,
+                        h.address,
+                        h.alloc_size,
+                        h.sample_size,
+                        stack.len(),
+                        h.flags
+                    ),
+                );
+            }
+        }
+        Ok(Record::Free(f)) => {
+            sum.frees += 1;
+            if !seqs.insert(f.sequence) {
+                sum.seq_dupes += 1;
+            }
+            if let Some(out) = out {
+                say(
+                    out,
+                    &format!(
+                        "rec pid={} seq={} kind=free addr={:#x}",
+                        sum.pid, f.sequence, f.address
+                    ),
+                );
+            }
+        }
+        Ok(Record::HeapName(_)) => sum.heap_names += 1,
+        Err(_) => sum.decode_errors += 1,
+    }
+}
+
+fn summary_line(s: &Summary) -> String {
+    format!(
+        "session pid={} flags={} mallocs={} sample_bytes={} alloc_bytes={} frees={} heap_names={} \
+         decode_errors={} corrupt={} overflow={} no_stack={} truncated={} stack_bytes={} \
+         seq_dupes={} sp_mismatch={} pending_at_end={} client_error={}",
+        s.pid,
+        s.flags,
+        s.mallocs,
+        s.sample_bytes,
+        s.alloc_bytes,
+        s.frees,
+        s.heap_names,
+        s.decode_errors,
+        s.corrupt,
+        s.overflow,
+        s.no_stack,
+        s.truncated,
+        s.stack_bytes,
+        s.seq_dupes,
+        s.sp_mismatch,
+        s.pending_at_end,
+        s.client_error
+    )
+}
+
+fn main() {
+    let opts = match parse_args() {
+        Ok(o) => Arc::new(o),
+        Err(e) => {
+            eprintln!("heapprofd-test-receiver: {e}");
+            std::process::exit(2);
+        }
+    };
+    let _ = std::fs::remove_file(&opts.socket);
+    let listener = UnixListener::bind(&opts.socket).unwrap_or_else(|e| {
+        eprintln!("heapprofd-test-receiver: bind {}: {e}", opts.socket);
+        std::process::exit(2);
+    });
+    let out: Out = Arc::new(Mutex::new(std::io::stdout()));
+    say(&out, &format!("listening path={}", opts.socket));
+    let summaries = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    loop {
+        let mut pfds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        if unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) } < 0 {
+            continue;
+        }
+        if pfds[1].revents != 0 {
+            let mut b = [0u8; 64];
+            // SAFETY: reading stdin into our buffer.
+            let n = unsafe { libc::read(0, b.as_mut_ptr().cast(), b.len()) };
+            if n <= 0 {
+                STOP.store(true, Ordering::SeqCst);
+                break;
+            }
+        }
+        if pfds[0].revents != 0 {
+            let Ok((stream, _)) = listener.accept() else {
+                continue;
+            };
+            let (opts, out, summaries) = (opts.clone(), out.clone(), summaries.clone());
+            workers.push(std::thread::spawn(move || {
+                match serve(stream, &opts, &out) {
+                    Ok(s) => summaries.lock().unwrap_or_else(|e| e.into_inner()).push(s),
+                    Err(e) => say(&out, &format!("error {e}")),
+                }
+            }));
+        }
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+    let summaries = summaries.lock().unwrap_or_else(|e| e.into_inner());
+    for s in summaries.iter() {
+        say(&out, &summary_line(s));
+    }
+    say(&out, &format!("done sessions={}", summaries.len()));
+    let _ = std::fs::remove_file(&opts.socket);
+}
