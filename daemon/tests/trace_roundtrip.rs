@@ -9,24 +9,15 @@ mod core_support;
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 
-use core_support::{CLOCKS, Program, Seq, at_ms, check_trace, sample_profile};
+use core_support::{
+    CLOCKS, Program, Seq, at_ms, big_profile, check_trace, sample_profile, write_trace,
+};
 use heapprofd_daemon::profile::{ClientError, Profile};
 use heapprofd_daemon::trace::{
-    CallstackValues, HeapProfile, TraceData, TraceError, TraceWriter, WriterConfig, read_trace,
+    CallstackValues, HeapProfile, TraceData, TraceWriter, WriterConfig, read_trace,
 };
 use heapprofd_proto::perfetto::{Message, Trace, TracePacket, trace_packet};
 use serde_json::Value;
-
-fn write_trace(
-    cfg: WriterConfig,
-    f: impl FnOnce(&mut TraceWriter<&mut Vec<u8>>) -> Result<(), TraceError>,
-) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut w = TraceWriter::with_config(&mut out, CLOCKS, cfg).unwrap();
-    f(&mut w).unwrap();
-    w.finish().unwrap();
-    out
-}
 
 fn official(bytes: &[u8]) -> Value {
     let mut f = tempfile::NamedTempFile::new().unwrap();
@@ -378,20 +369,6 @@ fn continuous_dumps_are_cumulative_and_leave_idle_callsites_out() {
     assert_eq!(by_leaf(late, "alloc_a").self_allocated, 4096);
 }
 
-fn big_profile(p: &Program, n: u64) -> Profile {
-    let mut prof = Profile::new(&p.interner);
-    prof.add_process(7, vec!["big".into()], true);
-    prof.set_heap(7, 0, None, 4096);
-    for i in 0..n {
-        let leaf = p
-            .interner
-            .intern_frame(None, 0x1000 + i, Some(&format!("fn_{i}")), None, None);
-        let stack = [p.start, p.main, leaf];
-        prof.malloc(7, 0, i + 1, 0x100000 + i * 64, 64, 4096, at_ms(1), &stack);
-    }
-    prof
-}
-
 #[test]
 fn a_huge_dump_is_split_into_continued_packets() {
     let p = Program::new();
@@ -494,95 +471,6 @@ fn dump_at_max_writes_the_peak() {
     assert!(h.dump_at_max);
     assert_eq!(by_leaf(h, "alloc_b").self_max, 200);
     assert_eq!(by_leaf(h, "alloc_a").self_max_count, 1);
-}
-
-/// Fails every write once `limit` bytes have been accepted, after taking
-/// part of the failing write (like a disk filling up).
-struct DiskFull<'a> {
-    data: &'a mut Vec<u8>,
-    limit: usize,
-}
-
-impl Write for DiskFull<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let room = self.limit.saturating_sub(self.data.len());
-        if room == 0 {
-            return Err(io::Error::new(io::ErrorKind::StorageFull, "disk full"));
-        }
-        let n = room.min(buf.len());
-        self.data.extend_from_slice(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-#[test]
-fn a_write_error_surfaces_and_leaves_a_valid_prefix() {
-    let p = Program::new();
-    let mut prof = big_profile(&p, 2000);
-    let mut data = Vec::new();
-    let out = DiskFull {
-        data: &mut data,
-        limit: 30_000,
-    };
-    let cfg = WriterConfig {
-        packet_size_threshold: 4000,
-        ..Default::default()
-    };
-    let mut w = TraceWriter::with_config(out, CLOCKS, cfg).unwrap();
-    let err = w.dump(&mut prof, &p.interner, at_ms(5)).unwrap_err();
-    assert!(matches!(&err, TraceError::Io(e) if e.kind() == io::ErrorKind::StorageFull));
-    assert!(err.to_string().contains("disk full"));
-    let valid = w.valid_len() as usize;
-    assert!(matches!(
-        w.dump(&mut prof, &p.interner, at_ms(6)),
-        Err(TraceError::Failed)
-    ));
-    assert!(w.finish().is_err());
-    assert!(data.len() > valid, "the failing packet was partly written");
-    // Packets are self-delimiting: the reader takes the partial one as a
-    // warning, and the prefix of complete packets is a clean trace.
-    let t = read_trace(data.as_slice()).unwrap();
-    assert!(
-        t.warnings.iter().any(|w| w.contains("partial packet")),
-        "{:?}",
-        t.warnings
-    );
-    data.truncate(valid);
-    let t = read_trace(data.as_slice()).unwrap();
-    assert!(
-        t.warnings.iter().any(|w| w.contains("not finished")),
-        "{:?}",
-        t.warnings
-    );
-    let mut f = tempfile::NamedTempFile::new().unwrap();
-    f.write_all(&data).unwrap();
-    let (_, json) = check_trace(f.path());
-    assert_eq!(json["unknown_fields"], Value::Array(vec![]));
-    assert!(json["packet_count"].as_u64().unwrap() > 2);
-}
-
-#[test]
-fn the_reader_rejects_what_is_not_a_trace() {
-    for (bytes, what) in [
-        (&b""[..], "no trace packets"),
-        (b"hello, this is text\n", "not a Perfetto trace"),
-        (&[0x1f, 0x8b, 0x08, 0x00][..], "gunzip"),
-        (
-            &[0x0a, 0x05, 0xff, 0xff, 0xff, 0xff, 0xff][..],
-            "undecodable",
-        ),
-        (&[0x0a, 0xff, 0xff, 0xff, 0xff, 0x7f][..], "too large"),
-    ] {
-        let err = read_trace(bytes).unwrap_err();
-        assert!(
-            err.to_string().contains(what),
-            "{bytes:?}: {err} (wanted {what:?})"
-        );
-    }
 }
 
 #[test]

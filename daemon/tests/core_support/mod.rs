@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use heapprofd_daemon::profile::{FrameId, Interner, MappingSpec, Profile};
-use heapprofd_daemon::trace::ClockReadings;
+use heapprofd_daemon::trace::{ClockReadings, TraceError, TraceWriter, WriterConfig};
 use serde_json::Value;
 
 /// Fixed clock readings: BOOTTIME is 1 s ahead of MONOTONIC_COARSE.
@@ -201,5 +201,32 @@ pub fn sample_profile(p: &Program) -> Profile {
         pr.stats.map_reparses = 2;
     }
     prof.flush_all();
+    prof
+}
+
+/// Writes a trace to memory with `f` between start and finish.
+pub fn write_trace(
+    cfg: WriterConfig,
+    f: impl FnOnce(&mut TraceWriter<&mut Vec<u8>>) -> Result<(), TraceError>,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = TraceWriter::with_config(&mut out, CLOCKS, cfg).unwrap();
+    f(&mut w).unwrap();
+    w.finish().unwrap();
+    out
+}
+
+/// `n` distinct live callsites in pid 7 (interval 4096).
+pub fn big_profile(p: &Program, n: u64) -> Profile {
+    let mut prof = Profile::new(&p.interner);
+    prof.add_process(7, vec!["big".into()], true);
+    prof.set_heap(7, 0, None, 4096);
+    for i in 0..n {
+        let leaf = p
+            .interner
+            .intern_frame(None, 0x1000 + i, Some(&format!("fn_{i}")), None, None);
+        let stack = [p.start, p.main, leaf];
+        prof.malloc(7, 0, i + 1, 0x100000 + i * 64, 64, 4096, at_ms(1), &stack);
+    }
     prof
 }
