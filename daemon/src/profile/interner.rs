@@ -270,6 +270,31 @@ impl Interner {
 
     /// Interns a mapping described by its parts.
     pub fn intern_mapping_spec(&self, spec: &MappingSpec<'_>) -> MappingId {
+        {
+            // Fast path under the read lock: every part already interned.
+            let t = self.read_tables();
+            let build_id = match spec.build_id.filter(|b| !b.is_empty()) {
+                None => Some(None),
+                Some(b) => t.strings.ids.get(b).map(|&id| Some(id)),
+            };
+            let path: Option<Box<[StringId]>> = path_components(spec.path)
+                .map(|c| t.strings.ids.get(c).copied())
+                .collect();
+            if let (Some(build_id), Some(path)) = (build_id, path) {
+                let key = MappingData {
+                    build_id,
+                    path,
+                    start: spec.start,
+                    end: spec.end,
+                    exact_offset: spec.exact_offset,
+                    start_offset: spec.start_offset,
+                    load_bias: spec.load_bias,
+                };
+                if let Some(&id) = t.mappings.ids.get(&key) {
+                    return id;
+                }
+            }
+        }
         let mut t = self.write_tables();
         let build_id = spec.build_id.filter(|b| !b.is_empty()).map(|b| t.string(b));
         let path: Box<[StringId]> = path_components(spec.path).map(|c| t.string(c)).collect();

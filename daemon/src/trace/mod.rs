@@ -23,6 +23,38 @@
 //! last dump; an idle, fully freed callsite is written once and then left
 //! out (trace processor takes deltas between dumps, so nothing is lost).
 //!
+//! # Example: a session from the bookkeeping thread's point of view
+//!
+//! ```
+//! use heapprofd_daemon::profile::{Interner, Profile};
+//! use heapprofd_daemon::trace::{ClockReadings, TraceWriter, read_trace};
+//!
+//! let interner = Interner::new(); // in an Arc, shared with the workers
+//! let mut profile = Profile::new(&interner);
+//! let clocks = ClockReadings::now();
+//! let mut writer = TraceWriter::new(Vec::new(), clocks)?; // a File in practice
+//!
+//! profile.add_process(1234, vec!["./app".into()], true);
+//! profile.set_heap(1234, 0, Some("libc.malloc"), 4096);
+//! // A worker unwound a sample: frames interned, outermost caller first.
+//! let main = interner.intern_frame(None, 0x1100, Some("main"), None, None);
+//! let leaf = interner.intern_frame(None, 0x1200, Some("make_buffer"), None, None);
+//! let t = clocks.monotonic_coarse_ns;
+//! profile.malloc(1234, 0, 1, 0x5000, 100, 4096, t, &[main, leaf]);
+//! profile.free(1234, 0, 2, 0x5000);
+//!
+//! // Continuous-dump tick or SIGUSR1: dump what is committed.
+//! writer.dump(&mut profile, &interner, t + 1_000_000)?;
+//! // End of the session: commit what still waits, final dump, finish.
+//! profile.flush_all();
+//! writer.dump(&mut profile, &interner, t + 2_000_000)?;
+//! let bytes = writer.finish()?;
+//!
+//! let data = read_trace(bytes.as_slice())?;
+//! assert_eq!(data.heaps[0].callstacks[0].self_freed, 4096);
+//! # Ok::<(), heapprofd_daemon::trace::TraceError>(())
+//! ```
+//!
 //! # Threads
 //!
 //! The writer belongs to the bookkeeping thread: [`TraceWriter::dump`]
