@@ -1,1 +1,187 @@
-//! Placeholder for `runtime` (in progress).
+//! The daemon at run time: sessions, workers, bookkeeping, and `record`.
+//!
+//! Threads and what each owns (every object has exactly one owner):
+//!
+//! ```text
+//!  tokio runtime (1 thread)     accept loop; per session a task watching the socket
+//!        |  new session (after a blocking handshake on a blocking thread)
+//!        v
+//!  worker threads (N)           each owns its sessions: ring buffer reader +
+//!        |  Ops batches          unwinder ProcessContext; drains, unwinds, interns
+//!        v
+//!  bookkeeping thread (1)       owns the Profile and the TraceWriter; applies
+//!                               ops, dumps on request, writes the trace
+//! ```
+//!
+//! Shared between threads: the [`Interner`](crate::profile::Interner)
+//! (internally locked; workers add frames, the dump reads them), the
+//! unwinder's module cache, and the relaxed [`Counters`] behind the status line.
+
+pub mod bookkeeper;
+pub mod handshake;
+pub mod record;
+pub mod server;
+pub mod worker;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use heapprofd_shmem::{ClientError, Stats as RingStats};
+
+use crate::profile::FrameId;
+
+/// Identifies one client connection for its whole life (pids can be reused).
+pub type SessionId = u64;
+
+/// One record of a client, after unwinding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// A sampled allocation.
+    Malloc {
+        /// Heap id (0 = libc.malloc).
+        heap: u32,
+        /// Client sequence number.
+        seq: u64,
+        /// Address returned to the program.
+        address: u64,
+        /// Size the program asked for.
+        alloc_size: u64,
+        /// Bytes the sample stands for.
+        sample_size: u64,
+        /// CLOCK_MONOTONIC_COARSE of the allocation.
+        timestamp_ns: u64,
+        /// Interned frames, outermost caller first.
+        stack: Vec<FrameId>,
+    },
+    /// A free of a possibly sampled address.
+    Free {
+        /// Heap id.
+        heap: u32,
+        /// Client sequence number.
+        seq: u64,
+        /// Address freed.
+        address: u64,
+    },
+    /// A heap declaration or sampling-interval change.
+    HeapName {
+        /// Heap id.
+        heap: u32,
+        /// Heap name (empty: keep the previous name).
+        name: String,
+        /// Current sampling interval.
+        interval: u64,
+    },
+}
+
+/// Counts of unwinding times in heapprofd's 20 log2 buckets (microseconds):
+/// bucket i < 19 counts times up to 2^i us, the last one everything longer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnwindHistogram(pub [u64; 20]);
+
+impl UnwindHistogram {
+    /// Adds one measurement.
+    pub fn add(&mut self, d: Duration) {
+        let us = d.as_micros() as u64;
+        let bucket = (0..19).find(|&i| us <= 1u64 << i).unwrap_or(19);
+        self.0[bucket] += 1;
+    }
+
+    /// Upper limit in microseconds of bucket `i`, or `None` for the last (unbounded) one.
+    pub fn upper_limit(i: usize) -> Option<u64> {
+        (i < 19).then(|| 1u64 << i)
+    }
+}
+
+/// What a worker knows about a session, sent with every batch.
+#[derive(Debug, Clone, Default)]
+pub struct SessionStats {
+    /// Unwinds that ended in an error.
+    pub unwinding_errors: u64,
+    /// Malloc samples unwound.
+    pub heap_samples: u64,
+    /// Times the process's maps were read again.
+    pub map_reparses: u64,
+    /// Total time spent unwinding.
+    pub total_unwinding_time_us: u64,
+    /// Distribution of unwinding times.
+    pub unwinding_time_us: UnwindHistogram,
+    /// Ring-buffer statistics (writer side from shared memory, untrusted).
+    pub ring: RingStats,
+    /// Error the client recorded in the ring buffer.
+    pub client_error: ClientError,
+    /// Records that did not decode.
+    pub corrupt_records: u64,
+    /// The ring buffer itself was found corrupt (session ended).
+    pub ring_corrupt: bool,
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionEnd {
+    /// The client went away on its own (exit, teardown) before the daemon stopped it.
+    pub disconnected: bool,
+    /// The daemon ended the session (duration over, Ctrl-C, stop).
+    pub stopped_by_daemon: bool,
+}
+
+/// Messages to the bookkeeping thread.
+#[derive(Debug)]
+pub enum BookMsg {
+    /// A client completed its handshake.
+    ProcessStarted {
+        /// Session.
+        id: SessionId,
+        /// Process id.
+        pid: u32,
+        /// Command line.
+        cmdline: Vec<String>,
+        /// Connected from its constructor (profiled from process start).
+        from_startup: bool,
+    },
+    /// A batch of unwound records of one session, with its current stats.
+    Ops {
+        /// Session.
+        id: SessionId,
+        /// The records, in ring-buffer order.
+        ops: Vec<Op>,
+        /// Stats snapshot.
+        stats: SessionStats,
+    },
+    /// A session is over and fully drained.
+    ProcessEnded {
+        /// Session.
+        id: SessionId,
+        /// Process id.
+        pid: u32,
+        /// Final stats.
+        stats: SessionStats,
+        /// How it ended.
+        end: SessionEnd,
+    },
+    /// Write a dump of every process now.
+    Dump,
+    /// Write the final dump, close the trace and report back.
+    Finish(std::sync::mpsc::Sender<anyhow::Result<bookkeeper::Summary>>),
+}
+
+/// Relaxed counters for the status line (approximate by design).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Malloc samples unwound.
+    pub samples: AtomicU64,
+    /// Unwinds that ended in an error.
+    pub unwind_errors: AtomicU64,
+    /// Records dropped by clients because the buffer was full.
+    pub dropped: AtomicU64,
+    /// Live sampled bytes (from the bookkeeper).
+    pub live_bytes: AtomicU64,
+    /// Sessions currently connected.
+    pub sessions: AtomicU64,
+}
+
+impl Counters {
+    /// Reads a counter.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}

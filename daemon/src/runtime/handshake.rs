@@ -1,0 +1,184 @@
+//! The daemon side of the session handshake (blocking, with timeouts).
+//!
+//! Runs on a blocking thread for each new connection: checks the peer's
+//! credentials, receives the [`Handshake`] and the client's maps/mem
+//! descriptors, creates and seals the ring buffer, parses the client's maps,
+//! and replies with the [`ClientConfig`] and the memfd. Anything unexpected
+//! is an error naming what was wrong; the connection is then dropped, which
+//! the client sees as a refusal and keeps running unprofiled.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use heapprofd_proto::socket::{recv_with_fds, send_with_fds};
+use heapprofd_proto::wire::{ClientConfig, Handshake};
+use heapprofd_shmem::RingBuffer;
+use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext};
+
+/// Credentials of the process at the other end of a UNIX socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id in the daemon's pid namespace.
+    pub pid: u32,
+    /// Effective user id.
+    pub uid: u32,
+}
+
+/// Reads SO_PEERCRED.
+pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid socket, out-pointer and length for SO_PEERCRED.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: cred.pid as u32,
+        uid: cred.uid,
+    })
+}
+
+/// Only the daemon's own user (or root) may connect.
+pub fn peer_allowed(peer: PeerCred) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    peer.uid == me || peer.uid == 0
+}
+
+/// A client that completed the handshake.
+pub struct NewSession {
+    /// Who connected (pid from the kernel, not from the client's message).
+    pub peer: PeerCred,
+    /// What the client said about itself.
+    pub handshake: Handshake,
+    /// The ring buffer the daemon reads.
+    pub ring: RingBuffer,
+    /// Unwinding state built from the client's maps and mem descriptors.
+    pub process: ProcessContext,
+    /// The connection; it now only carries wake bytes.
+    pub stream: UnixStream,
+    /// The process's command line (from /proc, best effort).
+    pub cmdline: Vec<String>,
+    /// A pidfd for the client process, to tell "exited" from "disconnected".
+    pub pidfd: Option<OwnedFd>,
+}
+
+impl std::fmt::Debug for NewSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewSession")
+            .field("peer", &self.peer)
+            .field("cmdline", &self.cmdline)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Performs the daemon side of the handshake on a freshly accepted connection.
+pub fn accept_session(
+    stream: UnixStream,
+    config: &ClientConfig,
+    cache: &Arc<ModuleCache>,
+) -> Result<NewSession> {
+    let peer = peer_cred(&stream).context("reading the peer's credentials (SO_PEERCRED)")?;
+    if !peer_allowed(peer) {
+        bail!(
+            "refusing pid {} of uid {}: only the daemon's own user or root may connect",
+            peer.pid,
+            peer.uid
+        );
+    }
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+
+    let mut buf = [0u8; Handshake::ENCODED_LEN];
+    let mut fds: [Option<OwnedFd>; 2] = [None, None];
+    let nfds = recv_with_fds(stream.as_raw_fd(), &mut buf, &mut fds)
+        .with_context(|| format!("receiving the handshake of pid {}", peer.pid))?;
+    let handshake =
+        Handshake::decode(&buf).with_context(|| format!("handshake of pid {}", peer.pid))?;
+    let [Some(maps_fd), Some(mem_fd)] = fds else {
+        bail!(
+            "pid {} sent {nfds} descriptors with its handshake; expected its maps and mem",
+            peer.pid
+        );
+    };
+
+    let (ring, memfd) =
+        RingBuffer::create(config.shmem_size).context("creating the ring buffer")?;
+    let process = ProcessContext::new(
+        peer.pid,
+        Box::new(FdMaps::new(File::from(maps_fd))),
+        Box::new(FdMemory::new(File::from(mem_fd))),
+        Arc::clone(cache),
+    );
+    send_with_fds(stream.as_raw_fd(), &config.encode(), &[memfd.as_raw_fd()])
+        .with_context(|| format!("sending the configuration to pid {}", peer.pid))?;
+    drop(memfd);
+    stream.set_read_timeout(None)?;
+    let cmdline = read_cmdline(peer.pid);
+    let pidfd = pidfd_open(peer.pid);
+    Ok(NewSession {
+        peer,
+        handshake,
+        ring,
+        process,
+        stream,
+        cmdline,
+        pidfd,
+    })
+}
+
+/// `/proc/PID/cmdline` split at NULs (empty if the process is gone).
+pub fn read_cmdline(pid: u32) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return Vec::new();
+    };
+    let mut args: Vec<String> = bytes
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    while args.last().is_some_and(|a| a.is_empty()) {
+        args.pop();
+    }
+    args
+}
+
+/// `pidfd_open(2)`; `None` on kernels without it or if the process is gone.
+pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: plain syscall; on success we own the returned descriptor.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor from the kernel.
+    Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process behind `pidfd` has exited, waiting up to `wait` for it.
+pub fn has_exited(pidfd: &OwnedFd, wait: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, wait.as_millis() as libc::c_int) };
+    n > 0
+}

@@ -1,0 +1,258 @@
+//! The listening socket, the accept loop, and the threads behind it.
+//!
+//! [`Daemon::start`] binds the socket (mode 0600), starts the worker threads
+//! and the bookkeeping thread, and returns a handle; [`Daemon::serve`] is the
+//! accept loop (a tokio task). Each accepted connection gets its handshake
+//! on a blocking thread, then belongs to one worker (by pid); a small task
+//! per session turns socket activity (wake bytes, EOF) into worker messages.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result};
+use heapprofd_proto::wire::ClientConfig;
+use heapprofd_unwinder::{ModuleCache, SymbolizeOptions};
+use tokio::io::AsyncReadExt;
+use tokio::net::{UnixListener, UnixStream};
+
+use super::bookkeeper::{self, BookkeeperOptions, Summary};
+use super::handshake::accept_session;
+use super::worker::{WorkerMsg, WorkerOptions, run_worker};
+use super::{BookMsg, Counters, SessionId};
+use crate::profile::Interner;
+
+/// Everything the daemon needs to know to serve clients.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    /// Where to listen.
+    pub socket: PathBuf,
+    /// Configuration sent to every client.
+    pub client: ClientConfig,
+    /// Unwinding worker threads.
+    pub workers: usize,
+    /// Symbolize frames.
+    pub symbolize: bool,
+    /// Bookkeeping and trace options.
+    pub book: BookkeeperOptions,
+}
+
+/// A running daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    listener: Option<UnixListener>,
+    socket: PathBuf,
+    shared: Arc<Shared>,
+    worker_threads: Vec<JoinHandle<()>>,
+    book_tx: mpsc::Sender<BookMsg>,
+    book_thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    client: ClientConfig,
+    cache: Arc<ModuleCache>,
+    workers: Vec<mpsc::Sender<WorkerMsg>>,
+    counters: Arc<Counters>,
+    next_id: AtomicU64,
+}
+
+impl Daemon {
+    /// Binds the socket and starts the worker and bookkeeping threads.
+    pub fn start(options: DaemonOptions, counters: Arc<Counters>) -> Result<Daemon> {
+        let listener = bind_private(&options.socket)
+            .with_context(|| format!("cannot listen on {}", options.socket.display()))?;
+        let interner = Arc::new(Interner::new());
+        let symbolize = SymbolizeOptions {
+            enabled: options.symbolize,
+            ..SymbolizeOptions::default()
+        };
+        let cache = Arc::new(ModuleCache::new(symbolize));
+        let (book_tx, book_rx) = mpsc::channel();
+        let book_thread = {
+            let interner = Arc::clone(&interner);
+            let counters = Arc::clone(&counters);
+            let opts = options.book.clone();
+            std::thread::Builder::new()
+                .name("heapprofd-book".into())
+                .spawn(move || bookkeeper::run(book_rx, interner, counters, opts))
+                .context("starting the bookkeeping thread")?
+        };
+        let mut workers = Vec::new();
+        let mut worker_threads = Vec::new();
+        for i in 0..options.workers.max(1) {
+            let (tx, rx) = mpsc::channel();
+            let book = book_tx.clone();
+            let interner = Arc::clone(&interner);
+            let counters = Arc::clone(&counters);
+            let wopts = WorkerOptions {
+                symbolize: options.symbolize,
+            };
+            let handle = std::thread::Builder::new()
+                .name(format!("heapprofd-unwind-{i}"))
+                .spawn(move || run_worker(rx, book, interner, counters, wopts))
+                .context("starting an unwinding thread")?;
+            workers.push(tx);
+            worker_threads.push(handle);
+        }
+        let shared = Arc::new(Shared {
+            client: options.client,
+            cache,
+            workers,
+            counters,
+            next_id: AtomicU64::new(1),
+        });
+        Ok(Daemon {
+            listener: Some(listener),
+            socket: options.socket,
+            shared,
+            worker_threads,
+            book_tx,
+            book_thread: Some(book_thread),
+        })
+    }
+
+    /// The socket path clients connect to.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Starts accepting clients on the current tokio runtime.
+    pub fn serve(&mut self) {
+        let Some(listener) = self.listener.take() else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let shared = Arc::clone(&shared);
+                        tokio::spawn(async move { handle_connection(stream, shared).await });
+                    }
+                    Err(e) => {
+                        eprintln!("heapprofd-rs: accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Asks for a dump of every process now (SIGUSR1, continuous dumps).
+    pub fn dump(&self) {
+        let _ = self.book_tx.send(BookMsg::Dump);
+    }
+
+    /// Stops every session (clients stop writing), drains what they wrote,
+    /// writes the final dump and closes the trace.
+    pub fn finish(mut self) -> Result<Summary> {
+        for w in &self.shared.workers {
+            let _ = w.send(WorkerMsg::StopAll);
+        }
+        for t in self.worker_threads.drain(..) {
+            let _ = t.join();
+        }
+        let (tx, rx) = mpsc::channel();
+        let _ = self.book_tx.send(BookMsg::Finish(tx));
+        let result = rx
+            .recv()
+            .context("the bookkeeping thread stopped unexpectedly")?;
+        if let Some(t) = self.book_thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        result
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+async fn handle_connection(stream: UnixStream, shared: Arc<Shared>) {
+    let std_stream = match stream
+        .into_std()
+        .and_then(|s| s.set_nonblocking(false).map(|()| s))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("heapprofd-rs: dropping a connection: {e}");
+            return;
+        }
+    };
+    let sh = Arc::clone(&shared);
+    let joined =
+        tokio::task::spawn_blocking(move || accept_session(std_stream, &sh.client, &sh.cache))
+            .await;
+    let session = match joined {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            eprintln!("heapprofd-rs: client refused: {e:#}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("heapprofd-rs: handshake task failed: {e}");
+            return;
+        }
+    };
+    let watch = match session.stream.try_clone().and_then(|s| {
+        s.set_nonblocking(true)?;
+        UnixStream::from_std(s)
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!(
+                "heapprofd-rs: cannot watch the socket of pid {}: {e}",
+                session.peer.pid
+            );
+            return;
+        }
+    };
+    let id: SessionId = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let worker = &shared.workers[session.peer.pid as usize % shared.workers.len()];
+    shared.counters.sessions.fetch_add(1, Ordering::Relaxed);
+    if worker.send(WorkerMsg::Add(id, Box::new(session))).is_err() {
+        return;
+    }
+    watch_socket(watch, id, worker.clone()).await;
+    shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
+async fn watch_socket(mut sock: UnixStream, id: SessionId, worker: mpsc::Sender<WorkerMsg>) {
+    let mut buf = [0u8; 256];
+    loop {
+        match sock.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = worker.send(WorkerMsg::Closed(id));
+                return;
+            }
+            Ok(_) => {
+                if worker.send(WorkerMsg::Poke(id)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Binds a UNIX socket that only our user can connect to.
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // SAFETY: umask only changes the creation mask; restored right after bind.
+    let old = unsafe { libc::umask(0o177) };
+    let result = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    result
+}

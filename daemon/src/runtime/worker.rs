@@ -1,0 +1,406 @@
+//! Unwinding workers: each owns a set of sessions, drains their ring
+//! buffers, unwinds and symbolizes malloc samples, and passes the results to
+//! the bookkeeping thread in batches.
+//!
+//! Ownership: a session (ring buffer + `ProcessContext`) belongs to exactly
+//! one worker for its whole life (chosen by pid), so no lock guards it. The
+//! only shared state a worker touches is the [`Interner`] (new frames) and
+//! the [`ModuleCache`](heapprofd_unwinder::ModuleCache) behind the process
+//! contexts, both internally synchronised, plus relaxed counters in
+//! [`Counters`].
+//!
+//! Draining follows heapprofd: read up to [`BATCH`] records, and if the
+//! buffer still has more, go round again after the other sessions had their
+//! turn; when a buffer is empty, set its reader-paused flag, read once more
+//! (a writer that committed before seeing the flag will not wake us), and
+//! only then sleep until the client pokes the socket. A periodic tick
+//! re-polls every session in case a wake byte was lost.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use heapprofd_proto::wire::Record;
+use heapprofd_shmem::{ReadOutcome, Reader, RingBuffer};
+use heapprofd_unwinder::ProcessContext;
+
+use super::handshake::{NewSession, has_exited};
+use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats, UnwindHistogram};
+use crate::profile::{FrameId, Interner};
+
+/// Records read from one session before the others get a turn.
+pub const BATCH: usize = 1000;
+/// How often idle sessions are polled even without a wake byte.
+const TICK: Duration = Duration::from_millis(100);
+/// How long a record reserved but never committed is waited for after the
+/// client disconnected (a writer killed mid-record never commits).
+const PENDING_GRACE: Duration = Duration::from_millis(500);
+
+/// Messages to a worker.
+#[derive(Debug)]
+pub enum WorkerMsg {
+    /// A new session to own.
+    Add(SessionId, Box<NewSession>),
+    /// The client poked the socket: records are waiting.
+    Poke(SessionId),
+    /// The client closed the socket (or died): drain what is left and finish.
+    Closed(SessionId),
+    /// Stop profiling this session: tell the client to stop writing, drain, finish.
+    Stop(SessionId),
+    /// Stop every session and exit the worker once they are drained.
+    StopAll,
+}
+
+struct Session {
+    id: SessionId,
+    pid: u32,
+    reader: Reader<Box<RingBuffer>>,
+    process: ProcessContext,
+    client_text: std::ops::Range<u64>,
+    /// Keeps the socket (and so the client's session) alive until we finish.
+    _stream: std::os::unix::net::UnixStream,
+    pidfd: Option<std::os::fd::OwnedFd>,
+    /// Per-pc expansion of a frame into its inline chain, innermost first.
+    pc_cache: HashMap<u64, Box<[FrameId]>>,
+    reparses_seen: u64,
+    closed_at: Option<Instant>,
+    stopping: bool,
+    corrupt_records: u64,
+    ring_corrupt: bool,
+    hist: UnwindHistogram,
+    samples: u64,
+}
+
+/// Options that shape how samples are turned into stacks.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerOptions {
+    /// Symbolize frames (names, files, lines); otherwise only build id + rel_pc.
+    pub symbolize: bool,
+}
+
+/// Runs a worker until it receives [`WorkerMsg::StopAll`] and has drained
+/// every session.
+pub fn run_worker(
+    rx: Receiver<WorkerMsg>,
+    book: Sender<BookMsg>,
+    interner: Arc<Interner>,
+    counters: Arc<Counters>,
+    options: WorkerOptions,
+) {
+    let mut sessions: HashMap<SessionId, Session> = HashMap::new();
+    let mut ready: VecDeque<SessionId> = VecDeque::new();
+    let mut stop_all = false;
+    let mut buf = Vec::with_capacity(64 * 1024);
+    let mut ops = Vec::with_capacity(BATCH);
+    loop {
+        let timeout = if ready.is_empty() {
+            TICK
+        } else {
+            Duration::ZERO
+        };
+        let msg = match rx.recv_timeout(timeout) {
+            Ok(m) => Some(m),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(WorkerMsg::StopAll),
+        };
+        match msg {
+            Some(WorkerMsg::Add(id, s)) => {
+                let s = *s;
+                let pid = s.peer.pid;
+                let client_text = s.handshake.client_text_start..s.handshake.client_text_end;
+                let _ = book.send(BookMsg::ProcessStarted {
+                    id,
+                    pid,
+                    cmdline: s.cmdline,
+                    from_startup: s.handshake.flags
+                        & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP
+                        != 0,
+                });
+                sessions.insert(
+                    id,
+                    Session {
+                        id,
+                        pid,
+                        reader: Reader::new(Box::new(s.ring)),
+                        process: s.process,
+                        client_text,
+                        _stream: s.stream,
+                        pidfd: s.pidfd,
+                        pc_cache: HashMap::new(),
+                        reparses_seen: 0,
+                        closed_at: None,
+                        stopping: false,
+                        corrupt_records: 0,
+                        ring_corrupt: false,
+                        hist: UnwindHistogram::default(),
+                        samples: 0,
+                    },
+                );
+                ready.push_back(id);
+            }
+            Some(WorkerMsg::Poke(id)) => ready.push_back(id),
+            Some(WorkerMsg::Closed(id)) => {
+                if let Some(s) = sessions.get_mut(&id) {
+                    s.closed_at.get_or_insert_with(Instant::now);
+                    ready.push_back(id);
+                }
+            }
+            Some(WorkerMsg::Stop(id)) => {
+                if let Some(s) = sessions.get_mut(&id) {
+                    s.stopping = true;
+                    s.reader.ring().set_shutdown();
+                    ready.push_back(id);
+                }
+            }
+            Some(WorkerMsg::StopAll) => {
+                stop_all = true;
+                for s in sessions.values_mut() {
+                    s.stopping = true;
+                    s.reader.ring().set_shutdown();
+                }
+                ready.extend(sessions.keys().copied());
+            }
+            None => ready.extend(sessions.keys().copied()),
+        }
+        if ready.is_empty() && stop_all && sessions.is_empty() {
+            return;
+        }
+        // One batch for the session at the front; more work goes to the back.
+        if let Some(id) = ready.pop_front() {
+            // Drop duplicates of this id further back: one turn covers them.
+            ready.retain(|&r| r != id);
+            let Some(session) = sessions.get_mut(&id) else {
+                continue;
+            };
+            let state = drain_batch(session, &mut buf, &mut ops, &interner, &counters, options);
+            if !ops.is_empty() {
+                let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
+                let _ = book.send(BookMsg::Ops {
+                    id,
+                    ops: batch,
+                    stats: session_stats(session),
+                });
+            }
+            match state {
+                DrainState::More => ready.push_back(id),
+                DrainState::Idle => {}
+                DrainState::Finished => {
+                    if let Some(s) = sessions.remove(&id) {
+                        finish(s, &book);
+                    }
+                }
+            }
+        }
+        if stop_all && sessions.is_empty() && ready.is_empty() {
+            return;
+        }
+    }
+}
+
+enum DrainState {
+    /// The batch filled up; there may be more.
+    More,
+    /// Nothing to read; the reader is paused until the client pokes us.
+    Idle,
+    /// The session is over and fully drained.
+    Finished,
+}
+
+fn drain_batch(
+    s: &mut Session,
+    buf: &mut Vec<u8>,
+    ops: &mut Vec<Op>,
+    interner: &Interner,
+    counters: &Counters,
+    options: WorkerOptions,
+) -> DrainState {
+    let mut reader_paused = false;
+    for _ in 0..BATCH {
+        let outcome = s.reader.read(buf);
+        match outcome {
+            ReadOutcome::Record(_) => {
+                if reader_paused {
+                    s.reader.ring().unpause_reader();
+                    reader_paused = false;
+                }
+                handle_record(s, buf, ops, interner, counters, options);
+            }
+            ReadOutcome::Empty | ReadOutcome::Pending => {
+                let pending = matches!(outcome, ReadOutcome::Pending);
+                if let Some(closed) = s.closed_at {
+                    if !pending || closed.elapsed() > PENDING_GRACE {
+                        return DrainState::Finished;
+                    }
+                    return DrainState::More;
+                }
+                if s.stopping && !pending {
+                    // The client was told to stop; anything already
+                    // committed has been read. Finish now rather than wait
+                    // for a socket close that may never come.
+                    return DrainState::Finished;
+                }
+                if reader_paused {
+                    return DrainState::Idle;
+                }
+                s.reader.ring().pause_reader();
+                reader_paused = true;
+            }
+            ReadOutcome::Corrupt(_) => {
+                s.ring_corrupt = true;
+                s.reader.ring().set_shutdown();
+                return DrainState::Finished;
+            }
+        }
+    }
+    if reader_paused {
+        s.reader.ring().unpause_reader();
+    }
+    DrainState::More
+}
+
+fn handle_record(
+    s: &mut Session,
+    bytes: &[u8],
+    ops: &mut Vec<Op>,
+    interner: &Interner,
+    counters: &Counters,
+    options: WorkerOptions,
+) {
+    match Record::decode(bytes) {
+        Ok(Record::Malloc(h, stack)) => {
+            let t0 = Instant::now();
+            let result = s.process.unwind(
+                h.arch,
+                &h.regs,
+                h.stack_pointer,
+                stack,
+                s.client_text.clone(),
+            );
+            let elapsed = t0.elapsed();
+            s.hist.add(elapsed);
+            let reparses = s.process.stats().map_reparses;
+            if reparses != s.reparses_seen {
+                // Code may have moved: forget what pcs meant.
+                s.reparses_seen = reparses;
+                s.pc_cache.clear();
+            }
+            let mut stack_ids: Vec<FrameId> = Vec::with_capacity(result.frames.len() + 4);
+            for frame in &result.frames {
+                if let Some(kind) = frame.error {
+                    stack_ids.push(interner.intern_error_frame(kind.as_str()));
+                    continue;
+                }
+                if let Some(ids) = s.pc_cache.get(&frame.pc) {
+                    stack_ids.extend_from_slice(ids);
+                    continue;
+                }
+                let ids = intern_frame(&s.process, frame, interner, options);
+                stack_ids.extend_from_slice(&ids);
+                s.pc_cache.insert(frame.pc, ids);
+            }
+            // Leaf first from the unwinder (inline chains innermost first);
+            // the callsite tree wants the outermost caller first.
+            stack_ids.reverse();
+            if result.error.is_some() {
+                counters
+                    .unwind_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            counters
+                .samples
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            s.samples += 1;
+            ops.push(Op::Malloc {
+                heap: h.heap_id,
+                seq: h.sequence,
+                address: h.address,
+                alloc_size: h.alloc_size,
+                sample_size: h.sample_size,
+                timestamp_ns: h.timestamp_ns,
+                stack: stack_ids,
+            });
+        }
+        Ok(Record::Free(f)) => ops.push(Op::Free {
+            heap: f.heap_id,
+            seq: f.sequence,
+            address: f.address,
+        }),
+        Ok(Record::HeapName(n)) => ops.push(Op::HeapName {
+            heap: n.heap_id,
+            name: n.name_str().to_owned(),
+            interval: n.interval,
+        }),
+        Err(_) => s.corrupt_records += 1,
+    }
+}
+
+/// Turns one unwound frame into interned frames: its inline chain,
+/// innermost first, or a single frame without names when symbolization is
+/// off or finds nothing.
+fn intern_frame(
+    process: &ProcessContext,
+    frame: &heapprofd_unwinder::Frame,
+    interner: &Interner,
+    options: WorkerOptions,
+) -> Box<[FrameId]> {
+    let Some(mapping) = frame.mapping.as_deref() else {
+        return Box::new([interner.intern_error_frame("INVALID_MAP")]);
+    };
+    let mapping_id = Some(interner.intern_mapping(mapping));
+    if options.symbolize {
+        let chain = process.symbolize_frame(frame);
+        if !chain.is_empty() {
+            return chain
+                .iter()
+                .map(|f| {
+                    interner.intern_frame(
+                        mapping_id,
+                        frame.rel_pc,
+                        f.function.as_deref(),
+                        f.file.as_deref(),
+                        f.line,
+                    )
+                })
+                .collect();
+        }
+    }
+    Box::new([interner.intern_frame(mapping_id, frame.rel_pc, None, None, None)])
+}
+
+fn session_stats(s: &Session) -> SessionStats {
+    let st = s.process.stats();
+    SessionStats {
+        unwinding_errors: st.total_errors(),
+        heap_samples: s.samples,
+        map_reparses: st.map_reparses,
+        total_unwinding_time_us: st.unwind_time.as_micros() as u64,
+        unwinding_time_us: s.hist.clone(),
+        ring: s.reader.stats(),
+        client_error: s.reader.ring().client_error(),
+        corrupt_records: s.corrupt_records,
+        ring_corrupt: s.ring_corrupt,
+    }
+}
+
+fn finish(s: Session, book: &Sender<BookMsg>) {
+    let stats = session_stats(&s);
+    // The socket closes a moment before the process is reaped; a client
+    // that went away while its process lives on (teardown after an error)
+    // is what Perfetto calls "disconnected".
+    let exited = || {
+        s.pidfd
+            .as_ref()
+            .is_none_or(|fd| has_exited(fd, Duration::from_millis(200)))
+    };
+    let end = SessionEnd {
+        disconnected: s.closed_at.is_some() && !s.stopping && !exited(),
+        stopped_by_daemon: s.stopping,
+    };
+    let _ = book.send(BookMsg::ProcessEnded {
+        id: s.id,
+        pid: s.pid,
+        stats,
+        end,
+    });
+}
