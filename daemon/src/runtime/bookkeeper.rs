@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -145,7 +144,9 @@ impl Summary {
 struct Book {
     profile: Profile,
     interner: Arc<Interner>,
-    writer: Option<TraceWriter<BufWriter<File>>>,
+    // Unbuffered: the writer does one write per packet, so errors surface at
+    // once and `valid_len` is exact.
+    writer: Option<TraceWriter<File>>,
     write_error: Option<String>,
     options: BookkeeperOptions,
     counters: Arc<Counters>,
@@ -173,8 +174,7 @@ pub fn run(
         dump_at_max: options.dump_at_max,
         ..WriterConfig::default()
     };
-    let (writer, write_error) = match TraceWriter::with_config(BufWriter::new(file), clocks, config)
-    {
+    let (writer, write_error) = match TraceWriter::with_config(file, clocks, config) {
         Ok(w) => (Some(w), None),
         Err(e) => (None, Some(e.to_string())),
     };

@@ -54,7 +54,7 @@ pub struct RecordArgs {
 
     /// Report the heap at the moment of its peak (of live sampled bytes)
     /// instead of at the end.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "continuous_dump")]
     pub dump_at_max: bool,
 
     /// Size of each client's ring buffer (a power of two: 8M, 64MiB).

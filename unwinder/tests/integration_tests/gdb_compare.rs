@@ -330,7 +330,10 @@ fn dwz_supplementary_file() {
         return;
     }
     assert!(
-        std::process::Command::new("dwz").arg("--version").output().is_ok(),
+        std::process::Command::new("dwz")
+            .arg("--version")
+            .output()
+            .is_ok(),
         "dwz is required for this test: apt-get install dwz (or set HEAPPROFD_SKIP_GDB_TESTS=1)"
     );
     let dir = common::scratch("c_dwz");
