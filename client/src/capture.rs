@@ -5,7 +5,9 @@
 //! registers agree with that function's unwind information (the daemon
 //! unwinds from there and drops the client's own frames by address).
 //!
-//! The stack copied is `[sp, end of the thread's stack)`. A thread's bounds
+//! The stack copied is `[sp, end of the thread's stack)`, where the end
+//! leaves out what is known not to hold frames (see [`set_main_stack`] and
+//! `pthread_stack`). A thread's bounds
 //! are computed once and cached in its TLS block: the main thread's from the
 //! `[stack]` mapping read in the constructor, other threads' with
 //! `pthread_getattr_np` (which allocates, so it runs under the guard). If the
@@ -22,9 +24,25 @@ use crate::tls::{STACK_FAILED, STACK_KNOWN, STACK_UNKNOWN, ThreadState};
 static MAIN_STACK_LO: AtomicU64 = AtomicU64::new(0);
 static MAIN_STACK_HI: AtomicU64 = AtomicU64::new(0);
 
+unsafe extern "C" {
+    /// The stack pointer at process entry (`&argc`), exported by ld.so.
+    static __libc_stack_end: *const libc::c_void;
+}
+
 /// Records the main thread's stack mapping (constructor).
+///
+/// The copy stops a little above `__libc_stack_end` (the process's first
+/// stack pointer, where argc sits) rather than at the end of the mapping:
+/// everything above it is argv, the environment and the aux vector, never a
+/// frame, and can be many KiB.
 pub(crate) fn set_main_stack(range: Option<(u64, u64)>) {
-    let Some((lo, hi)) = range else { return };
+    let Some((lo, mut hi)) = range else { return };
+    // SAFETY: reading a pointer-sized variable ld.so initialises before any
+    // constructor runs.
+    let entry_sp = unsafe { core::ptr::addr_of!(__libc_stack_end).read() } as u64;
+    if entry_sp > lo && entry_sp < hi {
+        hi = hi.min(entry_sp.saturating_add(64));
+    }
     // The mapping grows down on demand: allow for the whole stack rlimit.
     // SAFETY: getrlimit writes into the struct we pass.
     let mut rl: libc::rlimit = unsafe { core::mem::zeroed() };
@@ -97,7 +115,15 @@ fn pthread_stack() -> Option<(u64, u64)> {
             return None;
         }
         let lo = addr as u64;
-        Some((lo, lo.checked_add(size as u64)?))
+        let mut hi = lo.checked_add(size as u64)?;
+        // glibc keeps the thread descriptor and the static TLS blocks at the
+        // top of the stack block, above every frame. Our own TLS block is
+        // one of them: stop the copy there (saves several KiB per sample).
+        let own_tls = crate::tls::state() as u64;
+        if own_tls > lo && own_tls < hi {
+            hi = own_tls;
+        }
+        Some((lo, hi))
     }
 }
 

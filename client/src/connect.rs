@@ -258,6 +258,9 @@ fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams
     let memfd = if n == 1 { fds[0].take()? } else { return None };
     let rb = RingBuffer::attach(&memfd).ok()?;
     drop(memfd);
+    // Take the first-touch page faults here rather than in sampled
+    // allocations (a fault costs microseconds; best effort).
+    rb.prefault();
     let write_mode = if cfg.block_client() {
         WriteMode::Block {
             timeout: (cfg.block_timeout_us != 0)

@@ -5,9 +5,10 @@
 //! counts: [u16; BUCKETS]          dense summary, 64 KiB: entries + inserts in
 //!                                 flight per bucket; bit 15 = sticky overflow
 //! slots:  [[u64; 8]; BUCKETS]     one 64-byte cache line per bucket, 2 MiB,
-//!                                 0 = empty; MAP_PRIVATE|MAP_NORESERVE, so
-//!                                 only touched pages cost memory and a
-//!                                 forked child gets its own copy
+//!                                 0 = empty; MAP_PRIVATE, so a forked child
+//!                                 gets its own copy; pre-faulted when mapped
+//!                                 (first-touch faults in sampled allocations
+//!                                 cost more than the 2 MiB of memory)
 //! bucket(addr) = (addr >> 4) * golden_ratio >> (64 - log2(BUCKETS))
 //! ```
 //!
@@ -32,7 +33,7 @@
 //! The memory is mapped once and never unmapped, so a hook running late on
 //! another thread can never touch unmapped memory.
 
-use core::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU16, AtomicU64, Ordering};
 
 /// Number of buckets (power of two).
 pub const BUCKETS: usize = 1 << 15;
@@ -54,23 +55,39 @@ pub enum Removal {
 }
 
 /// A fixed-size set of addresses in its own anonymous mapping.
+///
+/// The struct itself is two pointers, so it can be a `static` that the free
+/// hook reaches with one RIP-relative load (null until [`FreeSet::map`]).
 #[derive(Debug)]
 pub struct FreeSet {
-    counts: *const AtomicU16,
-    slots: *const AtomicU64,
+    counts: AtomicPtr<AtomicU16>,
+    slots: AtomicPtr<AtomicU64>,
 }
-
-// SAFETY: all access goes through atomics in a mapping that lives forever.
-unsafe impl Sync for FreeSet {}
-// SAFETY: as above.
-unsafe impl Send for FreeSet {}
 
 const COUNTS_BYTES: usize = BUCKETS * 2;
 const SLOTS_BYTES: usize = BUCKETS * SLOTS * 8;
 
+impl Default for FreeSet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl FreeSet {
-    /// Maps a new, empty set. The mapping is never unmapped.
-    pub fn map() -> Option<FreeSet> {
+    /// An empty, unmapped set: contains nothing, inserts fail.
+    pub const fn new() -> FreeSet {
+        FreeSet {
+            counts: AtomicPtr::new(core::ptr::null_mut()),
+            slots: AtomicPtr::new(core::ptr::null_mut()),
+        }
+    }
+
+    /// Maps the set's memory if not done yet. The mapping is never unmapped.
+    /// Call from one thread at a time (the connecting thread).
+    pub fn map(&self) -> bool {
+        if !self.counts.load(Ordering::Acquire).is_null() {
+            return true;
+        }
         // SAFETY: a fresh anonymous mapping; no existing memory is affected.
         let base = unsafe {
             libc::mmap(
@@ -83,12 +100,19 @@ impl FreeSet {
             )
         };
         if base == libc::MAP_FAILED {
-            return None;
+            return false;
         }
-        let slots = base.cast::<AtomicU64>();
+        // Take the page faults now (2 MiB + 64 KiB, once per process) rather
+        // than one by one in sampled allocations. Best effort.
+        // SAFETY: advice on the mapping we just made.
+        unsafe {
+            libc::madvise(base, SLOTS_BYTES + COUNTS_BYTES, libc::MADV_POPULATE_WRITE);
+        }
         // SAFETY: inside the mapping; SLOTS_BYTES keeps 2-byte alignment.
         let counts = unsafe { base.cast::<u8>().add(SLOTS_BYTES) }.cast::<AtomicU16>();
-        Some(FreeSet { counts, slots })
+        self.slots.store(base.cast(), Ordering::Release);
+        self.counts.store(counts, Ordering::Release);
+        true
     }
 
     #[inline(always)]
@@ -96,29 +120,37 @@ impl FreeSet {
         ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - BUCKET_BITS)) as usize
     }
 
+    /// The bucket's count; `None` while unmapped.
     #[inline(always)]
-    fn count(&self, b: usize) -> &AtomicU16 {
-        // SAFETY: b < BUCKETS by construction of `bucket`.
-        unsafe { &*self.counts.add(b) }
+    fn count(&self, b: usize) -> Option<&AtomicU16> {
+        let c = self.counts.load(Ordering::Relaxed);
+        // SAFETY: non-null means mapped (forever); b < BUCKETS by
+        // construction of `bucket`.
+        (!c.is_null()).then(|| unsafe { &*c.add(b) })
     }
 
+    /// Slot `i` of bucket `b`. Only called after `count` returned `Some`.
     #[inline(always)]
     fn slot(&self, b: usize, i: usize) -> &AtomicU64 {
-        // SAFETY: b < BUCKETS, i < SLOTS.
-        unsafe { &*self.slots.add(b * SLOTS + i) }
+        // SAFETY: `slots` is stored before `counts`, so it is mapped when a
+        // count was found; b < BUCKETS, i < SLOTS.
+        unsafe { &*self.slots.load(Ordering::Acquire).add(b * SLOTS + i) }
     }
 
     /// Whether `addr` may be in the set: the whole cost of an unsampled free.
     #[inline(always)]
     pub fn may_contain(&self, addr: u64) -> bool {
-        self.count(Self::bucket(addr)).load(Ordering::Relaxed) != 0
+        self.count(Self::bucket(addr))
+            .is_some_and(|c| c.load(Ordering::Relaxed) != 0)
     }
 
     /// Adds a sampled address. Returns false if its bucket was full (the
     /// bucket is then marked overflowed and its frees are always reported).
     pub fn insert(&self, addr: u64) -> bool {
         let b = Self::bucket(addr);
-        let count = self.count(b);
+        let Some(count) = self.count(b) else {
+            return false;
+        };
         count.fetch_add(1, Ordering::SeqCst);
         for i in 0..SLOTS {
             let slot = self.slot(b, i);
@@ -138,6 +170,9 @@ impl FreeSet {
     /// Removes `addr` if present. Call only when [`Self::may_contain`] said so.
     pub fn remove(&self, addr: u64) -> Removal {
         let b = Self::bucket(addr);
+        let Some(count) = self.count(b) else {
+            return Removal::Absent;
+        };
         for i in 0..SLOTS {
             let slot = self.slot(b, i);
             if slot.load(Ordering::Relaxed) == addr
@@ -145,11 +180,11 @@ impl FreeSet {
                     .compare_exchange(addr, 0, Ordering::SeqCst, Ordering::Relaxed)
                     .is_ok()
             {
-                self.count(b).fetch_sub(1, Ordering::SeqCst);
+                count.fetch_sub(1, Ordering::SeqCst);
                 return Removal::Found;
             }
         }
-        if self.count(b).load(Ordering::Relaxed) & OVERFLOW != 0 {
+        if count.load(Ordering::Relaxed) & OVERFLOW != 0 {
             Removal::MaybeOverflowed
         } else {
             Removal::Absent
@@ -159,11 +194,12 @@ impl FreeSet {
     /// Empties the set (a new session starts).
     pub fn clear(&self) {
         for b in 0..BUCKETS {
-            if self.count(b).load(Ordering::Relaxed) != 0 {
+            let Some(count) = self.count(b) else { return };
+            if count.load(Ordering::Relaxed) != 0 {
                 for i in 0..SLOTS {
                     self.slot(b, i).store(0, Ordering::Relaxed);
                 }
-                self.count(b).store(0, Ordering::Relaxed);
+                count.store(0, Ordering::Relaxed);
             }
         }
         core::sync::atomic::fence(Ordering::SeqCst);
@@ -176,7 +212,10 @@ mod tests {
 
     #[test]
     fn insert_lookup_remove() {
-        let set = FreeSet::map().unwrap();
+        let set = FreeSet::new();
+        assert!(!set.insert(0x1230));
+        assert!(!set.may_contain(0x1230));
+        assert!(set.map());
         let a = 0x7f00_1234_5670u64;
         assert!(!set.may_contain(a));
         assert!(set.insert(a));
@@ -188,7 +227,8 @@ mod tests {
 
     #[test]
     fn full_bucket_overflows_stickily_and_stays_exact() {
-        let set = FreeSet::map().unwrap();
+        let set = FreeSet::new();
+        assert!(set.map());
         // Find 10 addresses in one bucket.
         let target = FreeSet::bucket(0x1000);
         let same: Vec<u64> = (1u64..)
@@ -215,7 +255,8 @@ mod tests {
 
     #[test]
     fn concurrent_inserts_and_removes_lose_nothing() {
-        let set = std::sync::Arc::new(FreeSet::map().unwrap());
+        let set = std::sync::Arc::new(FreeSet::new());
+        assert!(set.map());
         let threads: Vec<_> = (0..4u64)
             .map(|t| {
                 let set = set.clone();

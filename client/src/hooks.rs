@@ -70,11 +70,7 @@ fn sampled(p: *mut c_void, size: usize, ss: u64, m: u64) {
 /// Returns true if the block was a recorded sample.
 #[inline(always)]
 fn before_free(p: *mut c_void, m: u64) -> bool {
-    if m > MODE_PENDING
-        && !p.is_null()
-        && let Some(set) = free_set()
-        && set.may_contain(p as u64)
-    {
+    if m > MODE_PENDING && !p.is_null() && free_set().may_contain(p as u64) {
         return session::sampled_free(m, p as u64);
     }
     false
@@ -118,10 +114,17 @@ fn malloc_active(size: usize) -> *mut c_void {
 /// Same contract as glibc's `free`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    let m = mode();
-    if m > MODE_PENDING {
-        before_free(p, m);
+    if mode() <= MODE_PENDING {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { __libc_free(p) };
     }
+    // SAFETY: same contract.
+    unsafe { free_active(p) }
+}
+
+#[inline(never)]
+unsafe fn free_active(p: *mut c_void) {
+    before_free(p, mode());
     // SAFETY: forwarding with the caller's arguments.
     unsafe { __libc_free(p) }
 }

@@ -59,17 +59,15 @@ static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
 static NEXT_MODE_WORD: AtomicU64 = AtomicU64::new(2);
 
 /// The set of live sampled addresses, mapped on the first activation.
-static FREE_SET: AtomicPtr<FreeSet> = AtomicPtr::new(core::ptr::null_mut());
+static FREE_SET: FreeSet = FreeSet::new();
 
 /// Counters for tests and debugging (never shared with the daemon).
 pub(crate) static SAMPLES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
-/// The free set, if any session ever started.
+/// The free set (empty and unmapped until a session starts).
 #[inline(always)]
-pub(crate) fn free_set() -> Option<&'static FreeSet> {
-    let p = FREE_SET.load(Ordering::Relaxed);
-    // SAFETY: set once to a leaked, never-freed FreeSet.
-    unsafe { p.as_ref() }
+pub(crate) fn free_set() -> &'static FreeSet {
+    &FREE_SET
 }
 
 /// Everything a writer needs, hot shared counters on their own cache line.
@@ -115,15 +113,12 @@ pub(crate) struct SessionParams {
 /// Publishes a new session and turns the hooks on. The caller (the watcher)
 /// holds one writer reference, released with [`release`].
 pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
-    let set = match free_set() {
-        Some(s) => s,
-        None => {
-            let s: &'static FreeSet = Box::leak(Box::new(FreeSet::map()?));
-            FREE_SET.store(s as *const FreeSet as *mut FreeSet, Ordering::Release);
-            s
-        }
-    };
-    set.clear();
+    if !FREE_SET.map() {
+        // SAFETY: the socket is ours; nothing else has seen it.
+        unsafe { libc::close(p.sock) };
+        return None;
+    }
+    FREE_SET.clear();
     let mode_word = NEXT_MODE_WORD.fetch_add(2, Ordering::Relaxed);
     let seed_base = if p.seed != 0 { p.seed } else { random_seed() };
     // Cap a record at half the ring so one sample can never be refused as too large.
@@ -396,11 +391,8 @@ pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: 
     // vfork children and clone(CLONE_VM) processes share our memory: only the
     // process that owns the session records.
     // SAFETY: getpid has no preconditions.
-    if unsafe { libc::getpid() } == s.pid
-        && s.record_malloc(g.thread(), addr, size, ss)
-        && let Some(set) = free_set()
-    {
-        set.insert(addr as u64);
+    if unsafe { libc::getpid() } == s.pid && s.record_malloc(g.thread(), addr, size, ss) {
+        FREE_SET.insert(addr as u64);
     }
     release(s);
 }
@@ -411,7 +403,7 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
     let Some(_g) = Guard::enter() else {
         return false;
     };
-    let Some(set) = free_set() else { return false };
+    let set = &FREE_SET;
     let Some(s) = acquire(mode_word) else {
         return false;
     };

@@ -170,6 +170,14 @@ impl RingBuffer {
         unsafe { &*self.map.meta_ptr().cast::<MetadataPage>() }
     }
 
+    /// Faults the whole mapping in now, so that writers do not take a page
+    /// fault on each page they touch for the first time (the client calls it
+    /// once after attaching, off the allocation path). Contents are not
+    /// changed. Returns false if the kernel does not support it.
+    pub fn prefault(&self) -> bool {
+        self.map.prefault()
+    }
+
     /// Size of the data area in bytes.
     pub fn size(&self) -> usize {
         self.map.data_size()

@@ -425,3 +425,14 @@ fn stress_many_writers_in_child_process_block_mode() {
     }
     run_stress(256 * 1024, 8, 150_000, true);
 }
+
+#[test]
+fn prefault_keeps_contents() {
+    let (rb, fd) = RingBuffer::create(16 * PAGE).unwrap();
+    rb.write_parts(&[b"before"], WriteMode::Drop).unwrap();
+    let client = RingBuffer::attach(&fd).unwrap();
+    // Supported on Linux 5.14+; either way the contents must not change.
+    let _ = client.prefault();
+    client.write_parts(&[b"after"], WriteMode::Drop).unwrap();
+    assert_eq!(read_all(&rb), vec![b"before".to_vec(), b"after".to_vec()]);
+}

@@ -15,9 +15,11 @@
 //! done sessions=1
 //! ```
 //!
-//! `rec` lines only with `--records`. Drain protocol: read until empty,
-//! `pause_reader`, read once more, then sleep in `poll` on the socket (a wake
-//! byte or EOF ends the sleep; 100 ms at most).
+//! `rec` lines only with `--records`. Drain protocol (heapprofd's): read
+//! until empty; if that batch had records, look again after 10 ms without
+//! asking to be woken; if it had none, `pause_reader`, read once more, and
+//! sleep in `poll` on the socket (a wake byte or EOF ends the sleep; 100 ms
+//! at most).
 //!
 //! Usage: `heapprofd-test-receiver --socket PATH [--interval N] [--seed N]
 //! [--block] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]`
@@ -132,41 +134,59 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
     let mut eof = false;
     let mut idle_after_eof = 0;
     loop {
-        match reader.read(&mut rec) {
-            ReadOutcome::Record(_) => {
+        // Drain everything there is.
+        let mut got = 0u64;
+        let last = loop {
+            match reader.read(&mut rec) {
+                ReadOutcome::Record(_) => {
+                    got += 1;
+                    account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
+                }
+                other => break other,
+            }
+        };
+        if let ReadOutcome::Corrupt(_) = last {
+            sum.corrupt += 1;
+            break;
+        }
+        if eof {
+            match last {
+                ReadOutcome::Empty => break,
+                _ if got > 0 => continue,
+                _ => {
+                    // A writer died mid-record, or is about to commit.
+                    idle_after_eof += 1;
+                    if idle_after_eof > 200 {
+                        sum.pending_at_end = 1;
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    continue;
+                }
+            }
+        }
+        // Like the daemon: after a batch, come back a little later without
+        // asking for a wake-up; only an empty buffer pauses the reader, and
+        // then one more read closes the race with a writer that just
+        // committed without seeing the flag.
+        let timeout_ms = if got > 0 {
+            10
+        } else {
+            rb.pause_reader();
+            if let ReadOutcome::Record(_) = reader.read(&mut rec) {
+                rb.unpause_reader();
                 account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
                 continue;
             }
-            ReadOutcome::Corrupt(_) => {
-                sum.corrupt += 1;
-                break;
-            }
-            ReadOutcome::Pending if eof => {
-                // A writer died mid-record, or is about to commit.
-                idle_after_eof += 1;
-                if idle_after_eof > 200 {
-                    sum.pending_at_end = 1;
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(5));
-                continue;
-            }
-            ReadOutcome::Empty if eof => break,
-            ReadOutcome::Empty | ReadOutcome::Pending => {}
-        }
-        rb.pause_reader();
-        if let ReadOutcome::Record(_) = reader.read(&mut rec) {
-            rb.unpause_reader();
-            account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
-            continue;
-        }
+            100
+        };
         let mut pfd = libc::pollfd {
             fd: sock,
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut pfd, 1, 100) };
+        unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
         if pfd.revents != 0 {
             let mut b = [0u8; 256];
             // SAFETY: reading into our own buffer.

@@ -1,0 +1,199 @@
+//! `heapprofd-client-bench`: the client benchmarks of docs/PERFORMANCE.md.
+//!
+//! Runs `tests/programs/client/bench.c` (1 and 2 threads of malloc/free
+//! pairs, sizes 16..4096, call depth 20) without the library, with it
+//! dormant, and with it active at 512 KiB, 32 KiB and 4 KiB intervals
+//! (`heapprofd-test-receiver` draining), interleaving the configurations in
+//! every repetition so they share the machine's noise, and prints medians
+//! and ratios against the baseline measured in the same run. Then it
+//! measures the client-side cost of one sampled allocation with 2, 8 and
+//! 32 KiB of live stack: interval 1 minus dormant, per malloc/free pair.
+//!
+//! Usage: `cargo run --release -p heapprofd-tests --bin heapprofd-client-bench --
+//! [--reps N] [--pairs N] [--stack-pairs N]`
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use heapprofd_tests::client_harness::{
+    Receiver, client_so, fields, programs, run, sessions, unique_socket,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    wall: f64,
+    cpu: f64,
+    mallocs: u64,
+    overflow: u64,
+    stack_bytes: u64,
+}
+
+fn receiver_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.with_file_name("heapprofd-test-receiver")
+}
+
+/// Runs the bench once. `interval`: None = no library, Some(0) = dormant.
+fn bench(threads: u32, pairs: u64, stack_kib: u32, interval: Option<u64>, seed: u64) -> Sample {
+    let mut cmd = Command::new(programs().path("bench"));
+    cmd.args([
+        threads.to_string(),
+        pairs.to_string(),
+        "20".into(),
+        stack_kib.to_string(),
+    ]);
+    let mut rx = None;
+    match interval {
+        None => {}
+        Some(0) => {
+            cmd.env("LD_PRELOAD", client_so());
+        }
+        Some(i) => {
+            let r = Receiver::start(
+                &receiver_bin(),
+                &unique_socket("bench"),
+                &[
+                    "--interval",
+                    &i.to_string(),
+                    "--seed",
+                    &seed.to_string(),
+                    "--shmem-size",
+                    &(64u64 << 20).to_string(),
+                ],
+            );
+            cmd.env("LD_PRELOAD", client_so())
+                .env("HEAPPROFD_SOCKET", &r.socket)
+                .env("HEAPPROFD_BLOCKING_INIT", "1");
+            rx = Some(r);
+        }
+    }
+    let out = run(cmd, TIMEOUT);
+    assert_eq!(out.code, Some(0), "bench failed: {}", out.stderr);
+    let f = fields(&out.stdout);
+    let mut s = Sample {
+        wall: f["inner_ns"] as f64,
+        cpu: f["cpu_ns"] as f64,
+        mallocs: 0,
+        overflow: 0,
+        stack_bytes: 0,
+    };
+    if let Some(r) = rx {
+        let lines = r.finish(TIMEOUT);
+        for sess in sessions(&lines) {
+            s.mallocs += sess.get("mallocs");
+            s.overflow += sess.get("overflow");
+            s.stack_bytes += sess.get("stack_bytes");
+        }
+    }
+    s
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let reps = arg("--reps", 7) as usize;
+    let pairs = arg("--pairs", 2_000_000);
+    let stack_pairs = arg("--stack-pairs", 200_000);
+    println!("client library: {}", client_so().display());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("loadavg at start: {}", load.trim());
+    let configs: [(&str, Option<u64>); 5] = [
+        ("baseline", None),
+        ("dormant", Some(0)),
+        ("512 KiB", Some(512 << 10)),
+        ("32 KiB", Some(32 << 10)),
+        ("4 KiB", Some(4 << 10)),
+    ];
+    println!("\n## Overhead ({reps} reps, {pairs} pairs/thread, depth 20; medians)\n");
+    println!(
+        "| threads | config | wall ms | wall ratio | wall ratio min..max | cpu ms | cpu ratio | samples/run | dropped/run |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for threads in [1u32, 2] {
+        let mut res: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
+        for rep in 0..reps {
+            // Rotate the order so no configuration always runs first.
+            for k in 0..configs.len() {
+                let c = (k + rep) % configs.len();
+                res[c].push(bench(threads, pairs, 0, configs[c].1, rep as u64 + 1));
+            }
+        }
+        let base_wall = median(res[0].iter().map(|s| s.wall).collect());
+        let base_cpu = median(res[0].iter().map(|s| s.cpu).collect());
+        for (c, (name, _)) in configs.iter().enumerate() {
+            // Per-rep ratios against the same rep's baseline show the noise.
+            let ratios: Vec<f64> = res[c]
+                .iter()
+                .zip(&res[0])
+                .map(|(s, b)| s.wall / b.wall)
+                .collect();
+            let (lo, hi) = ratios
+                .iter()
+                .fold((f64::MAX, 0f64), |(l, h), &r| (l.min(r), h.max(r)));
+            let wall = median(res[c].iter().map(|s| s.wall).collect());
+            let cpu = median(res[c].iter().map(|s| s.cpu).collect());
+            let samples = median(res[c].iter().map(|s| s.mallocs as f64).collect());
+            let dropped = median(res[c].iter().map(|s| s.overflow as f64).collect());
+            println!(
+                "| {threads} | {name} | {:.1} | {:.3} | {lo:.2}..{hi:.2} | {:.1} | {:.3} | {samples:.0} | {dropped:.0} |",
+                wall / 1e6,
+                wall / base_wall,
+                cpu / 1e6,
+                cpu / base_cpu
+            );
+        }
+    }
+    println!(
+        "\n## Cost of one sampled allocation (interval 1, 1 thread, {stack_pairs} pairs; medians of {reps})\n"
+    );
+    println!(
+        "| stack pad | avg stack copied | ns per sampled malloc+free (cpu) | ns (wall) | dropped/run |"
+    );
+    println!("|---|---|---|---|---|");
+    for kib in [2u32, 8, 32] {
+        // The pad is the live stack below the call chain; the chain and the
+        // thread start add a little, reported as the average actually copied.
+        let pad = kib.saturating_sub(1);
+        let mut d_cpu = Vec::new();
+        let mut d_wall = Vec::new();
+        let mut avg_stack = Vec::new();
+        let mut dropped = Vec::new();
+        for rep in 0..reps {
+            let dormant = bench(1, stack_pairs, pad, Some(0), 0);
+            let active = bench(1, stack_pairs, pad, Some(1), rep as u64 + 1);
+            d_cpu.push((active.cpu - dormant.cpu) / stack_pairs as f64);
+            d_wall.push((active.wall - dormant.wall) / stack_pairs as f64);
+            avg_stack.push(active.stack_bytes as f64 / active.mallocs.max(1) as f64);
+            dropped.push(active.overflow as f64);
+        }
+        println!(
+            "| {kib} KiB | {:.0} B | {:.0} | {:.0} | {:.0} |",
+            median(avg_stack),
+            median(d_cpu),
+            median(d_wall),
+            median(dropped)
+        );
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("\nloadavg at end: {}", load.trim());
+}
