@@ -25,11 +25,11 @@
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampler {
-    /// Allocations at least this large are recorded with their real size
-    /// (`interval`, or 0 when the interval is 1 so that all are).
+    /// Allocations at least this large are recorded with their real size:
+    /// the interval, or 0 when the interval is 1 (so that all are).
     threshold: u64,
-    /// Mean bytes between samples.
-    interval: u64,
+    /// `ln(1 - 1/interval)` (negative), precomputed for the gap draws.
+    ln_q: f64,
     /// Bytes until the next picked byte (picked when it reaches <= 0).
     remaining: i64,
     /// splitmix64 state.
@@ -45,7 +45,7 @@ impl Sampler {
     pub const fn disabled() -> Sampler {
         Sampler {
             threshold: u64::MAX,
-            interval: 0,
+            ln_q: -1.0,
             remaining: i64::MAX,
             rng: 0,
         }
@@ -56,7 +56,7 @@ impl Sampler {
         let interval = interval.clamp(1, MAX_INTERVAL);
         let mut s = Sampler {
             threshold: if interval == 1 { 0 } else { interval },
-            interval,
+            ln_q: (-1.0 / interval as f64).ln_1p(),
             remaining: 0,
             rng: seed,
         };
@@ -68,7 +68,7 @@ impl Sampler {
 
     /// The sampling interval.
     pub fn interval(&self) -> u64 {
-        self.interval
+        self.threshold.max(1)
     }
 
     /// Accounts an allocation of `size` bytes. Returns 0 if it is not
@@ -97,16 +97,16 @@ impl Sampler {
             self.remaining += self.next_gap();
             n += 1;
         }
-        self.interval.saturating_mul(n)
+        // Only reached when threshold == interval (> 1).
+        self.threshold.saturating_mul(n)
     }
 
     /// Next gap between picked bytes: geometric with mean `interval`, >= 1.
     fn next_gap(&mut self) -> i64 {
-        let p = 1.0 / self.interval as f64;
         // Uniform in (0, 1]: never 0, so the logarithm is finite.
         let u = ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
         // X = -ln(u) / lambda with lambda = -ln(1 - p); -ln(u) <= 36.8.
-        let x = u.ln() / (-p).ln_1p();
+        let x = u.ln() / self.ln_q;
         // x >= 0 and at most 36.8 * ~MAX_INTERVAL: the cast cannot saturate.
         (x as i64).saturating_add(1)
     }
