@@ -246,9 +246,10 @@ impl Session {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// After a commit: wake the daemon if it sleeps. False = socket broken.
-    fn wake_if_paused(&self) -> bool {
-        if !self.rb().take_reader_paused() {
+    /// After a commit: wake the daemon if the commit said so (it sleeps, or
+    /// the buffer is filling up). False = socket broken.
+    fn wake_if(&self, needed: bool) -> bool {
+        if !needed {
             return true;
         }
         let b = WAKE_BYTE;
@@ -340,8 +341,8 @@ impl Session {
                 stack_len,
             );
         }
-        r.commit();
-        if !self.wake_if_paused() {
+        let wake = r.commit();
+        if !self.wake_if(wake) {
             self.teardown(None);
         }
         true
@@ -358,8 +359,8 @@ impl Session {
         match self.rb().begin_write(rec.len(), self.write_mode) {
             Ok(mut r) => {
                 r.write_at(0, &rec);
-                r.commit();
-                if !self.wake_if_paused() {
+                let wake = r.commit();
+                if !self.wake_if(wake) {
                     self.teardown(None);
                 }
             }

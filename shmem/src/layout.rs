@@ -75,7 +75,10 @@ pub(crate) struct MetadataPage {
     pub client_error: AtomicU32,
     /// Set by the reader before it sleeps; a writer that clears it wakes the reader.
     pub reader_paused: AtomicU32,
-    _pad0: [u32; 9],
+    /// Set by the writer that found the buffer over half full and woke the
+    /// reader; cleared by the reader when it publishes progress.
+    pub reader_kicked: AtomicU32,
+    _pad0: [u32; 8],
     // --- line 1: writers (under the spinlock or relaxed RMWs) ---------------
     /// Spinlock word: [`LOCK_HELD`] | [`LOCK_POISONED`].
     pub lock: AtomicU32,

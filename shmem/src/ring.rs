@@ -237,6 +237,7 @@ impl RingBuffer {
                 return Ok(Reservation {
                     rb: self,
                     header_pos: write_pos,
+                    used_after: used + total,
                     // SAFETY: off < size and off + len <= 2 * size thanks to
                     // the mirror mapping (len < size).
                     data: unsafe { self.map.data_ptr().add(off) },
@@ -267,8 +268,9 @@ impl RingBuffer {
         }
     }
 
-    /// Writes one record made of `parts` (concatenated) in drop or block mode.
-    pub fn write_parts(&self, parts: &[&[u8]], mode: WriteMode) -> Result<(), WriteError> {
+    /// Writes one record made of `parts` (concatenated) in drop or block
+    /// mode. Returns whether the reader must be woken (see [`Reservation::commit`]).
+    pub fn write_parts(&self, parts: &[&[u8]], mode: WriteMode) -> Result<bool, WriteError> {
         let len = parts.iter().map(|p| p.len()).sum();
         let mut r = self.begin_write(len, mode)?;
         let mut off = 0;
@@ -276,8 +278,7 @@ impl RingBuffer {
             r.write_at(off, p);
             off += p.len();
         }
-        r.commit();
-        Ok(())
+        Ok(r.commit())
     }
 
     fn account_blocked(&self, started: Option<Instant>) {
@@ -330,6 +331,17 @@ impl RingBuffer {
         fence(Ordering::SeqCst);
         let flag = &self.meta().reader_paused;
         flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// The first writer to find the buffer over half full since the reader
+    /// last made progress gets true.
+    #[inline(always)]
+    fn take_kick(&self, used: u64) -> bool {
+        if used < self.size() as u64 / 2 {
+            return false;
+        }
+        let k = &self.meta().reader_kicked;
+        k.load(Ordering::Relaxed) == 0 && k.swap(1, Ordering::AcqRel) == 0
     }
 
     /// Whether the reader asked writers to stop.
@@ -416,6 +428,8 @@ impl Drop for LockGuard<'_> {
 pub struct Reservation<'a> {
     rb: &'a RingBuffer,
     header_pos: u64,
+    /// Bytes in use once this record was reserved.
+    used_after: u64,
     data: *mut u8,
     len: usize,
     committed: bool,
@@ -447,13 +461,17 @@ impl Reservation<'_> {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.data.add(offset), n) };
     }
 
-    /// Publishes the record to the reader.
+    /// Publishes the record to the reader. Returns true when the writer must
+    /// wake the reader (the client pokes the socket): the reader is asleep,
+    /// or the buffer is over half full and no writer has kicked the reader
+    /// since it last made progress (it may be waiting for a timer).
     #[inline(always)]
-    pub fn commit(mut self) {
+    pub fn commit(mut self) -> bool {
         self.committed = true;
         self.rb
             .header_at(self.header_pos)
             .store(self.len as u64 | HDR_COMMITTED, Ordering::Release);
+        self.rb.take_reader_paused() || self.rb.take_kick(self.used_after)
     }
 }
 
@@ -584,6 +602,9 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
     /// reader statistics into shared memory.
     fn publish(&mut self) {
         let meta = self.rb.meta();
+        if meta.reader_kicked.load(Ordering::Relaxed) != 0 {
+            meta.reader_kicked.store(0, Ordering::Relaxed);
+        }
         if self.published_pos != self.read_pos {
             meta.read_pos.store(self.read_pos, Ordering::Release);
             self.published_pos = self.read_pos;

@@ -201,6 +201,23 @@ fn reader_survives_hostile_positions_and_headers() {
 }
 
 #[test]
+fn commit_asks_to_wake_when_half_full_once_per_reader_progress() {
+    let (rb, _fd) = RingBuffer::create(PAGE).unwrap();
+    let payload = [0u8; 504]; // 512-byte records: 8 fill the buffer
+    let wakes: Vec<bool> = (0..6)
+        .map(|_| rb.write_parts(&[&payload], WriteMode::Drop).unwrap())
+        .collect();
+    // The 4th record brings the buffer to half full: one kick, not more.
+    assert_eq!(wakes, [false, false, false, true, false, false]);
+    // The reader makes progress (and publishes it when it runs dry): re-armed.
+    assert_eq!(read_all(&rb).len(), 6);
+    let wakes: Vec<bool> = (0..4)
+        .map(|_| rb.write_parts(&[&payload], WriteMode::Drop).unwrap())
+        .collect();
+    assert_eq!(wakes, [false, false, false, true]);
+}
+
+#[test]
 fn reader_paused_handshake() {
     let (rb, _fd) = RingBuffer::create(PAGE).unwrap();
     assert!(!rb.take_reader_paused());
@@ -299,7 +316,7 @@ fn stress_child_entry() {
                     for seq in 0..per_thread {
                         make_record(w, seq, &mut rng, &mut buf);
                         match rb.write_parts(&[&buf], mode) {
-                            Ok(()) => ok += 1,
+                            Ok(_) => ok += 1,
                             Err(WriteError::Full) => failed += 1,
                             Err(e) => panic!("writer {w}: {e}"),
                         }

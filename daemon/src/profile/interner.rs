@@ -161,6 +161,9 @@ struct Tables {
     mappings: Table<MappingData, MappingId>,
     frames: Table<FrameData, FrameId>,
     unknown_mapping: Option<MappingId>,
+    /// Symbolized replacements of unnamed pc frames: the inline chain,
+    /// outermost function first (see [`Interner::set_expansion`]).
+    expansions: FxHashMap<FrameId, Box<[FrameId]>>,
 }
 
 impl Tables {
@@ -378,6 +381,26 @@ impl Interner {
         self.intern_frame(None, 0, Some(&error_frame_name(what)), None, None)
     }
 
+    /// Records that pc frame `id` (interned without a name) stands for the
+    /// named frames `chain`, outermost function first (an inline chain).
+    /// The trace writer writes `chain` wherever `id` appears in a stack.
+    ///
+    /// This lets the unwinding workers intern bare pcs and leave
+    /// symbolization, which can take tens of milliseconds the first time a
+    /// module is seen, to the dump path. Set it before the first dump that
+    /// writes a stack containing `id`: stacks are written once.
+    pub fn set_expansion(&self, id: FrameId, chain: Box<[FrameId]>) {
+        if chain.is_empty() || chain[..] == [id] {
+            return;
+        }
+        self.write_tables().expansions.insert(id, chain);
+    }
+
+    /// The expansion set for `id`, if any.
+    pub fn expansion(&self, id: FrameId) -> Option<Box<[FrameId]>> {
+        self.read_tables().expansions.get(&id).cloned()
+    }
+
     /// A read-locked view for many lookups in a row (the dump path). Keep it
     /// short-lived: workers that intern new entries wait while it is held.
     pub fn read(&self) -> InternerView<'_> {
@@ -432,6 +455,12 @@ impl InternerView<'_> {
     /// A frame.
     pub fn frame(&self, id: FrameId) -> Option<FrameData> {
         self.t.frames.by_id.get(id.index()).copied()
+    }
+
+    /// The named frames pc frame `id` stands for, outermost first (see
+    /// [`Interner::set_expansion`]).
+    pub fn expansion(&self, id: FrameId) -> Option<&[FrameId]> {
+        self.t.expansions.get(&id).map(|c| &**c)
     }
 
     /// The function name of a frame, lossily decoded, or `None`.

@@ -19,6 +19,7 @@ use anyhow::anyhow;
 use heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME;
 use heapprofd_shmem::ClientError as RingClientError;
 
+use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters, Op, SessionId, SessionStats};
 use crate::cli::human_bytes;
 use crate::profile::{ClientError, Interner, Profile};
@@ -144,6 +145,7 @@ impl Summary {
 struct Book {
     profile: Profile,
     interner: Arc<Interner>,
+    symbolizer: Arc<Symbolizer>,
     // Unbuffered: the writer does one write per packet, so errors surface at
     // once and `valid_len` is exact.
     writer: Option<TraceWriter<File>>,
@@ -159,6 +161,7 @@ struct Book {
 pub fn run(
     rx: Receiver<BookMsg>,
     interner: Arc<Interner>,
+    symbolizer: Arc<Symbolizer>,
     counters: Arc<Counters>,
     options: BookkeeperOptions,
 ) {
@@ -181,6 +184,7 @@ pub fn run(
     let mut book = Book {
         profile: Profile::new(&interner),
         interner,
+        symbolizer,
         writer,
         write_error,
         options,
@@ -321,6 +325,9 @@ impl Book {
     }
 
     fn dump(&mut self) {
+        // Names for every frame the workers have seen, before any stack
+        // that contains them is written.
+        self.symbolizer.resolve_pending(&self.interner);
         let Some(w) = self.writer.as_mut() else {
             return;
         };

@@ -21,6 +21,7 @@ pub mod bookkeeper;
 pub mod handshake;
 pub mod record;
 pub mod server;
+pub mod symbolize;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -21,6 +21,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::bookkeeper::{self, BookkeeperOptions, Summary};
 use super::handshake::accept_session;
+use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
 use super::{BookMsg, Counters, SessionId};
 use crate::profile::Interner;
@@ -66,6 +67,7 @@ impl Daemon {
         let listener = bind_private(&options.socket)
             .with_context(|| format!("cannot listen on {}", options.socket.display()))?;
         let interner = Arc::new(Interner::new());
+        let symbolizer = Arc::new(Symbolizer::new());
         let symbolize = SymbolizeOptions {
             enabled: options.symbolize,
             ..SymbolizeOptions::default()
@@ -74,11 +76,12 @@ impl Daemon {
         let (book_tx, book_rx) = mpsc::channel();
         let book_thread = {
             let interner = Arc::clone(&interner);
+            let symbolizer = Arc::clone(&symbolizer);
             let counters = Arc::clone(&counters);
             let opts = options.book.clone();
             std::thread::Builder::new()
                 .name("heapprofd-book".into())
-                .spawn(move || bookkeeper::run(book_rx, interner, counters, opts))
+                .spawn(move || bookkeeper::run(book_rx, interner, symbolizer, counters, opts))
                 .context("starting the bookkeeping thread")?
         };
         let mut workers = Vec::new();
@@ -87,13 +90,14 @@ impl Daemon {
             let (tx, rx) = mpsc::channel();
             let book = book_tx.clone();
             let interner = Arc::clone(&interner);
+            let symbolizer = Arc::clone(&symbolizer);
             let counters = Arc::clone(&counters);
             let wopts = WorkerOptions {
                 symbolize: options.symbolize,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("heapprofd-unwind-{i}"))
-                .spawn(move || run_worker(rx, book, interner, counters, wopts))
+                .spawn(move || run_worker(rx, book, interner, symbolizer, counters, wopts))
                 .context("starting an unwinding thread")?;
             workers.push(tx);
             worker_threads.push(handle);

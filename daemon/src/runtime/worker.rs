@@ -13,10 +13,14 @@
 //! buffer still has more, go round again after the other sessions had their
 //! turn; when a buffer is empty, set its reader-paused flag, read once more
 //! (a writer that committed before seeing the flag will not wake us), and
-//! only then sleep until the client pokes the socket. A periodic tick
-//! re-polls every session in case a wake byte was lost.
+//! only then sleep until the client pokes the socket. A poll that found
+//! records but emptied the buffer does not pause: the session is polled
+//! again [`REPOLL`] later, so a steady stream of samples costs a poll per
+//! period rather than a wake-up per sample. A periodic tick re-polls every
+//! session in case a wake byte was lost.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -26,11 +30,18 @@ use heapprofd_shmem::{ReadOutcome, Reader, RingBuffer};
 use heapprofd_unwinder::ProcessContext;
 
 use super::handshake::{NewSession, has_exited};
+use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats, UnwindHistogram};
 use crate::profile::{FrameId, Interner};
 
 /// Records read from one session before the others get a turn.
 pub const BATCH: usize = 1000;
+/// After a poll that found records and emptied the buffer, poll again this
+/// much later instead of asking to be woken: under a steady stream of
+/// samples this turns one wake-up syscall per sample into one poll per
+/// period (heapprofd re-polls after 100 ms; a shorter period keeps a
+/// blocking client's waits short).
+const REPOLL: Duration = Duration::from_millis(10);
 /// How often idle sessions are polled even without a wake byte.
 const TICK: Duration = Duration::from_millis(100);
 /// How long a record reserved but never committed is waited for after the
@@ -85,11 +96,13 @@ pub fn run_worker(
     rx: Receiver<WorkerMsg>,
     book: Sender<BookMsg>,
     interner: Arc<Interner>,
+    symbolizer: Arc<Symbolizer>,
     counters: Arc<Counters>,
     options: WorkerOptions,
 ) {
     let mut sessions: HashMap<SessionId, Session> = HashMap::new();
     let mut ready: VecDeque<SessionId> = VecDeque::new();
+    let mut delayed: BinaryHeap<Reverse<(Instant, SessionId)>> = BinaryHeap::new();
     let mut stop_all = false;
     let mut buf = Vec::with_capacity(64 * 1024);
     let mut ops = Vec::with_capacity(BATCH);
@@ -173,7 +186,15 @@ pub fn run_worker(
             let Some(session) = sessions.get_mut(&id) else {
                 continue;
             };
-            let state = drain_batch(session, &mut buf, &mut ops, &interner, &counters, options);
+            let state = drain_batch(
+                session,
+                &mut buf,
+                &mut ops,
+                &interner,
+                &symbolizer,
+                &counters,
+                options,
+            );
             if !ops.is_empty() {
                 let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
                 let _ = book.send(BookMsg::Ops {
@@ -184,6 +205,7 @@ pub fn run_worker(
             }
             match state {
                 DrainState::More => ready.push_back(id),
+                DrainState::Drained => delayed.push(Reverse((Instant::now() + REPOLL, id))),
                 DrainState::Idle => {}
                 DrainState::Finished => {
                     if let Some(s) = sessions.remove(&id) {
@@ -201,6 +223,8 @@ pub fn run_worker(
 enum DrainState {
     /// The batch filled up; there may be more.
     More,
+    /// Records were read and the buffer is now empty: poll again soon.
+    Drained,
     /// Nothing to read; the reader is paused until the client pokes us.
     Idle,
     /// The session is over and fully drained.
@@ -212,19 +236,22 @@ fn drain_batch(
     buf: &mut Vec<u8>,
     ops: &mut Vec<Op>,
     interner: &Interner,
+    symbolizer: &Symbolizer,
     counters: &Counters,
     options: WorkerOptions,
 ) -> DrainState {
     let mut reader_paused = false;
+    let mut read_any = false;
     for _ in 0..BATCH {
         let outcome = s.reader.read(buf);
         match outcome {
             ReadOutcome::Record(_) => {
+                read_any = true;
                 if reader_paused {
                     s.reader.ring().unpause_reader();
                     reader_paused = false;
                 }
-                handle_record(s, buf, ops, interner, counters, options);
+                handle_record(s, buf, ops, interner, symbolizer, counters, options);
             }
             ReadOutcome::Empty | ReadOutcome::Pending => {
                 let pending = matches!(outcome, ReadOutcome::Pending);
@@ -242,6 +269,9 @@ fn drain_batch(
                 }
                 if reader_paused {
                     return DrainState::Idle;
+                }
+                if read_any {
+                    return DrainState::Drained;
                 }
                 s.reader.ring().pause_reader();
                 reader_paused = true;
@@ -264,6 +294,7 @@ fn handle_record(
     bytes: &[u8],
     ops: &mut Vec<Op>,
     interner: &Interner,
+    symbolizer: &Symbolizer,
     counters: &Counters,
     options: WorkerOptions,
 ) {
@@ -295,7 +326,7 @@ fn handle_record(
                     stack_ids.extend_from_slice(ids);
                     continue;
                 }
-                let ids = intern_frame(&s.process, frame, interner, options);
+                let ids = intern_frame(&s.process, frame, interner, symbolizer, options);
                 stack_ids.extend_from_slice(&ids);
                 s.pc_cache.insert(frame.pc, ids);
             }
@@ -335,37 +366,44 @@ fn handle_record(
     }
 }
 
-/// Turns one unwound frame into interned frames: its inline chain,
-/// innermost first, or a single frame without names when symbolization is
-/// off or finds nothing.
+/// Turns one unwound frame into interned frames, innermost first. Frames in
+/// a module are interned bare (mapping + rel_pc) and queued for deferred
+/// symbolization (see [`Symbolizer`]); code outside any file (JIT) is named
+/// from the process's perf map right away, which is cheap.
 fn intern_frame(
     process: &ProcessContext,
     frame: &heapprofd_unwinder::Frame,
     interner: &Interner,
+    symbolizer: &Symbolizer,
     options: WorkerOptions,
 ) -> Box<[FrameId]> {
-    let Some(mapping) = frame.mapping.as_deref() else {
+    let Some(mapping) = frame.mapping.as_ref() else {
         return Box::new([interner.intern_error_frame("INVALID_MAP")]);
     };
     let mapping_id = Some(interner.intern_mapping(mapping));
+    let bare = interner.intern_frame(mapping_id, frame.rel_pc, None, None, None);
     if options.symbolize {
-        let chain = process.symbolize_frame(frame);
-        if !chain.is_empty() {
-            return chain
-                .iter()
-                .map(|f| {
-                    interner.intern_frame(
-                        mapping_id,
-                        frame.rel_pc,
-                        f.function.as_deref(),
-                        f.file.as_deref(),
-                        f.line,
-                    )
-                })
-                .collect();
+        if mapping.module.is_some() {
+            symbolizer.request(bare, mapping, frame.rel_pc);
+        } else {
+            let chain = process.symbolize_frame(frame);
+            if !chain.is_empty() {
+                return chain
+                    .iter()
+                    .map(|f| {
+                        interner.intern_frame(
+                            mapping_id,
+                            frame.rel_pc,
+                            f.function.as_deref(),
+                            f.file.as_deref(),
+                            f.line,
+                        )
+                    })
+                    .collect();
+            }
         }
     }
-    Box::new([interner.intern_frame(mapping_id, frame.rel_pc, None, None, None)])
+    Box::new([bare])
 }
 
 fn session_stats(s: &Session) -> SessionStats {
@@ -385,6 +423,12 @@ fn session_stats(s: &Session) -> SessionStats {
 
 fn finish(s: Session, book: &Sender<BookMsg>) {
     let stats = session_stats(&s);
+    if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
+        eprintln!(
+            "heapprofd-rs: session {} (pid {}) ended: {:?}",
+            s.id, s.pid, stats.ring
+        );
+    }
     // The socket closes a moment before the process is reaped; a client
     // that went away while its process lives on (teardown after an error)
     // is what Perfetto calls "disconnected".

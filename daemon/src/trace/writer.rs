@@ -247,12 +247,18 @@ impl Emitted {
         }
         tree.stack(c, stack);
         let v = interner.read();
+        let mut frame_ids = Vec::with_capacity(stack.len());
         for &f in stack.iter() {
-            self.frame(&v, f, pending);
+            // A symbolized pc frame is written as its inline chain.
+            let chain = v.expansion(f).unwrap_or(std::slice::from_ref(&f));
+            for &e in chain {
+                self.frame(&v, e, pending);
+                frame_ids.push(e.iid());
+            }
         }
         let msg = Callstack {
             iid: Some(c.iid()),
-            frame_ids: stack.iter().map(|f| f.iid()).collect(),
+            frame_ids,
         };
         pending.size += msg.encoded_len() + 4;
         pending.data.callstacks.push(msg);
