@@ -2,8 +2,9 @@
 //! almost nothing and write nothing to shared memory.
 //!
 //! ```text
-//! counts: [u16; BUCKETS]          dense summary, 64 KiB: entries + inserts in
-//!                                 flight per bucket; bit 15 = sticky overflow
+//! counts: [u8; BUCKETS]           dense summary, 32 KiB: entries + inserts in
+//!                                 flight per bucket (bits 0..7, saturating);
+//!                                 bit 7 = sticky overflow
 //! slots:  [[u64; 8]; BUCKETS]     one 64-byte cache line per bucket, 2 MiB,
 //!                                 0 = empty; MAP_PRIVATE, so a forked child
 //!                                 gets its own copy; pre-faulted when mapped
@@ -16,7 +17,8 @@
 //!   bucket's count, then CAS the address into an empty slot of its line. If
 //!   all 8 slots are taken, set the bucket's sticky overflow bit instead.
 //! * `free` fast path: load the bucket's count. 0 means no sampled address
-//!   hashes there, and the free is done (one load from a 64 KiB array).
+//!   hashes there, and the free is done (one load from a 32 KiB array,
+//!   small enough to stay mostly cached).
 //! * `free` slow path (count != 0): scan the line and CAS the address out.
 //!   Found, or not found in an overflowed bucket: the free is sent to the
 //!   daemon (which ignores frees of addresses it does not know, so the
@@ -33,7 +35,7 @@
 //! The memory is mapped once and never unmapped, so a hook running late on
 //! another thread can never touch unmapped memory.
 
-use core::sync::atomic::{AtomicPtr, AtomicU16, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 /// Number of buckets (power of two).
 pub const BUCKETS: usize = 1 << 15;
@@ -41,7 +43,9 @@ pub const BUCKETS: usize = 1 << 15;
 pub const SLOTS: usize = 8;
 const BUCKET_BITS: u32 = BUCKETS.trailing_zeros();
 /// Sticky bit in a bucket's count: an insert found the line full.
-const OVERFLOW: u16 = 0x8000;
+const OVERFLOW: u8 = 0x80;
+/// Mask of the count proper.
+const COUNT_MASK: u8 = 0x7f;
 
 /// The outcome of [`FreeSet::remove`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,11 +64,11 @@ pub enum Removal {
 /// hook reaches with one RIP-relative load (null until [`FreeSet::map`]).
 #[derive(Debug)]
 pub struct FreeSet {
-    counts: AtomicPtr<AtomicU16>,
+    counts: AtomicPtr<AtomicU8>,
     slots: AtomicPtr<AtomicU64>,
 }
 
-const COUNTS_BYTES: usize = BUCKETS * 2;
+const COUNTS_BYTES: usize = BUCKETS;
 const SLOTS_BYTES: usize = BUCKETS * SLOTS * 8;
 
 impl Default for FreeSet {
@@ -102,14 +106,14 @@ impl FreeSet {
         if base == libc::MAP_FAILED {
             return false;
         }
-        // Take the page faults now (2 MiB + 64 KiB, once per process) rather
+        // Take the page faults now (2 MiB + 32 KiB, once per process) rather
         // than one by one in sampled allocations. Best effort.
         // SAFETY: advice on the mapping we just made.
         unsafe {
             libc::madvise(base, SLOTS_BYTES + COUNTS_BYTES, libc::MADV_POPULATE_WRITE);
         }
-        // SAFETY: inside the mapping; SLOTS_BYTES keeps 2-byte alignment.
-        let counts = unsafe { base.cast::<u8>().add(SLOTS_BYTES) }.cast::<AtomicU16>();
+        // SAFETY: inside the mapping.
+        let counts = unsafe { base.cast::<u8>().add(SLOTS_BYTES) }.cast::<AtomicU8>();
         self.slots.store(base.cast(), Ordering::Release);
         self.counts.store(counts, Ordering::Release);
         true
@@ -122,7 +126,7 @@ impl FreeSet {
 
     /// The bucket's count; `None` while unmapped.
     #[inline(always)]
-    fn count(&self, b: usize) -> Option<&AtomicU16> {
+    fn count(&self, b: usize) -> Option<&AtomicU8> {
         let c = self.counts.load(Ordering::Relaxed);
         // SAFETY: non-null means mapped (forever); b < BUCKETS by
         // construction of `bucket`.
@@ -151,7 +155,19 @@ impl FreeSet {
         let Some(count) = self.count(b) else {
             return false;
         };
-        count.fetch_add(1, Ordering::SeqCst);
+        // Saturating increment: a count that cannot grow is an overflow, so
+        // the overflow bit can never be reached by carrying.
+        let mut c = count.load(Ordering::Relaxed);
+        loop {
+            if c & COUNT_MASK == COUNT_MASK {
+                count.fetch_or(OVERFLOW, Ordering::SeqCst);
+                return false;
+            }
+            match count.compare_exchange_weak(c, c + 1, Ordering::SeqCst, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => c = now,
+            }
+        }
         for i in 0..SLOTS {
             let slot = self.slot(b, i);
             if slot.load(Ordering::Relaxed) == 0

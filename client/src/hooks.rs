@@ -4,10 +4,12 @@
 //! the library is dormant (or between sessions) that branch is always taken
 //! and the hook tail-calls glibc. While a session is active:
 //!
-//! * allocation: call glibc, then account the size in the thread's sampler
-//!   (a TLS subtraction and compare); only a sampled allocation goes further
-//!   (registers, stack copy, ring buffer, free-set insert).
-//! * free: one load from the free set's 64 KiB summary; only a possibly
+//! * allocation: account the size in the thread's sampler first (a TLS
+//!   subtraction and compare); if it is certainly not sampled, tail-call
+//!   glibc (no stack frame of ours). Only a sampled allocation calls glibc
+//!   and then goes further (registers, stack copy, ring buffer, free-set
+//!   insert).
+//! * free: one load from the free set's 32 KiB summary; only a possibly
 //!   sampled address goes further, and its free is recorded *before* glibc
 //!   gets the block back, so the address cannot be handed out again before
 //!   the daemon hears of the free.
@@ -28,8 +30,21 @@ use crate::real::{
 use crate::session::{self, MODE, MODE_PENDING, free_set};
 use crate::tls::{self, Guard, ThreadState};
 
-/// After a successful allocation with a session active (or pending).
+/// The allocation fast path with a session active: true if this
+/// allocation is certainly not sampled (its size is accounted), so the hook
+/// can tail-call glibc. False sends the hook to its slow path, which also
+/// handles a pending activation, a thread not set up for this session, and
+/// a thread inside the client.
 #[inline(always)]
+fn skip(size: usize, m: u64) -> bool {
+    let st = tls::state();
+    // SAFETY: `st` is this thread's TLS block.
+    unsafe { (*st).mode_seen == m && (*st).guard == 0 && (*st).sampler.skip(size) }
+}
+
+/// After an allocation that [`skip`] did not wave through.
+#[cold]
+#[inline(never)]
 fn on_alloc(p: *mut c_void, size: usize, m: u64) {
     let st = tls::state();
     // SAFETY: `st` is this thread's TLS block.
@@ -66,16 +81,6 @@ fn sampled(p: *mut c_void, size: usize, ss: u64, m: u64) {
     session::sampled_alloc(&g, m, p, size, ss);
 }
 
-/// Before a block goes back to glibc (free, or realloc's old block).
-/// Returns true if the block was a recorded sample.
-#[inline(always)]
-fn before_free(p: *mut c_void, m: u64) -> bool {
-    if m > MODE_PENDING && !p.is_null() && free_set().may_contain(p as u64) {
-        return session::sampled_free(m, p as u64);
-    }
-    false
-}
-
 #[inline(always)]
 fn mode() -> u64 {
     MODE.load(Ordering::Relaxed)
@@ -92,16 +97,17 @@ fn set_errno(e: i32) {
 /// Same contract as glibc's `malloc`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    if mode() == 0 {
+    let m = mode();
+    if m == 0 || skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { __libc_malloc(size) };
     }
-    malloc_active(size)
+    malloc_slow(size, m)
 }
 
+#[cold]
 #[inline(never)]
-fn malloc_active(size: usize) -> *mut c_void {
-    let m = mode();
+fn malloc_slow(size: usize, m: u64) -> *mut c_void {
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { __libc_malloc(size) };
     on_alloc(p, size, m);
@@ -114,17 +120,19 @@ fn malloc_active(size: usize) -> *mut c_void {
 /// Same contract as glibc's `free`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if mode() <= MODE_PENDING {
-        // SAFETY: forwarding with the caller's arguments.
-        return unsafe { __libc_free(p) };
+    let m = mode();
+    if m > MODE_PENDING && !p.is_null() && free_set().may_contain(p as u64) {
+        // SAFETY: same contract.
+        return unsafe { free_slow(p, m) };
     }
-    // SAFETY: same contract.
-    unsafe { free_active(p) }
+    // SAFETY: forwarding with the caller's arguments.
+    unsafe { __libc_free(p) }
 }
 
+#[cold]
 #[inline(never)]
-unsafe fn free_active(p: *mut c_void) {
-    before_free(p, mode());
+unsafe fn free_slow(p: *mut c_void, m: u64) {
+    session::sampled_free(m, p as u64);
     // SAFETY: forwarding with the caller's arguments.
     unsafe { __libc_free(p) }
 }
@@ -135,17 +143,23 @@ unsafe fn free_active(p: *mut c_void) {
 /// Same contract as glibc's `calloc`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
-    if mode() == 0 {
+    let m = mode();
+    // A successful calloc checked n * size for overflow; a failed one is
+    // not sampled, so the wrapped product does not matter.
+    let total = n.wrapping_mul(size);
+    if m == 0 || skip(total, m) {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { __libc_calloc(n, size) };
     }
-    let m = mode();
+    calloc_slow(n, size, m)
+}
+
+#[cold]
+#[inline(never)]
+fn calloc_slow(n: usize, size: usize, m: u64) -> *mut c_void {
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { __libc_calloc(n, size) };
-    if !p.is_null() {
-        // glibc checked n * size for overflow before succeeding.
-        on_alloc(p, n.wrapping_mul(size), m);
-    }
+    on_alloc(p, n.wrapping_mul(size), m);
     p
 }
 
@@ -155,18 +169,30 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// Same contract as glibc's `realloc`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn realloc(old: *mut c_void, size: usize) -> *mut c_void {
-    if mode() == 0 {
+    let m = mode();
+    if m == 0 {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { __libc_realloc(old, size) };
+    }
+    let old_maybe_sampled =
+        m > MODE_PENDING && !old.is_null() && free_set().may_contain(old as u64);
+    if !old_maybe_sampled && skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { __libc_realloc(old, size) };
     }
     // SAFETY: same contract.
-    unsafe { realloc_active(old, size) }
+    unsafe { realloc_slow(old, size, m, old_maybe_sampled) }
 }
 
+#[cold]
 #[inline(never)]
-unsafe fn realloc_active(old: *mut c_void, size: usize) -> *mut c_void {
-    let m = mode();
-    let was_sampled = before_free(old, m);
+unsafe fn realloc_slow(
+    old: *mut c_void,
+    size: usize,
+    m: u64,
+    old_maybe_sampled: bool,
+) -> *mut c_void {
+    let was_sampled = old_maybe_sampled && session::sampled_free(m, old as u64);
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { __libc_realloc(old, size) };
     if p.is_null() {
@@ -179,7 +205,9 @@ unsafe fn realloc_active(old: *mut c_void, size: usize) -> *mut c_void {
         }
         return p;
     }
-    on_alloc(p, size, m);
+    if !skip(size, m) {
+        on_alloc(p, size, m);
+    }
     p
 }
 
@@ -213,7 +241,7 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     let m = mode();
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { __libc_memalign(align, size) };
-    if m != 0 {
+    if m != 0 && !skip(size, m) {
         on_alloc(p, size, m);
     }
     p
@@ -267,7 +295,7 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     let m = mode();
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { __libc_valloc(size) };
-    if m != 0 {
+    if m != 0 && !skip(size, m) {
         on_alloc(p, size, m);
     }
     p
@@ -282,7 +310,7 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
     let m = mode();
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { __libc_pvalloc(size) };
-    if m != 0 {
+    if m != 0 && !skip(size, m) {
         on_alloc(p, size, m);
     }
     p

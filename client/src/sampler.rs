@@ -71,6 +71,23 @@ impl Sampler {
         self.threshold.max(1)
     }
 
+    /// The fast path: accounts an allocation of `size` bytes and returns
+    /// true if it is certainly not sampled. Returns false, changing nothing,
+    /// when [`Self::sample_size`] must decide.
+    #[inline(always)]
+    pub fn skip(&mut self, size: usize) -> bool {
+        let size = size as u64;
+        if size < self.threshold {
+            // As in sample_size: size < threshold <= MAX_INTERVAL.
+            let r = self.remaining - size as i64;
+            if r > 0 {
+                self.remaining = r;
+                return true;
+            }
+        }
+        false
+    }
+
     /// Accounts an allocation of `size` bytes. Returns 0 if it is not
     /// sampled, otherwise the number of bytes the sample stands for.
     #[inline(always)]
@@ -214,6 +231,17 @@ mod tests {
         assert!((mean - 1000.0).abs() < 5.0 * 2.24, "mean {mean}");
         let var = sumsq / n as f64 - mean * mean;
         assert!((var / 999_000.0 - 1.0).abs() < 0.05, "variance {var}");
+    }
+
+    #[test]
+    fn skip_then_sample_size_decides_like_sample_size_alone() {
+        let mut a = Sampler::new(300, 21);
+        let mut b = Sampler::new(300, 21);
+        for size in sizes(50_000, 8) {
+            let via_skip = if a.skip(size) { 0 } else { a.sample_size(size) };
+            assert_eq!(via_skip, b.sample_size(size));
+        }
+        assert_eq!(a, b);
     }
 
     #[test]
