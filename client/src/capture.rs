@@ -219,7 +219,10 @@ mod tests {
             sp <= here && here - sp < 64 * 1024,
             "sp {sp:#x} local {here:#x}"
         );
-        assert_ne!(regs[heapprofd_proto::wire::x86_64::RIP], 0);
+        let arch = heapprofd_proto::wire::Arch::native().expect("supported arch");
+        let (sp_slot, ip_slot) = arch.sp_ip_slots();
+        assert_eq!(regs[sp_slot], sp);
+        assert_ne!(regs[ip_slot], 0);
     }
 
     #[test]
@@ -237,5 +240,95 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+}
+
+/// Smallest stack copy done with non-temporal stores (see [`copy_to_ring`]).
+pub(crate) const NT_COPY_MIN: usize = 16 * 1024;
+
+/// Copies `len` bytes of stack into the ring buffer.
+///
+/// The destination is cold: the ring is megabytes long and the reader, on
+/// another core, last touched it. On x86_64, copies of at least
+/// [`NT_COPY_MIN`] bytes use non-temporal stores, which write whole lines
+/// without first reading them in; an `sfence` then orders them before the
+/// caller's commit (a release store, which alone does not order
+/// non-temporal stores). Measured with `heapprofd-client-bench` into a cold
+/// ring: 33 KiB copies went from 3.7 to 2.4 us per sample, while 3 KiB
+/// copies got slower (0.6 to 1.2 us: the `sfence` waits for the
+/// write-combining buffers), and 8.5 KiB ones did not change.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `len` bytes, and the two
+/// ranges must not overlap.
+#[inline]
+pub(crate) unsafe fn copy_to_ring(dst: *mut u8, src: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if len >= NT_COPY_MIN {
+        use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        // SAFETY: every access below stays inside the two ranges the caller
+        // vouches for; SSE2 is part of the x86_64 baseline.
+        unsafe {
+            let head = dst.align_offset(16).min(len);
+            core::ptr::copy_nonoverlapping(src, dst, head);
+            let mut off = head;
+            while off + 64 <= len {
+                let s = src.add(off).cast::<__m128i>();
+                let d = dst.add(off).cast::<__m128i>();
+                let (a, b, c, e) = (
+                    _mm_loadu_si128(s),
+                    _mm_loadu_si128(s.add(1)),
+                    _mm_loadu_si128(s.add(2)),
+                    _mm_loadu_si128(s.add(3)),
+                );
+                _mm_stream_si128(d, a);
+                _mm_stream_si128(d.add(1), b);
+                _mm_stream_si128(d.add(2), c);
+                _mm_stream_si128(d.add(3), e);
+                off += 64;
+            }
+            core::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len - off);
+            _mm_sfence();
+        }
+        return;
+    }
+    // SAFETY: as documented for the caller.
+    unsafe { core::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+#[cfg(test)]
+mod copy_tests {
+    use super::*;
+
+    #[test]
+    fn copy_to_ring_copies_every_length_and_alignment() {
+        let src: Vec<u8> = (0..40_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let n = NT_COPY_MIN;
+        for len in [
+            0usize,
+            1,
+            15,
+            16,
+            63,
+            1024,
+            n - 1,
+            n,
+            n + 1,
+            n + 100,
+            39_990,
+        ] {
+            for shift in 0..16 {
+                let mut dst = vec![0u8; 40_100];
+                // SAFETY: both ranges are inside the vectors.
+                unsafe { copy_to_ring(dst.as_mut_ptr().add(shift), src.as_ptr().add(1), len) };
+                assert_eq!(
+                    &dst[shift..shift + len],
+                    &src[1..1 + len],
+                    "len {len} shift {shift}"
+                );
+                assert!(dst[..shift].iter().all(|&b| b == 0));
+                assert!(dst[shift + len..].iter().all(|&b| b == 0));
+            }
+        }
     }
 }

@@ -335,9 +335,9 @@ impl Session {
         // bounds found above), and the reservation has room for it after the
         // header.
         unsafe {
-            core::ptr::copy_nonoverlapping(
-                sp as *const u8,
+            capture::copy_to_ring(
                 r.as_mut_ptr().add(MallocHeader::ENCODED_LEN),
+                sp as *const u8,
                 stack_len,
             );
         }

@@ -408,7 +408,7 @@ fn interval_one_is_exact() {
 }
 
 #[test]
-fn forked_children_never_write_into_the_parent_session() {
+fn forked_and_cloned_children_never_write_into_the_parent_session() {
     let expected = baseline("forkexec", &[]);
     let r = receiver("fork", &["--interval", "1", "--block", "--records"]);
     let sock = socket_env(&r);
@@ -429,6 +429,10 @@ fn forked_children_never_write_into_the_parent_session() {
     assert!(
         !recs.iter().any(|r| r.malloc && r.size == 777_777),
         "a forked child (of {pid}) wrote into the parent's session"
+    );
+    assert!(
+        !recs.iter().any(|r| r.malloc && r.size == 666_666),
+        "a clone(CLONE_VM) child (of {pid}) was recorded in the parent's session"
     );
     // The exec'd children had sessions of their own (fork+exec, vfork, posix_spawn: 15).
     assert!(sessions(&lines).len() >= 16, "{}", lines.len());
@@ -461,6 +465,48 @@ fn receiver_killed_mid_run() {
         );
         killer.join().unwrap();
     }
+}
+
+/// Block mode with a reader that does not read: the writer waits for the
+/// configured timeout, then the session ends with `HitTimeout` recorded,
+/// and the program finishes normally, unprofiled.
+#[test]
+fn block_mode_timeout_ends_the_session_with_an_error() {
+    let args: Vec<String> = vec!["4".into(), "20000".into()];
+    let expected = baseline("churn", &args);
+    let r = receiver(
+        "stall",
+        &[
+            "--interval",
+            "1",
+            "--block",
+            "--block-timeout-us",
+            "1000",
+            "--shmem-size",
+            "4096",
+            "--stall-ms",
+            "1500",
+        ],
+    );
+    let sock = socket_env(&r);
+    run_preloaded(
+        "churn",
+        &args,
+        &[
+            ("HEAPPROFD_SOCKET", &sock),
+            ("HEAPPROFD_BLOCKING_INIT", "1"),
+        ],
+        &expected,
+    );
+    let lines = r.finish(RUN_TIMEOUT);
+    let ss = sessions(&lines);
+    // ClientError::HitTimeout = 1, in the session of the program (the
+    // `timeout`-less run has exactly one).
+    assert_eq!(ss.len(), 1, "{lines:?}");
+    assert_eq!(ss[0].get("client_error"), 1, "{lines:?}");
+    assert!(ss[0].get("overflow") >= 1);
+    assert_eq!(ss[0].get("decode_errors"), 0);
+    assert_eq!(ss[0].get("corrupt"), 0);
 }
 
 /// Loaded without a socket, the library is dormant; signal 36 with a

@@ -1,8 +1,11 @@
-// fork (with and without exec), vfork + exec, posix_spawn, while other
-// threads allocate. `forkexec child` is the exec'd image. A forked child
+// fork (with and without exec), vfork + exec, posix_spawn, clone(CLONE_VM),
+// while another thread allocates. `forkexec child` is the exec'd image. A forked child
 // that does not exec allocates blocks of FORK_CHILD_SIZE, which must never
 // appear in the parent's session.
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +16,7 @@
 
 #define FORK_CHILD_SIZE 777777
 #define PARENT_SIZE 555555
+#define CLONE_CHILD_SIZE 666666
 extern char **environ;
 static volatile int stop;
 // Keep the compiler from eliding malloc/free pairs; one per thread.
@@ -22,6 +26,15 @@ static void *bg(void *arg) {
   (void)arg;
   while (!stop) { sink_bg = malloc(100); free(sink_bg); }
   return NULL;
+}
+
+// A clone(CLONE_VM) child: another process sharing our memory (and, without
+// CLONE_SETTLS, this thread's TLS). It allocates and frees; none of it may
+// be recorded. The parent waits for it without allocating.
+static int clone_child(void *arg) {
+  (void)arg;
+  for (int j = 0; j < 100; j++) { sink = malloc(CLONE_CHILD_SIZE); free(sink); }
+  return 0;
 }
 
 static int wait_ok(pid_t pid) {
@@ -40,7 +53,8 @@ int main(int argc, char **argv) {
   }
   pthread_t t;
   pthread_create(&t, NULL, bg, NULL);
-  int ok_fork = 1, ok_forkexec = 1, ok_vfork = 1, ok_spawn = 1;
+  int ok_fork = 1, ok_forkexec = 1, ok_vfork = 1, ok_spawn = 1, ok_clone = 1;
+  static char clone_stack[1 << 16] __attribute__((aligned(16)));
   for (int i = 0; i < 5; i++) {
     pid_t p = fork();
     if (p == 0) {
@@ -57,11 +71,14 @@ int main(int argc, char **argv) {
     char *args[] = {argv[0], "child", NULL};
     pid_t sp;
     ok_spawn &= posix_spawn(&sp, argv[0], NULL, NULL, args, environ) == 0 && wait_ok(sp);
+    p = clone(clone_child, clone_stack + sizeof clone_stack, CLONE_VM | SIGCHLD, NULL);
+    ok_clone &= p > 0 && wait_ok(p);
     sink = malloc(PARENT_SIZE + i);
     free(sink);
   }
   stop = 1;
   pthread_join(t, NULL);
-  printf("fork=%d forkexec=%d vfork=%d spawn=%d\n", ok_fork, ok_forkexec, ok_vfork, ok_spawn);
+  printf("fork=%d forkexec=%d vfork=%d spawn=%d clone=%d\n", ok_fork, ok_forkexec, ok_vfork, ok_spawn,
+         ok_clone);
   return 0;
 }

@@ -6,8 +6,11 @@
 //! (`heapprofd-test-receiver` draining), interleaving the configurations in
 //! every repetition so they share the machine's noise, and prints medians
 //! and ratios against the baseline measured in the same run. Then it
-//! measures the client-side cost of one sampled allocation with 2, 8 and
-//! 32 KiB of live stack: interval 1 minus dormant, per malloc/free pair.
+//! measures the client-side cost of one sampled allocation with about 2, 8
+//! and 32 KiB of stack copied: interval 1 minus dormant, in the bench's
+//! "split" mode (all allocations, then all frees, each phase timed with the
+//! thread's CPU clock), so the cost of a sample and the cost of recording
+//! its free are told apart; with a 1 GiB ring so that nothing is dropped.
 //!
 //! Usage: `cargo run --release -p heapprofd-tests --bin heapprofd-client-bench --
 //! [--reps N] [--pairs N] [--stack-pairs N]`
@@ -26,6 +29,8 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 struct Sample {
     wall: f64,
     cpu: f64,
+    alloc_cpu: f64,
+    free_cpu: f64,
     mallocs: u64,
     overflow: u64,
     stack_bytes: u64,
@@ -36,14 +41,34 @@ fn receiver_bin() -> PathBuf {
     exe.with_file_name("heapprofd-test-receiver")
 }
 
+/// Ring buffer for the overhead runs: the receiver's default, 8 MiB
+/// (heapprofd's default too).
+const RING_DEFAULT: u64 = 8 << 20;
+/// Ring buffer for the per-sample cost runs: big enough that nothing is
+/// dropped even if the receiver falls behind (dropped records would be
+/// cheaper and flatter the numbers).
+const RING_BIG: u64 = 1 << 30;
+
+/// The shape of one bench run.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    threads: u32,
+    pairs: u64,
+    depth: u32,
+    stack_kib: u32,
+    /// Allocate everything, then free everything, timing both phases.
+    split: bool,
+}
+
 /// Runs the bench once. `interval`: None = no library, Some(0) = dormant.
-fn bench(threads: u32, pairs: u64, stack_kib: u32, interval: Option<u64>, seed: u64) -> Sample {
+fn bench(shape: Shape, interval: Option<u64>, seed: u64, ring: u64) -> Sample {
     let mut cmd = Command::new(programs().path("bench"));
     cmd.args([
-        threads.to_string(),
-        pairs.to_string(),
-        "20".into(),
-        stack_kib.to_string(),
+        shape.threads.to_string(),
+        shape.pairs.to_string(),
+        shape.depth.to_string(),
+        shape.stack_kib.to_string(),
+        if shape.split { "split" } else { "pairs" }.to_string(),
     ]);
     let mut rx = None;
     match interval {
@@ -61,7 +86,7 @@ fn bench(threads: u32, pairs: u64, stack_kib: u32, interval: Option<u64>, seed: 
                     "--seed",
                     &seed.to_string(),
                     "--shmem-size",
-                    &(64u64 << 20).to_string(),
+                    &ring.to_string(),
                 ],
             );
             cmd.env("LD_PRELOAD", client_so())
@@ -76,6 +101,8 @@ fn bench(threads: u32, pairs: u64, stack_kib: u32, interval: Option<u64>, seed: 
     let mut s = Sample {
         wall: f["inner_ns"] as f64,
         cpu: f["cpu_ns"] as f64,
+        alloc_cpu: f["alloc_cpu_ns"] as f64,
+        free_cpu: f["free_cpu_ns"] as f64,
         mallocs: 0,
         overflow: 0,
         stack_bytes: 0,
@@ -113,7 +140,7 @@ fn arg(name: &str, default: u64) -> u64 {
 fn main() {
     let reps = arg("--reps", 7) as usize;
     let pairs = arg("--pairs", 2_000_000);
-    let stack_pairs = arg("--stack-pairs", 200_000);
+    let stack_pairs = arg("--stack-pairs", 20_000);
     println!("client library: {}", client_so().display());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("loadavg at start: {}", load.trim());
@@ -135,7 +162,14 @@ fn main() {
             // Rotate the order so no configuration always runs first.
             for k in 0..configs.len() {
                 let c = (k + rep) % configs.len();
-                res[c].push(bench(threads, pairs, 0, configs[c].1, rep as u64 + 1));
+                let shape = Shape {
+                    threads,
+                    pairs,
+                    depth: 20,
+                    stack_kib: 0,
+                    split: false,
+                };
+                res[c].push(bench(shape, configs[c].1, rep as u64 + 1, RING_DEFAULT));
             }
         }
         let base_wall = median(res[0].iter().map(|s| s.wall).collect());
@@ -164,33 +198,40 @@ fn main() {
         }
     }
     println!(
-        "\n## Cost of one sampled allocation (interval 1, 1 thread, {stack_pairs} pairs; medians of {reps})\n"
+        "\n## Cost of one sampled allocation (interval 1, 1 thread, {stack_pairs} allocations \
+         then {stack_pairs} frees; medians of {reps})\n"
     );
     println!(
-        "| stack pad | avg stack copied | ns per sampled malloc+free (cpu) | ns (wall) | dropped/run |"
+        "| target stack | depth, pad | avg stack copied | ns per sampled malloc (cpu) | ns per recorded free (cpu) | dropped/run |"
     );
-    println!("|---|---|---|---|---|");
-    for kib in [2u32, 8, 32] {
-        // The pad is the live stack below the call chain; the chain and the
-        // thread start add a little, reported as the average actually copied.
-        let pad = kib.saturating_sub(1);
-        let mut d_cpu = Vec::new();
-        let mut d_wall = Vec::new();
+    println!("|---|---|---|---|---|---|");
+    // Depth and pad chosen so the copy (frames + the top of the thread's
+    // stack block) is about 2, 8 and 32 KiB; the table shows the real size.
+    for (target, depth, pad) in [(2u32, 0u32, 0u32), (8, 20, 5), (32, 20, 29)] {
+        let shape = Shape {
+            threads: 1,
+            pairs: stack_pairs,
+            depth,
+            stack_kib: pad,
+            split: true,
+        };
+        let mut d_alloc = Vec::new();
+        let mut d_free = Vec::new();
         let mut avg_stack = Vec::new();
         let mut dropped = Vec::new();
         for rep in 0..reps {
-            let dormant = bench(1, stack_pairs, pad, Some(0), 0);
-            let active = bench(1, stack_pairs, pad, Some(1), rep as u64 + 1);
-            d_cpu.push((active.cpu - dormant.cpu) / stack_pairs as f64);
-            d_wall.push((active.wall - dormant.wall) / stack_pairs as f64);
+            let dormant = bench(shape, Some(0), 0, RING_BIG);
+            let active = bench(shape, Some(1), rep as u64 + 1, RING_BIG);
+            d_alloc.push((active.alloc_cpu - dormant.alloc_cpu) / stack_pairs as f64);
+            d_free.push((active.free_cpu - dormant.free_cpu) / stack_pairs as f64);
             avg_stack.push(active.stack_bytes as f64 / active.mallocs.max(1) as f64);
             dropped.push(active.overflow as f64);
         }
         println!(
-            "| {kib} KiB | {:.0} B | {:.0} | {:.0} | {:.0} |",
+            "| {target} KiB | {depth}, {pad} KiB | {:.0} B | {:.0} | {:.0} | {:.0} |",
             median(avg_stack),
-            median(d_cpu),
-            median(d_wall),
+            median(d_alloc),
+            median(d_free),
             median(dropped)
         );
     }

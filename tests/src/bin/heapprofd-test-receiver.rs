@@ -22,7 +22,8 @@
 //! at most).
 //!
 //! Usage: `heapprofd-test-receiver --socket PATH [--interval N] [--seed N]
-//! [--block] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]`
+//! [--block] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]
+//! [--stall-ms N]`
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -44,12 +45,16 @@ struct Options {
     socket: String,
     config: ClientConfig,
     records: bool,
+    /// Milliseconds to wait after the handshake before reading anything
+    /// (to fill the buffer and make block-mode writers time out).
+    stall_ms: u64,
 }
 
 fn parse_args() -> Result<Options, String> {
     let mut socket = None;
     let mut config = ClientConfig::new(4096, 8 << 20);
     let mut records = false;
+    let mut stall_ms = 0;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = |name: &str| -> Result<u64, String> {
@@ -69,6 +74,7 @@ fn parse_args() -> Result<Options, String> {
             "--shmem-size" => config.shmem_size = num("--shmem-size")?,
             "--max-stack" => config.max_stack_bytes = num("--max-stack")?,
             "--records" => records = true,
+            "--stall-ms" => stall_ms = num("--stall-ms")?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -76,6 +82,7 @@ fn parse_args() -> Result<Options, String> {
         socket: socket.ok_or("--socket is required")?,
         config,
         records,
+        stall_ms,
     })
 }
 
@@ -123,6 +130,7 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
         .map_err(|e| format!("config: {e}"))?;
     drop(memfd);
     say(out, &format!("connected pid={} flags={}", hs.pid, hs.flags));
+    std::thread::sleep(std::time::Duration::from_millis(opts.stall_ms));
     let mut sum = Summary {
         pid: hs.pid,
         flags: hs.flags,
