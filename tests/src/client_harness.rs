@@ -113,19 +113,13 @@ pub fn programs() -> &'static Programs {
             let (src_f, out_f) = (s(&format!("{p}.c")), o(p));
             compile(&["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f], p);
         }
-        compile(
-            &[
-                "gcc",
-                "-O2",
-                "-g",
-                "-pthread",
-                "-o",
-                &o("dlopen_main"),
-                &s("dlopen_main.c"),
-                "-ldl",
-            ],
-            "dlopen_main",
-        );
+        for p in ["dlopen_main", "dlopen_client"] {
+            let (src_f, out_f) = (s(&format!("{p}.c")), o(p));
+            compile(
+                &["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f, "-ldl"],
+                p,
+            );
+        }
         compile(
             &[
                 "gcc",

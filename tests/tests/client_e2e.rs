@@ -467,6 +467,31 @@ fn receiver_killed_mid_run() {
     }
 }
 
+/// The library loaded with `dlopen` (as an attach will load it): its TLS
+/// block fits in glibc's static TLS surplus, its constructor connects, and
+/// its malloc/free, called through `dlsym`, record samples and frees from
+/// the main thread and from a thread created afterwards.
+#[test]
+fn works_when_dlopened_after_start() {
+    let so = client_so().to_string_lossy().into_owned();
+    let r = receiver("dlopened", &["--interval", "1", "--block"]);
+    let sock = socket_env(&r);
+    let mut c = prog("dlopen_client", &[&so]);
+    c.env("HEAPPROFD_SOCKET", &sock)
+        .env("HEAPPROFD_BLOCKING_INIT", "1");
+    let out = run(c, RUN_TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let sum: u64 = (0..1000u64).map(|i| i & 0xff).sum();
+    assert_eq!(out.stdout, format!("dlopen_client sums={sum},{sum}\n"));
+    let lines = r.finish(RUN_TIMEOUT);
+    let ss = sessions(&lines);
+    assert_eq!(ss.len(), 1, "{lines:?}");
+    check_clean(&ss[0]);
+    // 2000 calls through the handle, every one sampled and freed.
+    assert!(ss[0].get("mallocs") >= 2000, "{lines:?}");
+    assert!(ss[0].get("frees") >= 2000, "{lines:?}");
+}
+
 /// Block mode with a reader that does not read: the writer waits for the
 /// configured timeout, then the session ends with `HitTimeout` recorded,
 /// and the program finishes normally, unprofiled.
