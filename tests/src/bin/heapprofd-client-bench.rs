@@ -2,7 +2,8 @@
 //!
 //! Runs `tests/programs/client/bench.c` (1 and 2 threads of malloc/free
 //! pairs, sizes 16..4096, call depth 20) without the library, with it
-//! dormant, and with it active at 512 KiB, 32 KiB and 4 KiB intervals
+//! dormant, and with it active at 1 GiB (a handful of samples: the fast
+//! paths alone), 512 KiB, 32 KiB and 4 KiB intervals
 //! (`heapprofd-test-receiver` draining), interleaving the configurations in
 //! every repetition so they share the machine's noise, and prints medians
 //! and ratios against the baseline measured in the same run. Then it
@@ -144,9 +145,12 @@ fn main() {
     println!("client library: {}", client_so().display());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("loadavg at start: {}", load.trim());
-    let configs: [(&str, Option<u64>); 5] = [
+    let configs: [(&str, Option<u64>); 6] = [
         ("baseline", None),
         ("dormant", Some(0)),
+        // Active, but a handful of samples per run (4 GiB allocated in total):
+        // the fast paths alone.
+        ("1 GiB (~no samples)", Some(1 << 30)),
         ("512 KiB", Some(512 << 10)),
         ("32 KiB", Some(32 << 10)),
         ("4 KiB", Some(4 << 10)),
