@@ -396,3 +396,28 @@ extern "C" fn thread_main(arg: *mut c_void) -> *mut c_void {
     }
     core::ptr::null_mut()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_paths() {
+        assert_eq!(
+            SocketPath::for_id(4242).as_bytes(),
+            b"/tmp/heapprofd-rs-4242.sock"
+        );
+        assert_eq!(
+            SocketPath::for_id(7).as_bytes(),
+            b"/tmp/heapprofd-rs-7.sock"
+        );
+        assert_eq!(
+            SocketPath::for_id(u32::MAX).as_bytes(),
+            b"/tmp/heapprofd-rs-4294967295.sock"
+        );
+        assert!(SocketPath::from_bytes(b"").is_none());
+        assert!(SocketPath::from_bytes(&[b'a'; 108]).is_none());
+        assert!(SocketPath::from_bytes(b"a\0b").is_none());
+        assert_eq!(SocketPath::from_bytes(b"/x").unwrap().as_bytes(), b"/x");
+    }
+}
