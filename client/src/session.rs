@@ -41,8 +41,26 @@ use crate::capture;
 use crate::freeset::{FreeSet, Removal};
 use crate::tls::{Guard, ThreadState};
 
-/// The hooks' switch: 0 = pass through; [`MODE_PENDING`]; else a session's word.
-pub(crate) static MODE: AtomicU64 = AtomicU64::new(0);
+/// What every hook reads, alone on its cache line so that no write to a
+/// neighbouring variable (a statistics counter, the session pointer) ever
+/// invalidates it in the other cores' caches.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub(crate) struct Hot {
+    /// The hooks' switch: 0 = pass through; [`MODE_PENDING`]; else a
+    /// session's word.
+    pub mode: AtomicU64,
+    /// The set of live sampled addresses, mapped on the first activation.
+    pub free_set: FreeSet,
+}
+
+pub(crate) static HOT: Hot = Hot {
+    mode: AtomicU64::new(0),
+    free_set: FreeSet::new(),
+};
+
+/// The hooks' switch (see [`Hot::mode`]).
+pub(crate) static MODE: &AtomicU64 = &HOT.mode;
 /// `MODE` while an activation signal waits for the next allocation.
 pub(crate) const MODE_PENDING: u64 = 1;
 
@@ -58,8 +76,7 @@ static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
 /// Source of unique session mode words (even, >= 2).
 static NEXT_MODE_WORD: AtomicU64 = AtomicU64::new(2);
 
-/// The set of live sampled addresses, mapped on the first activation.
-static FREE_SET: FreeSet = FreeSet::new();
+static FREE_SET: &FreeSet = &HOT.free_set;
 
 /// Counters for tests and debugging (never shared with the daemon).
 pub(crate) static SAMPLES_DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -67,7 +84,7 @@ pub(crate) static SAMPLES_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// The free set (empty and unmapped until a session starts).
 #[inline(always)]
 pub(crate) fn free_set() -> &'static FreeSet {
-    &FREE_SET
+    FREE_SET
 }
 
 /// Everything a writer needs, hot shared counters on their own cache line.
@@ -404,7 +421,7 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
     let Some(_g) = Guard::enter() else {
         return false;
     };
-    let set = &FREE_SET;
+    let set = FREE_SET;
     let Some(s) = acquire(mode_word) else {
         return false;
     };
