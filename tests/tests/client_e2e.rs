@@ -366,6 +366,14 @@ fn interval_one_is_exact() {
         "exact ok\n",
     );
     let lines = r.finish(RUN_TIMEOUT);
+    // The handshake carries the library's executable segment.
+    for c in lines.iter().filter(|l| l.starts_with("connected")) {
+        let f = fields(c);
+        assert!(
+            f["text_start"] > 0 && f["text_end"] > f["text_start"],
+            "{c}"
+        );
+    }
     let magic = |s: u64| (90_000..1_000_000).contains(&s);
     let (_, recs) = session_with(&lines, |recs| {
         recs.iter().any(|r| r.malloc && magic(r.size))

@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! listening path=/tmp/x.sock
-//! connected pid=123 flags=1
+//! connected pid=123 flags=1 text_start=0x7f.. text_end=0x7f..
 //! rec pid=123 seq=1 kind=malloc addr=0x... size=100 sample=100 stack=2048 flags=0
 //! rec pid=123 seq=2 kind=free addr=0x...
 //! session pid=123 flags=1 mallocs=1 sample_bytes=100 alloc_bytes=100 frees=1 ...
@@ -129,7 +129,13 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
     send_with_fds(sock, &opts.config.encode(), &[memfd.as_raw_fd()])
         .map_err(|e| format!("config: {e}"))?;
     drop(memfd);
-    say(out, &format!("connected pid={} flags={}", hs.pid, hs.flags));
+    say(
+        out,
+        &format!(
+            "connected pid={} flags={} text_start={:#x} text_end={:#x}",
+            hs.pid, hs.flags, hs.client_text_start, hs.client_text_end
+        ),
+    );
     std::thread::sleep(std::time::Duration::from_millis(opts.stall_ms));
     let mut sum = Summary {
         pid: hs.pid,
