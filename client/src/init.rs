@@ -3,9 +3,10 @@
 //! The constructor runs from `.init_array` when the library is loaded
 //! (`LD_PRELOAD`, or a later `dlopen`). With the guard held, so nothing it
 //! does is sampled, it:
-//! 1. looks up glibc's `malloc_usable_size` and reads the main thread's
-//!    `[stack]` range from `/proc/self/maps` (both need allocation-free or
-//!    guarded contexts, so they are done once, here);
+//! 1. looks up glibc's `malloc_usable_size` and the size of its static TLS
+//!    area, and reads the main thread's `[stack]` range from
+//!    `/proc/self/maps` (all need allocation-free or guarded contexts, so
+//!    they are done once, here);
 //! 2. registers a `pthread_atfork` child handler;
 //! 3. installs the activation signal handler (signal 36, `__SIGRTMIN + 4`,
 //!    as Android's heapprofd) unless `HEAPPROFD_NO_SIGNAL=1` or the program
@@ -54,6 +55,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     let Some(_g) = Guard::enter() else { return };
     crate::real::resolve_usable_size();
     crate::capture::set_main_stack(crate::procmaps::main_stack());
+    crate::capture::resolve_tls_static_size();
     // SAFETY: registering a handler that is valid for the process lifetime
     // (the library is never unloaded while a session may run).
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
