@@ -222,6 +222,18 @@ impl HeapState {
         self.check_peak();
     }
 
+    /// Forgets every live allocation without counting it freed: the address
+    /// space it lived in is gone (the process called exec). What was never
+    /// freed stays unreleased in the callsite totals.
+    pub(crate) fn forget_live(&mut self) {
+        for t in &mut self.slots {
+            t.live_bytes = 0;
+            t.live_count = 0;
+        }
+        self.live.clear();
+        self.live_bytes = 0;
+    }
+
     /// Commits a free. Frees of unknown addresses (unsampled allocations,
     /// memory allocated before profiling started) are ignored; so is a
     /// late free older than the allocation now at its address. Returns

@@ -187,6 +187,17 @@ impl Profile {
         }
     }
 
+    /// A new client session for a pid already in the profile: the process
+    /// called exec (or the pid was reused). Commits what is pending, forgets
+    /// the old image's live allocations (they stay unreleased), and starts
+    /// a new sequence-number space.
+    pub fn new_session(&mut self, pid: u32) {
+        let window = self.window;
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.new_session(window);
+        }
+    }
+
     /// Commits every pending operation of `pid` (its stream has ended).
     pub fn flush(&mut self, pid: u32) {
         if let Some(p) = self.processes.get_mut(&pid) {
@@ -265,6 +276,36 @@ mod tests {
         let t = h.callsite(p.tree().find(&st).unwrap()).unwrap();
         assert_eq!((t.allocated, t.freed, t.live_count), (10, 10, 0));
         assert_eq!(p.process(7).unwrap().pending_ops(), 0);
+    }
+
+    #[test]
+    fn exec_starts_a_new_sequence_space_and_forgets_the_old_image() {
+        let i = Interner::new();
+        let mut p = Profile::new(&i);
+        let shell = frames(&i, &["main", "sh_alloc"]);
+        let prog = frames(&i, &["main", "prog_alloc"]);
+        p.set_heap(5, 0, Some("libc.malloc"), 1);
+        p.malloc(5, 0, 1, 0x100, 10, 10, 1, &shell);
+        p.malloc(5, 0, 2, 0x200, 20, 20, 1, &shell);
+        p.free(5, 0, 3, 0x200);
+        p.process_mut(5).unwrap().flags.disconnected = true;
+        // exec: the new image's client numbers from 1 again, and reuses 0x100.
+        p.new_session(5);
+        p.malloc(5, 0, 1, 0x100, 30, 30, 2, &prog);
+        p.free(5, 0, 2, 0x100);
+        let h = p.heap(5, 0).unwrap();
+        let sh = h.callsite(p.tree().find(&shell).unwrap()).unwrap();
+        let pr = h.callsite(p.tree().find(&prog).unwrap()).unwrap();
+        // The shell's block at 0x100 was never freed: still unreleased.
+        assert_eq!(
+            (sh.allocated, sh.freed, sh.alloc_count, sh.free_count),
+            (30, 20, 2, 1)
+        );
+        // Nothing of the new image was dropped as "late".
+        assert_eq!((pr.allocated, pr.freed), (30, 30));
+        assert_eq!(p.process(5).unwrap().order_stats().late_ops, 0);
+        assert!(!p.process(5).unwrap().flags.disconnected);
+        assert_eq!(p.live_bytes(), 0);
     }
 
     #[test]

@@ -205,6 +205,18 @@ impl ProcessState {
         order.release_through(seq, |s, op, rel| apply(heaps, order_stats, s, op, rel));
     }
 
+    /// A new client session for the same pid (the process called exec, or
+    /// the pid was reused): commits what is pending, forgets the old image's
+    /// live allocations, and starts a new sequence-number space at 1.
+    pub(crate) fn new_session(&mut self, window: u64) {
+        self.flush();
+        for h in self.heaps.values_mut() {
+            h.forget_live();
+        }
+        self.order = Reorder::new(1, window);
+        self.flags.disconnected = false;
+    }
+
     /// Commits everything pending.
     pub(crate) fn flush(&mut self) {
         let Self {

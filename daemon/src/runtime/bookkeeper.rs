@@ -154,6 +154,8 @@ struct Book {
     counters: Arc<Counters>,
     sessions: HashMap<SessionId, (u32, SessionStats)>,
     ended: Vec<(u32, SessionStats)>,
+    /// Messages of sessions held back behind an older session of their pid.
+    deferred: HashMap<SessionId, Vec<BookMsg>>,
     last_live_update: Instant,
 }
 
@@ -191,50 +193,21 @@ pub fn run(
         counters,
         sessions: HashMap::new(),
         ended: Vec::new(),
+        deferred: HashMap::new(),
         last_live_update: Instant::now(),
     };
     while let Ok(msg) = rx.recv() {
-        match msg {
-            BookMsg::ProcessStarted {
-                id,
-                pid,
-                cmdline,
-                from_startup,
-            } => {
-                book.profile.add_process(pid, cmdline, from_startup);
-                book.profile
-                    .set_heap(pid, 0, Some(HEAP_LIBC_MALLOC_NAME), book.options.interval);
-                book.sessions.insert(id, (pid, SessionStats::default()));
+        if let BookMsg::Finish(reply) = msg {
+            // Sessions still waiting behind an older one of the same pid
+            // (their predecessor never ended) are applied now.
+            let waiting: Vec<BookMsg> = book.deferred.drain().flat_map(|(_, m)| m).collect();
+            for m in waiting {
+                book.handle(m);
             }
-            BookMsg::Ops { id, ops, stats } => {
-                let pid = book.sessions.get(&id).map(|s| s.0);
-                if let Some(pid) = pid {
-                    book.apply(pid, ops);
-                    book.set_stats(id, pid, stats);
-                }
-                book.refresh_counters(false);
-            }
-            BookMsg::ProcessEnded {
-                id,
-                pid,
-                stats,
-                end,
-            } => {
-                book.set_stats(id, pid, stats.clone());
-                if let Some(p) = book.profile.process_mut(pid) {
-                    p.flags.disconnected |= end.disconnected;
-                }
-                book.profile.flush(pid);
-                book.sessions.remove(&id);
-                book.ended.push((pid, stats));
-                book.refresh_counters(true);
-            }
-            BookMsg::Dump => book.dump(),
-            BookMsg::Finish(reply) => {
-                let _ = reply.send(book.finish());
-                return;
-            }
+            let _ = reply.send(book.finish());
+            return;
         }
+        book.handle(msg);
     }
 }
 
@@ -248,6 +221,87 @@ fn drain_until_finish(rx: Receiver<BookMsg>, error: String) {
 }
 
 impl Book {
+    /// Applies one message. A session whose pid still has an older session
+    /// being drained (the process called exec: the new image connected
+    /// before the old image's records were all read) is held back until the
+    /// older one ends, so the two sequence-number spaces never mix.
+    fn handle(&mut self, msg: BookMsg) {
+        let id = match &msg {
+            BookMsg::ProcessStarted { id, .. }
+            | BookMsg::Ops { id, .. }
+            | BookMsg::ProcessEnded { id, .. } => *id,
+            BookMsg::Dump | BookMsg::Finish(_) => 0,
+        };
+        if let Some(queue) = self.deferred.get_mut(&id) {
+            queue.push(msg);
+            return;
+        }
+        match msg {
+            BookMsg::ProcessStarted {
+                id,
+                pid,
+                cmdline,
+                from_startup,
+            } => {
+                if self.sessions.values().any(|(p, _)| *p == pid) {
+                    self.deferred.insert(
+                        id,
+                        vec![BookMsg::ProcessStarted {
+                            id,
+                            pid,
+                            cmdline,
+                            from_startup,
+                        }],
+                    );
+                    return;
+                }
+                // A pid we already know: the process called exec (its old
+                // image's session has ended) or the pid was reused.
+                self.profile.new_session(pid);
+                self.profile.add_process(pid, cmdline, from_startup);
+                self.profile
+                    .set_heap(pid, 0, Some(HEAP_LIBC_MALLOC_NAME), self.options.interval);
+                self.sessions.insert(id, (pid, SessionStats::default()));
+            }
+            BookMsg::Ops { id, ops, stats } => {
+                let pid = self.sessions.get(&id).map(|s| s.0);
+                if let Some(pid) = pid {
+                    self.apply(pid, ops);
+                    self.set_stats(id, pid, stats);
+                }
+                self.refresh_counters(false);
+            }
+            BookMsg::ProcessEnded {
+                id,
+                pid,
+                stats,
+                end,
+            } => {
+                self.set_stats(id, pid, stats.clone());
+                if let Some(p) = self.profile.process_mut(pid) {
+                    p.flags.disconnected |= end.disconnected;
+                }
+                self.profile.flush(pid);
+                self.sessions.remove(&id);
+                self.ended.push((pid, stats));
+                self.refresh_counters(true);
+                // Release the next session of this pid, if one was waiting.
+                let next = self
+                    .deferred
+                    .iter()
+                    .find(|(_, q)| matches!(q.first(), Some(BookMsg::ProcessStarted { pid: p, .. }) if *p == pid))
+                    .map(|(&id, _)| id);
+                if let Some(next) = next.and_then(|n| self.deferred.remove(&n)) {
+                    for m in next {
+                        self.handle(m);
+                    }
+                }
+            }
+            BookMsg::Dump => self.dump(),
+            BookMsg::Finish(_) => {}
+        }
+    }
+
     fn apply(&mut self, pid: u32, ops: Vec<Op>) {
         for op in ops {
             match op {
