@@ -5,8 +5,12 @@
 // compared exactly with the table in tests/tests/record_truth.rs (keep the two in
 // sync). Some memory is freed, some kept until exit.
 //
-// Build: g++ -O1 -g -fno-omit-frame-pointer? No: -O2 -g, frame pointers omitted,
-// the unwinder must cope.
+// Usage: alloc_truth [REPS] (default 1): main calls every allocating function
+// REPS times and each thread calls thread_alloc REPS times, so every
+// function's totals are REPS times the table's (the sampled-interval test uses
+// a large REPS to have enough bytes for a tight Poisson bound).
+//
+// Build: g++ -O2 -g (frame pointers omitted: the unwinder must cope).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -75,13 +79,18 @@ extern "C" NOINLINE void cpp_new() {
     }
 }
 
-// Recursion 150 deep, then 5 x 77 bytes at the bottom, kept.
+// Recursion 150 deep, then 5 x 77 bytes at the bottom, kept. The stack of
+// each allocation holds 151 deep_recurse frames (n = 150 .. 0): the volatile
+// local read after the call keeps gcc from turning the recursion into a
+// loop (which it does at -O2 with `return deep_recurse(n - 1) + 1`).
 extern "C" NOINLINE void deep_leaf() {
     for (int i = 0; i < 5; i++) keep(malloc(77));
 }
 extern "C" NOINLINE int deep_recurse(int n) {
+    volatile int depth = n;
     if (n == 0) { deep_leaf(); return 0; }
-    return deep_recurse(n - 1) + 1 + (int)(g_sink & 0);
+    int r = deep_recurse(n - 1);
+    return r + depth;
 }
 
 // 4 threads x 64 x 128 bytes, kept (each thread keeps its own list).
@@ -93,20 +102,27 @@ extern "C" NOINLINE void thread_alloc() {
     for (int i = 0; i < 64; i++) keep(mine[i]);
     pthread_mutex_unlock(&g_lock);
 }
+static int g_reps = 1;
 static void *thread_main(void *) {
-    thread_alloc();
+    for (int r = 0; r < g_reps; r++) thread_alloc();
     return nullptr;
 }
 
-int main() {
-    g_keep.reserve(4096);
-    leak_malloc();
-    temp_malloc();
-    calloc_site();
-    realloc_chain();
-    memalign_site();
-    cpp_new();
-    deep_recurse(150);
+int main(int argc, char **argv) {
+    if (argc > 1) g_reps = atoi(argv[1]);
+    if (g_reps < 1) return 2;
+    // One allocation of 4096 * 8 * REPS bytes (from main, via operator new);
+    // 406 blocks per repetition are kept, so the vector never grows.
+    g_keep.reserve(4096 * (size_t)g_reps);
+    for (int r = 0; r < g_reps; r++) {
+        leak_malloc();
+        temp_malloc();
+        calloc_site();
+        realloc_chain();
+        memalign_site();
+        cpp_new();
+        deep_recurse(150);
+    }
     pthread_t t[4];
     for (auto &th : t) pthread_create(&th, nullptr, thread_main, nullptr);
     for (auto &th : t) pthread_join(th, nullptr);

@@ -3,5 +3,9 @@
 //! * [`client_harness`]: building the client library and the test programs,
 //!   running them under `LD_PRELOAD`, and driving `heapprofd-test-receiver`
 //!   (a minimal stand-in for the daemon, `src/bin/heapprofd-test-receiver.rs`).
+//! * [`record_harness`]: finding the release `heapprofd-rs`, compiling the
+//!   record test programs, driving `record`, and reading traces back through
+//!   the official-schema checker (`proto/tests/check_trace.py`).
 
 pub mod client_harness;
+pub mod record_harness;
