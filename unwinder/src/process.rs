@@ -5,7 +5,13 @@
 //! that exited before they were unwound still unwind: the stack is in the
 //! sample and the unwind tables are in the (cached) files. When a frame's
 //! address is in no known mapping the maps are read again (a `dlopen` since
-//! the last read), at most once per [`ProcessOptions::reparse_interval`].
+//! the last read). Only a re-read that did not find the address counts
+//! against the rate limit: after one, the next waits
+//! [`ProcessOptions::reparse_interval`], so garbage addresses cannot make
+//! every unwind read the maps, while the first sample from a library loaded
+//! after the last read always gets its re-read. A read that finds no
+//! mappings at all (the process has exited: its maps read as empty) keeps
+//! the mappings known so far.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -78,7 +84,8 @@ impl Mapping {
 /// Tunables of a [`ProcessContext`].
 #[derive(Debug, Clone)]
 pub struct ProcessOptions {
-    /// Minimum time between two re-reads of the maps (default 500 ms).
+    /// Minimum time between a re-read of the maps that did not find the
+    /// address it was for and the next re-read (default 500 ms).
     pub reparse_interval: Duration,
     /// Frames walked at most, client frames included (default 512).
     pub max_frames: usize,
@@ -150,7 +157,9 @@ pub struct ProcessContext {
     pub(crate) unwinder: Option<ArchUnwinder>,
     pub(crate) cache_x86_64: Option<Box<CacheX86_64>>,
     pub(crate) cache_aarch64: Option<Box<CacheAarch64>>,
-    last_maps_read: Option<Instant>,
+    /// When a re-read of the maps last failed to find the address it was
+    /// for (the rate limit runs from there).
+    last_fruitless_reparse: Option<Instant>,
     pub(crate) stats: ProcessStats,
     pub(crate) scratch: Vec<(u64, bool)>,
     perf_map: Mutex<Option<(PerfMap, Instant)>>,
@@ -199,7 +208,7 @@ impl ProcessContext {
             unwinder: None,
             cache_x86_64: None,
             cache_aarch64: None,
-            last_maps_read: None,
+            last_fruitless_reparse: None,
             stats: ProcessStats::default(),
             scratch: Vec::with_capacity(64),
             perf_map: Mutex::new(None),
@@ -234,27 +243,41 @@ impl ProcessContext {
         self.mappings.get(i)
     }
 
-    /// Re-reads the maps if the rate limit allows; returns whether the set
-    /// of mappings changed.
-    pub(crate) fn maybe_reparse(&mut self) -> bool {
-        if let Some(t) = self.last_maps_read
-            && t.elapsed() < self.options.reparse_interval
-        {
-            return false;
-        }
+    /// Whether the rate limit allows a re-read of the maps now: no re-read
+    /// failed to find its address within the last
+    /// [`ProcessOptions::reparse_interval`].
+    pub(crate) fn may_reparse(&self) -> bool {
+        self.last_fruitless_reparse
+            .is_none_or(|t| t.elapsed() >= self.options.reparse_interval)
+    }
+
+    /// Re-reads the maps; returns whether the set of mappings changed.
+    pub(crate) fn reparse(&mut self) -> bool {
         self.stats.map_reparses += 1;
         self.read_maps()
     }
 
+    /// After [`ProcessContext::reparse`]: whether the re-read found the
+    /// address it was done for; if not, the rate limit starts.
+    pub(crate) fn reparse_result(&mut self, found: bool) {
+        if !found {
+            self.last_fruitless_reparse = Some(Instant::now());
+        }
+    }
+
     /// Reads and applies the maps; returns whether anything changed.
     fn read_maps(&mut self) -> bool {
-        self.last_maps_read = Some(Instant::now());
         let Ok(text) = self.maps_source.read_maps() else {
             return false;
         };
         let parsed = maps::parse_maps(&text);
         self.stats.bad_map_lines += parsed.bad_lines as u64;
         let entries = parsed.entries;
+        if entries.is_empty() && !self.mappings.is_empty() {
+            // A live process always has mappings: it has exited (its maps
+            // read as empty). Keep what we knew for its last samples.
+            return false;
+        }
         let unchanged = entries.len() == self.mappings.len()
             && entries
                 .iter()

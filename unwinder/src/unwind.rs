@@ -158,9 +158,12 @@ impl ProcessContext {
         let t0 = Instant::now();
         let mut end = self.walk(arch, regs, stack_pointer, stack);
         let mut unmapped = self.first_unmapped();
-        if unmapped.is_some() && self.maybe_reparse() {
-            end = self.walk(arch, regs, stack_pointer, stack);
-            unmapped = self.first_unmapped();
+        if unmapped.is_some() && self.may_reparse() {
+            if self.reparse() {
+                end = self.walk(arch, regs, stack_pointer, stack);
+                unmapped = self.first_unmapped();
+            }
+            self.reparse_result(unmapped.is_none());
         }
         let mut error = match end {
             WalkEnd::Root => None,

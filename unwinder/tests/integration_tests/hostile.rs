@@ -306,11 +306,71 @@ fn unknown_address_triggers_rate_limited_reparse() {
     assert_eq!(c.stats().map_reparses, 1);
     assert_eq!(r.real_frames()[0].pc, code_pc());
     assert!(r.real_frames()[0].mapping.is_some());
-    // Within the rate limit: no re-read, the frame is INVALID_MAP.
+    // A long rate limit does not hold back the first re-read (a library
+    // loaded since the context was made)...
     let mut c = make(Duration::from_secs(3600));
     let r = c.unwind(Arch::X86_64, &regs(code_pc(), sp, 0), sp, &stack, 0..0);
-    assert_eq!(c.stats().map_reparses, 0);
+    assert_eq!(c.stats().map_reparses, 1);
+    assert!(r.real_frames()[0].mapping.is_some());
+    // ...nor one after a re-read that found its address. A re-read that
+    // does not find it starts the rate limit: a garbage pc re-reads once,
+    // the next garbage pc within the limit does not.
+    let r = c.unwind(Arch::X86_64, &regs(0x10, sp, 0), sp, &stack, 0..0);
     assert_eq!(r.error, Some(UnwindErrorKind::InvalidMap));
+    assert_eq!(c.stats().map_reparses, 2);
+    let r = c.unwind(Arch::X86_64, &regs(0x20, sp, 0), sp, &stack, 0..0);
+    assert_eq!(r.error, Some(UnwindErrorKind::InvalidMap));
+    assert_eq!(c.stats().map_reparses, 2);
+    // Known code still unwinds.
+    let r = c.unwind(Arch::X86_64, &regs(code_pc(), sp, 0), sp, &stack, 0..0);
+    assert!(r.real_frames()[0].mapping.is_some());
+}
+
+/// Maps that read as empty after the first read: a process that exited
+/// (its `/proc/PID/maps`, open since the handshake, reads as empty).
+struct Exited {
+    reads: usize,
+    full: String,
+}
+
+impl MapsSource for Exited {
+    fn read_maps(&mut self) -> std::io::Result<String> {
+        self.reads += 1;
+        Ok(if self.reads == 1 {
+            self.full.clone()
+        } else {
+            String::new()
+        })
+    }
+}
+
+#[test]
+fn maps_of_an_exited_process_keep_the_known_mappings() {
+    let mut c = ProcessContext::with_options(
+        std::process::id(),
+        Box::new(Exited {
+            reads: 0,
+            full: own_maps(),
+        }),
+        Box::new(NoMemory),
+        Arc::new(ModuleCache::new(SymbolizeOptions::default())),
+        ProcessOptions {
+            reparse_interval: Duration::ZERO,
+            ..Default::default()
+        },
+    );
+    let known = c.mappings().len();
+    assert!(known > 0);
+    let stack = [0u8; 64];
+    let sp = 0x1000;
+    // An unknown pc re-reads the maps, which are now empty.
+    let r = c.unwind(Arch::X86_64, &regs(0x10, sp, 0), sp, &stack, 0..0);
+    assert_eq!(r.error, Some(UnwindErrorKind::InvalidMap));
+    assert_eq!(c.stats().map_reparses, 1);
+    // The process's last samples still unwind with what was known.
+    assert_eq!(c.mappings().len(), known);
+    let r = c.unwind(Arch::X86_64, &regs(code_pc(), sp, 0), sp, &stack, 0..0);
+    assert!(r.real_frames()[0].mapping.is_some());
 }
 
 /// AArch64 is compiled in: a frame-pointer chain through code without CFI.
