@@ -1,11 +1,14 @@
 //! `heapprofd-rs`: the command-line entry point.
 //!
-//! Exit codes: 0 on success, 2 on bad usage (clap), 1 on failure; `record`
-//! exits with the profiled command's own exit code.
+//! Exit codes: 0 on success, 2 on bad usage (clap's, and [`UsageError`]s
+//! such as an output path that cannot be created), 1 on failure; `record`
+//! exits with the profiled command's own exit code (128 + the signal when
+//! it was stopped by Ctrl-C or SIGTERM while the command kept running).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use heapprofd_daemon::cli::UsageError;
 use heapprofd_daemon::report::{ConvertArgs, ReportArgs, run_convert, run_report};
 use heapprofd_daemon::runtime::record::{self, RecordArgs};
 
@@ -44,7 +47,11 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("heapprofd-rs: error: {e:#}");
-            ExitCode::from(1)
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }

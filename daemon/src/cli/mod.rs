@@ -7,6 +7,12 @@
 
 use std::time::Duration;
 
+/// A bad argument found after parsing (an output path that cannot be
+/// created...): `heapprofd-rs` exits with 2, like clap's usage errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
 /// Parses a duration: `250ms`, `1.5s`, `2m`, `1h`, `10` (seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();

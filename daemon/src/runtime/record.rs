@@ -7,7 +7,10 @@
 //! first allocation), then wait for whichever comes first: CMD exits,
 //! `--duration` passes, or Ctrl-C / SIGTERM. Every sample already in a ring
 //! buffer is drained and counted before the final dump. CMD's stdin, stdout
-//! and stderr are its own, and `record` exits with CMD's exit code.
+//! and stderr are its own, and `record` exits with CMD's exit code (128 +
+//! the signal if CMD was killed by one, as a shell reports it; 130 or 143
+//! if Ctrl-C or SIGTERM stopped profiling while CMD kept running). If CMD
+//! cannot be started, no trace file is left behind.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -22,7 +25,7 @@ use heapprofd_proto::wire::ClientConfig;
 use super::bookkeeper::{BookkeeperOptions, Summary};
 use super::server::{Daemon, DaemonOptions};
 use super::{Counters, Counters as C};
-use crate::cli::{human_bytes, parse_duration, parse_size};
+use crate::cli::{UsageError, human_bytes, parse_duration, parse_size};
 
 /// Options of `heapprofd-rs record`.
 #[derive(Debug, Clone, Args)]
@@ -58,7 +61,7 @@ pub struct RecordArgs {
     pub dump_at_max: bool,
 
     /// Size of each client's ring buffer (a power of two: 8M, 64MiB).
-    #[arg(long, default_value = "8MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "8MiB", value_parser = parse_shmem_size)]
     pub shmem_size: u64,
 
     /// When a ring buffer is full, the program waits up to TIMEOUT for the
@@ -99,6 +102,12 @@ pub struct RecordArgs {
     pub command: Vec<String>,
 }
 
+fn parse_shmem_size(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    heapprofd_shmem::check_data_size(n).map_err(|e| e.to_string())?;
+    Ok(n)
+}
+
 fn parse_interval(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
         0 => Err("the sampling interval must be at least 1 byte (1 = every allocation)".into()),
@@ -114,19 +123,19 @@ pub fn run(args: RecordArgs) -> Result<i32> {
              start the program under `heapprofd-rs record -- CMD` instead"
         );
     }
-    heapprofd_shmem::check_data_size(args.shmem_size)
-        .map_err(|e| anyhow::anyhow!("--shmem-size: {e}"))?;
     let client_lib = find_client_lib(args.client_lib.as_deref())?;
     let program = args.command[0].clone();
     let output = args
         .output
         .clone()
         .unwrap_or_else(|| default_output(&program));
-    let file = std::fs::File::create(&output).with_context(|| {
-        format!(
-            "cannot create the trace file {}; choose another path with -o",
+    // A path that cannot be created is a bad argument (exit 2), found
+    // before anything runs.
+    let file = std::fs::File::create(&output).map_err(|e| {
+        UsageError(format!(
+            "cannot create the trace file {}: {e}; choose another path with -o",
             output.display()
-        )
+        ))
     })?;
 
     let socket = std::env::temp_dir().join(format!("heapprofd-rs-{}.sock", std::process::id()));
@@ -161,19 +170,26 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let outcome = rt.block_on(supervise(args, options, client_lib, Arc::clone(&counters)));
+    let mut cmd_started = false;
+    let outcome = rt.block_on(supervise(
+        args,
+        options,
+        client_lib,
+        Arc::clone(&counters),
+        &mut cmd_started,
+    ));
     rt.shutdown_timeout(Duration::from_millis(100));
     match outcome {
-        Ok((summary, status)) => {
+        Ok((summary, code)) => {
             print_summary(&summary, &output);
-            Ok(status.map_or(0, exit_code))
+            Ok(code)
         }
         Err(e) => {
-            // Nothing useful was written if CMD never ran.
-            if std::fs::metadata(&output)
-                .map(|m| m.len() == 0)
-                .unwrap_or(false)
-            {
+            // CMD never ran (not found, not executable): the file only holds
+            // the trace header, not worth keeping. Once it ran, whatever was
+            // written is kept (the error says how much is valid).
+            let empty = std::fs::metadata(&output).is_ok_and(|m| m.len() == 0);
+            if !cmd_started || empty {
                 let _ = std::fs::remove_file(&output);
             }
             Err(e)
@@ -181,14 +197,31 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     }
 }
 
+/// Exit code of `record` when CMD's own is unknown because profiling was
+/// stopped by a signal while CMD kept running: 128 + the signal, as a shell
+/// reports a job it interrupted.
+fn interrupted_code(sig: i32) -> i32 {
+    128 + sig
+}
+
+/// Runs CMD under the daemon until it exits or profiling is stopped;
+/// returns the summary and the exit code for `record`. `started` is set once
+/// CMD has been spawned.
 async fn supervise(
     args: RecordArgs,
     options: DaemonOptions,
     client_lib: PathBuf,
     counters: Arc<Counters>,
-) -> Result<(Summary, Option<ExitStatus>)> {
+    cmd_started: &mut bool,
+) -> Result<(Summary, i32)> {
     use tokio::signal::unix::{SignalKind, signal};
 
+    // Handlers first: a signal that arrives as soon as CMD runs must not
+    // kill `record` with its default action.
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigusr1 =
+        signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
     let mut daemon = Daemon::start(options, Arc::clone(&counters))?;
     daemon.serve();
 
@@ -204,11 +237,8 @@ async fn supervise(
         .env("HEAPPROFD_BLOCKING_INIT", "1")
         .spawn()
         .with_context(|| format!("cannot run `{}`", args.command[0]))?;
+    *cmd_started = true;
 
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigusr1 =
-        signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
     let status_line = std::io::stderr().is_terminal();
     let mut status_tick = tokio::time::interval(Duration::from_millis(500));
     let mut dump_tick = args.continuous_dump.map(|p| {
@@ -222,6 +252,8 @@ async fn supervise(
 
     let mut exit: Option<ExitStatus> = None;
     let mut interrupted = 0;
+    // The signal that stopped profiling while CMD kept running.
+    let mut stopped_by: Option<i32> = None;
     loop {
         tokio::select! {
             r = child.wait() => {
@@ -239,6 +271,7 @@ async fn supervise(
                 // CMD got the same Ctrl-C from the terminal; give it a moment
                 // to exit on its own, then stop profiling anyway.
                 if interrupted >= 2 {
+                    stopped_by = Some(libc::SIGINT);
                     break;
                 }
                 tokio::select! {
@@ -248,9 +281,10 @@ async fn supervise(
                 }
                 status.clear();
                 eprintln!("heapprofd-rs: interrupted; writing the trace");
+                stopped_by = Some(libc::SIGINT);
                 break;
             }
-            _ = sigterm.recv() => { break; }
+            _ = sigterm.recv() => { stopped_by = Some(libc::SIGTERM); break; }
             _ = sigusr1.recv() => { daemon.dump(); }
             _ = tick(&mut dump_tick) => { daemon.dump(); }
             _ = status_tick.tick() => { status.update(&counters, started); }
@@ -269,17 +303,22 @@ async fn supervise(
         );
         tokio::select! {
             r = child.wait() => exit = Some(r.context("waiting for the profiled command")?),
-            _ = sigint.recv() => {}
+            _ = sigint.recv() => stopped_by = Some(libc::SIGINT),
+            _ = sigterm.recv() => stopped_by = Some(libc::SIGTERM),
         }
+        let code = exit.map_or_else(|| interrupted_code(stopped_by.unwrap_or(0)), exit_code);
         return Ok((
             Summary {
                 already_printed: true,
                 ..summary
             },
-            exit,
+            code,
         ));
     }
-    Ok((summary, exit))
+    // CMD's own exit code; if it still runs (it ignored Ctrl-C), the code of
+    // the signal that stopped profiling.
+    let code = exit.map_or_else(|| interrupted_code(stopped_by.unwrap_or(0)), exit_code);
+    Ok((summary, code))
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

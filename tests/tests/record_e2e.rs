@@ -1,0 +1,513 @@
+//! End-to-end tests of `heapprofd-rs record` beyond the ground-truth table
+//! (`record_truth.rs`): bad input (a command that does not exist, crashes,
+//! exits at once; a full disk; Ctrl-C; bad arguments), dumps on SIGUSR1, on
+//! `--continuous-dump` ticks and at the peak, samples written just before
+//! the program exits, and `report`/`convert` on a real trace.
+//!
+//! The programs are `tests/programs/record/*.c` (each documents its
+//! arguments). Every trace is checked with `proto/tests/check_trace.py
+//! --strict`. No assertion depends on timing: interactive programs (the
+//! `stepper`) say when they are done with a step, and tests wait for what
+//! they need with generous timeouts that only catch hangs.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use heapprofd_tests::record_harness::{
+    Live, Sample, check_trace, heapprofd, heapprofd_ok, record, record_programs, scratch_dir,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn prog(name: &str) -> String {
+    record_programs().path(name).to_string_lossy().into_owned()
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// The samples whose leaf frame is `function`.
+fn leaf<'a>(samples: &'a [Sample], function: &str) -> Vec<&'a Sample> {
+    samples
+        .iter()
+        .filter(|x| x.frames.last().is_some_and(|f| f == function))
+        .collect()
+}
+
+/// (allocations, bytes, frees, freed) summed over the samples with leaf `function`.
+fn totals(samples: &[Sample], function: &str) -> (u64, u64, u64, u64) {
+    leaf(samples, function).iter().fold((0, 0, 0, 0), |a, x| {
+        (
+            a.0 + x.alloc_count,
+            a.1 + x.allocated,
+            a.2 + x.free_count,
+            a.3 + x.freed,
+        )
+    })
+}
+
+fn no_error_frames(samples: &[Sample]) {
+    for x in samples {
+        assert!(
+            !x.frames.iter().any(|f| f.starts_with("ERROR")),
+            "error frame in {:?}",
+            x.frames
+        );
+    }
+}
+
+/// Number of dumps in a trace that may still be being written (our reader
+/// tolerates a partial last packet).
+fn dumps_so_far(trace: &Path) -> u64 {
+    if std::fs::metadata(trace).map_or(true, |m| m.len() == 0) {
+        return 0;
+    }
+    let mut c = heapprofd();
+    c.args(["report", "--format", "json"]).arg(trace);
+    let out = heapprofd_tests::client_harness::run(c, TIMEOUT);
+    if out.code != Some(0) {
+        return 0;
+    }
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+    v["heaps"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .filter_map(|x| x["dumps"].as_u64())
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+fn wait_for_dumps(trace: &Path, n: u64) {
+    let start = Instant::now();
+    while dumps_so_far(trace) < n {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "the trace never got {n} dumps ({} so far)",
+            dumps_so_far(trace)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn missing_command_is_named_and_leaves_no_trace() {
+    let dir = scratch_dir("missing");
+    let trace = dir.join("t.pftrace");
+    let out = record(
+        &["-o", &s(&trace)],
+        &["./no-such-program-xyz", "arg"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(1), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains("no-such-program-xyz") && out.stderr.contains("No such file"),
+        "the message names the command and the reason: {}",
+        out.stderr
+    );
+    assert!(
+        !trace.exists(),
+        "a trace was left behind for a command that never ran"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn crashing_command_exits_like_a_shell_and_keeps_the_data() {
+    for (mode, code) in [("segv", 128 + 11), ("abort", 128 + 6)] {
+        let dir = scratch_dir(mode);
+        let trace = dir.join("t.pftrace");
+        let out = record(
+            &["-i", "1", "-o", &s(&trace)],
+            &[&prog("crash"), mode, "1000"],
+            TIMEOUT,
+        );
+        assert_eq!(out.code, Some(code), "{mode}: stderr {}", out.stderr);
+        let sum = check_trace(&trace);
+        let samples = sum.latest();
+        assert_eq!(
+            totals(&samples, "alloc_before_crash"),
+            (1000, 100_000, 0, 0),
+            "{mode}: the allocations made before the crash"
+        );
+        no_error_frames(&samples);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn command_exiting_at_once_gives_a_valid_trace() {
+    let dir = scratch_dir("at-once");
+    // No allocation of its own, exit code 7.
+    let trace = dir.join("exit7.pftrace");
+    let out = record(
+        &["-o", &s(&trace)],
+        &[&prog("crash"), "exit7", "0"],
+        TIMEOUT,
+    );
+    assert_eq!(
+        out.code,
+        Some(7),
+        "exit code passes through: {}",
+        out.stderr
+    );
+    let sum = check_trace(&trace);
+    assert!(leaf(&sum.latest(), "alloc_before_crash").is_empty());
+    assert_eq!(
+        sum.json["summary"]["processes"].as_array().map(Vec::len),
+        Some(1)
+    );
+    // A program that never allocates (coreutils `true`).
+    let trace = dir.join("true.pftrace");
+    let out = record(&["-o", &s(&trace)], &["true"], TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    check_trace(&trace);
+    // stdout, stderr and the exit code of a shell command pass through.
+    let trace = dir.join("sh.pftrace");
+    let out = record(
+        &["-o", &s(&trace)],
+        &["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 5"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(5));
+    assert_eq!(out.stdout, "to-stdout\n");
+    assert!(out.stderr.starts_with("to-stderr\n"), "{}", out.stderr);
+    // Not a terminal: no status line.
+    assert!(
+        !out.stderr.contains('\r'),
+        "status line on a pipe: {:?}",
+        out.stderr
+    );
+    check_trace(&trace);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Unmounts on drop, so a failing test leaves no mount behind.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(self.0.to_string_lossy().as_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn full_output_directory_keeps_a_valid_prefix() {
+    let dir = scratch_dir("full");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let target = std::ffi::CString::new(s(&mnt)).unwrap();
+    // 64 KiB: the header fits, the interned stacks of 600 distinct
+    // callstacks (about 270 KiB) do not.
+    // SAFETY: valid C strings; the mount is undone by `Mount`'s drop.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            c"size=64k".as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EPERM) {
+            eprintln!(
+                "\n!!!!! SKIPPED full_output_directory_keeps_a_valid_prefix: mounting a tmpfs \
+                 is not permitted here ({e}); run the tests as root (CI does) !!!!!\n"
+            );
+            return;
+        }
+        panic!("mount -t tmpfs on {}: {e}", mnt.display());
+    }
+    let _mount = Mount(mnt.clone());
+    let trace = mnt.join("t.pftrace");
+    let out = record(
+        &["-i", "1", "-o", &s(&trace)],
+        &[&prog("many_stacks"), "600"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(1), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains("No space left on device") && out.stderr.contains("valid trace"),
+        "clear message: {}",
+        out.stderr
+    );
+    assert!(trace.exists(), "the prefix is kept");
+    let sum = check_trace(&trace);
+    assert!(sum.json["packet_count"].as_u64().unwrap_or(0) >= 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ctrl_c_writes_the_trace() {
+    let dir = scratch_dir("ctrl-c");
+    let trace = dir.join("t.pftrace");
+    let mut live = Live::start(&["-i", "1", "-o", &s(&trace)], &[&prog("stepper")]);
+    live.step("grow 100");
+    live.send("pause");
+    live.wait_stdout("ok pause", TIMEOUT);
+    // Ctrl-C on a terminal: SIGINT to the foreground process group.
+    live.signal_group(libc::SIGINT);
+    let out = live.finish(TIMEOUT);
+    assert_eq!(out.code, Some(128 + libc::SIGINT), "stderr: {}", out.stderr);
+    let sum = check_trace(&trace);
+    assert_eq!(totals(&sum.latest(), "grow_site"), (100, 100_000, 0, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ctrl_c_when_the_program_ignores_it() {
+    let dir = scratch_dir("ctrl-c-ign");
+    let trace = dir.join("t.pftrace");
+    let mut live = Live::start(&["-i", "1", "-o", &s(&trace)], &[&prog("stepper")]);
+    live.step("ignore-int");
+    live.step("grow 10");
+    live.send("pause");
+    live.wait_stdout("ok pause", TIMEOUT);
+    live.signal_group(libc::SIGINT);
+    // record gives the program a moment, then stops profiling and writes
+    // the trace anyway; the program keeps running (killed here afterwards).
+    let out = live.finish_killing_leftovers(TIMEOUT);
+    assert_eq!(out.code, Some(128 + libc::SIGINT), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("interrupted"), "{}", out.stderr);
+    let sum = check_trace(&trace);
+    assert_eq!(totals(&sum.latest(), "grow_site"), (10, 10_000, 0, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let dir = scratch_dir("args");
+    let trace = dir.join("t.pftrace");
+    let t = s(&trace);
+    let missing_dir = s(&dir.join("no/such/dir/t.pftrace"));
+    let cases: [(&[&str], &str); 7] = [
+        (&["-o", &missing_dir], "no/such/dir"),
+        (&["-o", &t, "--shmem-size", "3M"], "power of two"),
+        (&["-o", &t, "--shmem-size", "lots"], "shmem-size"),
+        (&["-o", &t, "--interval", "0"], "interval"),
+        (&["-o", &t, "-i", "-5"], "-5"),
+        (&["-o", &t, "--no-such-flag"], "no-such-flag"),
+        (
+            &["-o", &t, "--continuous-dump", "1s", "--dump-at-max"],
+            "dump-at-max",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = record(args, &["true"], TIMEOUT);
+        assert_eq!(out.code, Some(2), "{args:?}: stderr {}", out.stderr);
+        assert!(out.stderr.contains(needle), "{args:?}: {}", out.stderr);
+        assert!(!trace.exists(), "{args:?} left a trace");
+    }
+    // No command at all.
+    let mut c = heapprofd();
+    c.args(["record", "-o", &t]);
+    let out = heapprofd_tests::client_harness::run(c, TIMEOUT);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigusr1_adds_a_dump() {
+    let dir = scratch_dir("usr1");
+    let trace = dir.join("t.pftrace");
+    let mut live = Live::start(&["-i", "1", "-o", &s(&trace)], &[&prog("stepper")]);
+    live.step("grow 100");
+    live.signal(libc::SIGUSR1);
+    wait_for_dumps(&trace, 1);
+    live.step("grow 50");
+    let out = live.finish(TIMEOUT);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let sum = check_trace(&trace);
+    assert_eq!(sum.dumps.len(), 2, "the SIGUSR1 dump and the final one");
+    sum.assert_non_decreasing();
+    assert_eq!(totals(&sum.latest(), "grow_site"), (150, 150_000, 0, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn continuous_dumps_are_cumulative() {
+    let dir = scratch_dir("continuous");
+    let trace = dir.join("t.pftrace");
+    let mut live = Live::start(
+        &["-i", "1", "--continuous-dump", "100ms", "-o", &s(&trace)],
+        &[&prog("stepper")],
+    );
+    let mut steps = 0;
+    for want in 1..=3 {
+        live.step("grow 20");
+        steps += 1;
+        wait_for_dumps(&trace, want);
+    }
+    let out = live.finish(TIMEOUT);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let sum = check_trace(&trace);
+    assert!(sum.dumps.len() >= 4, "{} dumps", sum.dumps.len());
+    sum.assert_non_decreasing();
+    assert_eq!(
+        totals(&sum.latest(), "grow_site"),
+        (20 * steps, 20_000 * steps, 0, 0)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dump_at_max_shows_the_peak() {
+    let dir = scratch_dir("max");
+    let trace = dir.join("t.pftrace");
+    let mut live = Live::start(
+        &["-i", "1", "--dump-at-max", "-o", &s(&trace)],
+        &[&prog("stepper")],
+    );
+    for step in ["big", "free-big", "small"] {
+        live.step(step);
+    }
+    let out = live.finish(TIMEOUT);
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let sum = check_trace(&trace);
+    assert_eq!(sum.dumps.len(), 1);
+    let samples = sum.latest();
+    let peak = leaf(&samples, "peak_site");
+    assert_eq!(peak.len(), 1, "{samples:?}");
+    assert_eq!(
+        (peak[0].self_max, peak[0].self_max_count),
+        (Some(1_000_000), Some(10)),
+        "at the peak all of peak_site's blocks are live"
+    );
+    for x in leaf(&samples, "after_peak_site") {
+        assert_eq!(
+            x.self_max.unwrap_or(0),
+            0,
+            "allocated after the peak: {x:?}"
+        );
+    }
+    // `report` shows the peak too.
+    let rep = heapprofd_ok(&["report", "--format", "json", &s(&trace)]);
+    let v: serde_json::Value = serde_json::from_str(&rep.stdout).unwrap();
+    let heap = &v["heaps"][0];
+    assert_eq!(heap["dump_at_max"], true);
+    assert_eq!(heap["top_self"][0]["function"], "peak_site", "{heap}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn samples_written_before_exit_are_all_counted() {
+    // 50000 samples are several ring buffers' worth: the program waits for
+    // the daemon (block mode) and exits with the ring full of samples.
+    for n in [1u64, 1000, 50_000] {
+        let dir = scratch_dir("exit-now");
+        let trace = dir.join("t.pftrace");
+        let out = record(
+            &["-i", "1", "-o", &s(&trace)],
+            &[&prog("exit_now"), &n.to_string()],
+            TIMEOUT,
+        );
+        assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+        let sum = check_trace(&trace);
+        let samples = sum.latest();
+        no_error_frames(&samples);
+        assert_eq!(totals(&samples, "alloc_then_exit"), (n, 64 * n, 0, 0));
+        let pid = sum.pids()[0];
+        assert_eq!(sum.last_stat(pid, "unwinding_errors"), 0);
+        let total: u64 = samples.iter().map(|x| x.alloc_count).sum();
+        assert_eq!(sum.last_stat(pid, "heap_samples"), total);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn samples_in_a_dlopened_library() {
+    let lib = prog("libdl_alloc.so");
+    // The program lives on for a while after the dlopen: the daemon sees the
+    // library's pcs while the process is alive and must find its mapping.
+    let dir = scratch_dir("dlopen");
+    let trace = dir.join("t.pftrace");
+    let out = record(
+        &["-i", "1", "-o", &s(&trace)],
+        &[&prog("exit_now"), "1000", &lib, "2000"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let sum = check_trace(&trace);
+    let samples = sum.latest();
+    no_error_frames(&samples);
+    assert_eq!(totals(&samples, "dl_alloc"), (1000, 48_000, 0, 0));
+    assert_eq!(totals(&samples, "alloc_then_exit"), (1000, 64_000, 0, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn report_and_convert_a_real_trace() {
+    let dir = scratch_dir("report");
+    let trace = dir.join("t.pftrace");
+    let out = record(
+        &["-i", "1", "-o", &s(&trace)],
+        &[&prog("alloc_truth")],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("samples"), "summary: {}", out.stderr);
+    check_trace(&trace);
+
+    let text = heapprofd_ok(&["report", &s(&trace)]).stdout;
+    let sites = text
+        .split("TOP ALLOCATION SITES")
+        .nth(1)
+        .expect("a TOP ALLOCATION SITES section");
+    // Skip the rest of the heading line: the first site follows.
+    let first = sites.lines().nth(1).unwrap_or("");
+    assert!(
+        first.contains("temp_malloc") && first.contains("200 allocations"),
+        "{text}"
+    );
+
+    let json = heapprofd_ok(&["report", "--format", "json", &s(&trace)]).stdout;
+    let v: serde_json::Value = serde_json::from_str(&json).expect("report JSON");
+    let heap = &v["heaps"][0];
+    let top = &heap["top_self"][0];
+    assert_eq!(top["function"], "temp_malloc", "{heap}");
+    assert_eq!(
+        (top["allocated"].as_u64(), top["alloc_count"].as_u64()),
+        (Some(102_400), Some(200))
+    );
+    assert_eq!(heap["unwinding_errors"], 0);
+
+    let (pprof, folded, svg) = (dir.join("p.pb.gz"), dir.join("f.txt"), dir.join("f.svg"));
+    heapprofd_ok(&[
+        "convert",
+        &s(&trace),
+        "--pprof",
+        &s(&pprof),
+        "--collapsed",
+        &s(&folded),
+        "--svg",
+        &s(&svg),
+    ]);
+    let folded_text = std::fs::read_to_string(&folded).unwrap();
+    assert!(
+        folded_text
+            .lines()
+            .any(|l| l.ends_with(";main;leak_malloc 100000")),
+        "{folded_text}"
+    );
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.contains("<svg") && svg_text.contains("leak_malloc"));
+    let gz = std::fs::read(&pprof).unwrap();
+    assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzip");
+    let raw = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(&pprof)
+        .output()
+        .expect("gzip -dc");
+    let raw = String::from_utf8_lossy(&raw.stdout);
+    for needle in ["alloc_space", "inuse_space", "temp_malloc", "thread_alloc"] {
+        assert!(raw.contains(needle), "pprof string table lacks {needle}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
