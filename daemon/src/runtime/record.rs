@@ -182,6 +182,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     match outcome {
         Ok((summary, code)) => {
             print_summary(&summary, &output);
+            if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
+                print_self_usage();
+            }
             Ok(code)
         }
         Err(e) => {
@@ -397,6 +400,24 @@ fn print_summary(s: &Summary, output: &Path) {
         return;
     }
     eprintln!("{}", s.render(output));
+}
+
+/// With `HEAPPROFD_DEBUG`: the daemon's own CPU time and peak RSS (all of
+/// `record`'s threads, not CMD), for the benchmarks of docs/PERFORMANCE.md.
+fn print_self_usage() {
+    // SAFETY: getrusage fills the zeroed struct we pass.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    eprintln!(
+        "heapprofd-rs: self usage: user_s={:.3} sys_s={:.3} maxrss_kib={}",
+        secs(ru.ru_utime),
+        secs(ru.ru_stime),
+        ru.ru_maxrss
+    );
 }
 
 fn exit_code(status: ExitStatus) -> i32 {
