@@ -10,7 +10,8 @@
 //! the process's memory.
 //!
 //! The cache never evicts; a daemon that profiles for a long time with many
-//! different binaries keeps their (mmapped, mostly not resident) files open.
+//! different binaries keeps their bytes (read into memory, see
+//! [`crate::elf::FileBytes::map`]) for its whole life.
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 
-/// The bytes of a module: a read-only file mapping, or owned bytes (the
-/// vDSO, decompressed data).
+/// The bytes of a module: owned bytes (files read into memory, the vDSO,
+/// decompressed data), or a read-only mapping of a very large file.
 #[derive(Debug)]
 pub enum FileBytes {
     /// `mmap` of the file.
@@ -26,13 +26,28 @@ pub enum FileBytes {
     Owned(Vec<u8>),
 }
 
+/// Files up to this size are read into memory rather than mapped.
+pub const READ_LIMIT: u64 = 512 << 20;
+
 impl FileBytes {
-    /// Maps a whole file read-only.
+    /// Loads a whole file: read into memory when it is at most
+    /// [`READ_LIMIT`] bytes (practically every binary and debug file), mapped
+    /// read-only above that.
     ///
-    /// The mapping is private and read-only; like every tool that maps
-    /// binaries (samply, libunwindstack), reading it after the file was
-    /// truncated by someone else would fault.
+    /// Reading rather than mapping is what keeps the daemon alive when a
+    /// profiled program's file is truncated or rewritten in place while we
+    /// hold it (a `cp` over a library, a rebuild): a read copy is ours, while
+    /// touching a mapping of the shrunk file would kill the daemon with
+    /// SIGBUS and lose every session's data. Only files above the limit keep
+    /// that residual risk, as in samply and libunwindstack.
     pub fn map(file: &File) -> std::io::Result<FileBytes> {
+        use std::os::unix::fs::FileExt;
+        let len = file.metadata()?.len();
+        if len <= READ_LIMIT {
+            let mut buf = vec![0u8; len as usize];
+            file.read_exact_at(&mut buf, 0)?;
+            return Ok(FileBytes::Owned(buf));
+        }
         // SAFETY: the mapping is read-only and private; we never hand out
         // mutable access. The residual risk (the file truncated underneath
         // us) is documented above.
@@ -276,6 +291,28 @@ pub fn parse_elf(bytes: &Arc<FileBytes>) -> Result<ElfInfo, ElfError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_loaded_file_survives_truncation() {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!("hp-elf-trunc-{}", std::process::id()));
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&vec![0xabu8; 1 << 20]).unwrap();
+        drop(f);
+        let file = File::open(&path).unwrap();
+        let bytes = FileBytes::map(&file).unwrap();
+        // Someone rewrites the file in place: with a mapping, reading the
+        // now-missing pages would raise SIGBUS and kill the daemon.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        assert!(bytes.iter().all(|&b| b == 0xab));
+        std::fs::remove_file(&path).unwrap();
+    }
+
     use super::*;
 
     fn seg(vaddr: u64, offset: u64, size: u64, exec: bool) -> LoadSegment {
