@@ -2,8 +2,15 @@
 //! allocation sites by self bytes, inclusive bytes and unreleased bytes.
 //!
 //! A "site" is a function (the frame's display name and location); self
-//! values count the stacks whose allocating (last) frame it is, inclusive
-//! values every stack it appears in (once per stack, even when recursive).
+//! values count the stacks whose allocating frame it is, inclusive values
+//! every stack it appears in (once per stack, even when recursive).
+//!
+//! The allocating frame is the innermost frame that is not allocator
+//! plumbing: `operator new`, the C++ standard library's allocators and
+//! containers, Rust's `alloc` crate (see [`is_allocator_frame`]). Like
+//! heaptrack, a `std::vector` growth is charged to the code that grew the
+//! vector, not to `operator new`; the frames skipped are kept in the stack
+//! and named in the site's `via`.
 
 use std::collections::HashSet;
 use std::io::{self, Write};
@@ -57,6 +64,44 @@ pub struct Site {
     /// The callers of this site in the heaviest stack through it, outermost
     /// first, ending with the site itself.
     pub heaviest_stack: Vec<String>,
+    /// For self sites: the allocator frame the site allocated through (the
+    /// stack's innermost frame), when it is not the site itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+}
+
+/// Whether a frame is allocator plumbing rather than the code that decided
+/// to allocate: `operator new`/`delete`, C++ standard library code
+/// (`std::`, `__gnu_cxx::`), Rust's `alloc` crate and allocator shims.
+pub fn is_allocator_frame(f: &ResolvedFrame) -> bool {
+    let Some(name) = f.function.as_deref() else {
+        return false;
+    };
+    const PREFIXES: [&str; 10] = [
+        "operator new",
+        "operator delete",
+        "std::",
+        "__gnu_cxx::",
+        "alloc::",
+        "<alloc::",
+        "__rust_alloc",
+        "__rust_realloc",
+        "__rdl_",
+        "__rg_",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Index of the frame a stack's allocation is charged to (see the module
+/// docs); the leaf when every frame is allocator plumbing.
+pub fn allocating_frame(frames: &[ResolvedFrame]) -> Option<usize> {
+    let leaf = frames.len().checked_sub(1)?;
+    Some(
+        (0..=leaf)
+            .rev()
+            .find(|&i| !is_allocator_frame(&frames[i]))
+            .unwrap_or(leaf),
+    )
 }
 
 /// Summary of one heap of one process.
@@ -140,7 +185,10 @@ fn top_sites(
                 .filter(|f| seen.insert(site_key(f)))
                 .collect()
         } else {
-            c.frames.last().into_iter().collect()
+            allocating_frame(&c.frames)
+                .map(|i| &c.frames[i])
+                .into_iter()
+                .collect()
         };
         let mut one = Totals::default();
         one.add(c);
@@ -179,6 +227,11 @@ fn top_sites(
                     .map(ResolvedFrame::display_name)
                     .collect()
             },
+            via: (!inclusive)
+                .then(|| h.callstacks[a.heaviest.1].frames.last())
+                .flatten()
+                .filter(|leaf| site_key(leaf) != site_key(&a.first))
+                .map(ResolvedFrame::display_name),
         })
         .collect();
     sites.sort_by(|a, b| {
@@ -304,6 +357,9 @@ fn write_sites(
         if let Some(l) = &s.location {
             write!(out, " ({l})")?;
         }
+        if let Some(v) = &s.via {
+            write!(out, " via {v}")?;
+        }
         writeln!(out)?;
         if let Some(m) = &s.module {
             writeln!(out, "          in {m}")?;
@@ -417,4 +473,43 @@ pub fn write_text(r: &Report, out: &mut impl Write) -> io::Result<()> {
         writeln!(out, "\nwarning: {w}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str) -> ResolvedFrame {
+        ResolvedFrame {
+            function: Some(name.to_owned()),
+            ..ResolvedFrame::default()
+        }
+    }
+
+    #[test]
+    fn allocations_are_charged_past_allocator_plumbing() {
+        let cxx = [
+            frame("main"),
+            frame("grow_cache"),
+            frame("std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>"),
+            frame("std::__new_allocator<int>::allocate(unsigned long, void const*)"),
+            frame("operator new(unsigned long)"),
+        ];
+        assert_eq!(allocating_frame(&cxx), Some(1));
+        let rust = [
+            frame("app::load"),
+            frame("alloc::raw_vec::RawVec<T,A>::grow_one"),
+            frame("__rust_alloc"),
+        ];
+        assert_eq!(allocating_frame(&rust), Some(0));
+        // A plain C caller of malloc is its own site.
+        assert_eq!(allocating_frame(&[frame("main"), frame("leak")]), Some(1));
+        // Nothing but plumbing (or no names): the leaf.
+        assert_eq!(
+            allocating_frame(&[frame("operator new(unsigned long)")]),
+            Some(0)
+        );
+        assert_eq!(allocating_frame(&[ResolvedFrame::default()]), Some(0));
+        assert_eq!(allocating_frame(&[]), None);
+    }
 }
