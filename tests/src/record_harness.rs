@@ -59,6 +59,8 @@ pub fn release_bins() -> &'static ReleaseBins {
                 client_so: d.join("libheapprofd_client.so"),
             };
             if bins.heapprofd.is_file() && bins.client_so.is_file() {
+                eprintln!("record tests: using {}", bins.heapprofd.display());
+                warn_if_stale(&bins);
                 return bins;
             }
         }
@@ -67,6 +69,38 @@ pub fn release_bins() -> &'static ReleaseBins {
              run `cargo build --release` first (with the same CARGO_TARGET_DIR as the tests)"
         );
     })
+}
+
+/// Warns (loudly, without failing: CI builds right before testing) when a
+/// binary is older than the newest source file it is built from.
+fn warn_if_stale(bins: &ReleaseBins) {
+    fn newest(dir: &Path, t: &mut std::time::SystemTime) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                newest(&p, t);
+            } else if p.extension().is_some_and(|x| x == "rs")
+                && let Ok(m) = e.metadata().and_then(|m| m.modified())
+            {
+                *t = (*t).max(m);
+            }
+        }
+    }
+    let mut src = std::time::SystemTime::UNIX_EPOCH;
+    for c in ["daemon", "client", "unwinder", "shmem", "proto"] {
+        newest(&workspace_root().join(c).join("src"), &mut src);
+    }
+    for b in [&bins.heapprofd, &bins.client_so] {
+        if let Ok(m) = std::fs::metadata(b).and_then(|m| m.modified())
+            && m < src
+        {
+            eprintln!(
+                "WARNING: {} is older than the newest source file: the record tests test \
+                 a stale build; run `cargo build --release` first",
+                b.display()
+            );
+        }
+    }
 }
 
 /// A `heapprofd-rs` command (release build).
