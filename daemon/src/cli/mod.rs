@@ -70,9 +70,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size `{s}` is too large"))
 }
 
-/// Formats a byte count for people: `512 B`, `12.3 KiB`, `4.0 MiB`.
+/// Formats a byte count for people: `512 B`, `12.34 KiB`, `4.00 MiB`.
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;
     let mut u = 0;
     while v >= 1024.0 && u + 1 < UNITS.len() {
@@ -82,7 +82,7 @@ pub fn human_bytes(n: u64) -> String {
     if u == 0 {
         format!("{n} B")
     } else {
-        format!("{v:.1} {}", UNITS[u])
+        format!("{v:.2} {}", UNITS[u])
     }
 }
 
@@ -118,7 +118,7 @@ mod tests {
     #[test]
     fn human() {
         assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(4 << 20), "4.0 MiB");
+        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(human_bytes(4 << 20), "4.00 MiB");
     }
 }

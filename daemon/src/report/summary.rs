@@ -19,6 +19,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::Filter;
+use crate::cli::human_bytes;
 use crate::trace::{CallstackValues, HeapProfile, ResolvedFrame, TraceData};
 
 /// Summed values.
@@ -308,21 +309,6 @@ pub fn build_report(trace: &str, data: &TraceData, filter: &Filter, top: usize) 
         heaps,
         warnings: data.warnings.clone(),
     }
-}
-
-/// `1.50 MiB`-style sizes.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.2} {}", UNITS[u])
 }
 
 fn percent(part: u64, whole: u64) -> f64 {
