@@ -10,7 +10,9 @@
 //!    reader sleeps, it wakes the reader (the client pokes a socket).
 //! 3. The reader drains records with [`Reader::read`]. When it finds nothing
 //!    it calls [`RingBuffer::pause_reader`], reads once more, and sleeps only
-//!    if that read is still empty.
+//!    if that read is still empty, and never longer than a polling period:
+//!    the wake-up protocol has no fence on the writer's side, so a rare
+//!    race can leave a record unannounced until the next poll.
 //!
 //! # Guarantees
 //! * Records are committed atomically: the header, written last with release
