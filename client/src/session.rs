@@ -403,13 +403,69 @@ fn coarse_now_ns() -> u64 {
         .wrapping_add(ts.tv_nsec as u64)
 }
 
+/// One page mapped with `MADV_WIPEONFORK` holding a non-zero byte: it reads
+/// non-zero in this process and in anything sharing our memory (threads,
+/// vfork and `clone(CLONE_VM)` children, whose allocations really are made
+/// in our heap), and zero in a child forked without our atfork handler (a
+/// raw `fork` syscall), whose copy of the session must stay silent. Null
+/// until first used; `usize::MAX` when the kernel refused the madvise.
+static FORK_PAGE: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Whether the calling process owns the session `s` (see [`FORK_PAGE`]).
+/// One load on the sampled paths; a `getpid` system call only on kernels
+/// without `MADV_WIPEONFORK` (before 4.14).
+#[inline]
+fn owns_session(s: &Session) -> bool {
+    let mut p = FORK_PAGE.load(Ordering::Acquire);
+    if p.is_null() {
+        p = init_fork_page();
+    }
+    if p as usize == usize::MAX {
+        // SAFETY: getpid has no preconditions.
+        return unsafe { libc::getpid() } == s.pid;
+    }
+    // SAFETY: a page we mapped and never unmap.
+    unsafe { p.read_volatile() != 0 }
+}
+
+#[cold]
+fn init_fork_page() -> *mut u8 {
+    // SAFETY: a fresh anonymous page; madvise on it alone.
+    let page = unsafe {
+        let p = libc::mmap(
+            core::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            usize::MAX as *mut u8
+        } else if libc::madvise(p, 4096, libc::MADV_WIPEONFORK) != 0 {
+            libc::munmap(p, 4096);
+            usize::MAX as *mut u8
+        } else {
+            p.cast::<u8>().write_volatile(1);
+            p.cast::<u8>()
+        }
+    };
+    match FORK_PAGE.compare_exchange(core::ptr::null_mut(), page, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => page,
+        Err(winner) => {
+            if page as usize != usize::MAX {
+                // SAFETY: our own page, never published.
+                unsafe { libc::munmap(page.cast(), 4096) };
+            }
+            winner
+        }
+    }
+}
+
 /// A sampled allocation on the calling thread (guard held by the caller).
 pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: usize, ss: u64) {
     let Some(s) = acquire(mode_word) else { return };
-    // vfork children and clone(CLONE_VM) processes share our memory: only the
-    // process that owns the session records.
-    // SAFETY: getpid has no preconditions.
-    if unsafe { libc::getpid() } == s.pid && s.record_malloc(g.thread(), addr, size, ss) {
+    if owns_session(s) && s.record_malloc(g.thread(), addr, size, ss) {
         FREE_SET.insert(addr as u64);
     }
     release(s);
@@ -426,8 +482,7 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
         return false;
     };
     let mut found = false;
-    // SAFETY: getpid has no preconditions.
-    if unsafe { libc::getpid() } == s.pid {
+    if owns_session(s) {
         match set.remove(addr) {
             Removal::Found => {
                 found = true;

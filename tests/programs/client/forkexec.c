@@ -29,8 +29,9 @@ static void *bg(void *arg) {
 }
 
 // A clone(CLONE_VM) child: another process sharing our memory (and, without
-// CLONE_SETTLS, this thread's TLS). It allocates and frees; none of it may
-// be recorded. The parent waits for it without allocating.
+// CLONE_SETTLS, this thread's TLS). Its allocations are made in our heap, so
+// they are recorded in our session (as a vfork child's would be), each with
+// its free. The parent waits for it without allocating.
 static int clone_child(void *arg) {
   (void)arg;
   for (int j = 0; j < 100; j++) { sink = malloc(CLONE_CHILD_SIZE); free(sink); }
