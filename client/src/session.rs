@@ -362,6 +362,14 @@ impl Session {
         if !self.wake_if(wake) {
             self.teardown(None);
         }
+        // The next sample of a thread usually has a stack like this one:
+        // start owning those ring lines now, while the program runs on.
+        // (Large copies use non-temporal stores, which need no ownership;
+        // prefetching those would only evict the program's data.)
+        if stack_len < capture::NT_COPY_MIN {
+            self.rb()
+                .prefetch_next(MallocHeader::ENCODED_LEN + stack_len);
+        }
         true
     }
 
@@ -450,7 +458,12 @@ fn init_fork_page() -> *mut u8 {
             p.cast::<u8>()
         }
     };
-    match FORK_PAGE.compare_exchange(core::ptr::null_mut(), page, Ordering::AcqRel, Ordering::Acquire) {
+    match FORK_PAGE.compare_exchange(
+        core::ptr::null_mut(),
+        page,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
         Ok(_) => page,
         Err(winner) => {
             if page as usize != usize::MAX {
