@@ -1,5 +1,6 @@
 //! Passes the linker version script that limits the cdylib's exports to the
-//! glibc malloc family (see `exports.map`).
+//! glibc malloc family (see `exports.map`), and `-Bsymbolic-functions` so the
+//! library's own references to its hooks bind locally.
 
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
@@ -11,5 +12,10 @@ fn main() {
             "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
             map.display()
         );
+        // References to our own exported hooks (their addresses, and hooks
+        // calling hooks) bind to our definitions, not to whatever a global
+        // lookup finds: a library loaded by an attach does not interpose, and
+        // its GOT patching needs the addresses of its own functions.
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     }
 }

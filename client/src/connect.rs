@@ -7,7 +7,10 @@
 //! as the session's watcher: it sleeps in `poll` on the socket and tears the
 //! session down when the daemon closes it or dies, so the hooks go back to
 //! pass-through even if the program never allocates again (and a writer
-//! blocked on a full buffer is released).
+//! blocked on a full buffer is released). In a process where the library
+//! does not interpose (attach), the watcher also patches the GOTs when the
+//! session starts, patches objects loaded later, and restores every entry
+//! when the session ends, before the thread exits (`got`).
 //!
 //! Threads are created with `pthread_create` directly, not `std::thread`:
 //! std's thread bookkeeping uses global-dynamic TLS, which must not be linked
@@ -290,10 +293,17 @@ pub(crate) fn watch(s: &'static session::Session) {
             events: libc::POLLIN | libc::POLLRDHUP,
             revents: 0,
         };
+        // While the GOTs are patched, objects loaded meanwhile are looked
+        // for on every timeout.
+        let timeout = if crate::got::is_active() {
+            crate::got::POLL_MS
+        } else {
+            1000
+        };
         // SAFETY: one valid pollfd; the socket stays open while we hold our
         // writer reference. The timeout bounds how long a retired session
         // keeps this thread.
-        let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout) };
         if n < 0 {
             if crate::errno() == libc::EINTR {
                 continue;
@@ -302,6 +312,7 @@ pub(crate) fn watch(s: &'static session::Session) {
             break;
         }
         if n == 0 {
+            crate::got::poll_new_objects();
             continue;
         }
         if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP | libc::POLLNVAL) != 0 {
@@ -384,7 +395,19 @@ extern "C" fn thread_main(arg: *mut c_void) -> *mut c_void {
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"heapprofd-rs".as_ptr()) };
     let session = job.session.or_else(|| connect(&job.path, job.flags));
     match session {
-        Some(s) => watch(s),
+        Some(s) => {
+            // Loaded without interposing (attach): redirect the program's
+            // GOT entries for the session, and put them back after it.
+            if crate::got::on_session_start().is_err() {
+                crate::log(
+                    b"heapprofd-rs: ",
+                    b"the program's malloc is not glibc's; profiling refused",
+                );
+                s.teardown(None);
+            }
+            watch(s);
+            crate::got::on_session_end();
+        }
         None => {
             let _ = session::STATE.compare_exchange(
                 CONNECTING,

@@ -8,10 +8,13 @@
 //!    `/proc/self/maps` (all need allocation-free or guarded contexts, so
 //!    they are done once, here);
 //! 2. registers a `pthread_atfork` child handler;
-//! 3. installs the activation signal handler (signal 36, `__SIGRTMIN + 4`,
-//!    as Android's heapprofd) unless `HEAPPROFD_NO_SIGNAL=1` or the program
-//!    already has a handler for it (only a `SIG_DFL` disposition is replaced;
-//!    a program that installs its own handler later simply wins);
+//! 3. decides whether the library interposes the program's malloc (it was
+//!    preloaded) or not (it was `dlopen`ed by an attach: sessions then patch
+//!    the GOTs, see `got`), and, only if it interposes, installs the
+//!    activation signal handler (signal 36, `__SIGRTMIN + 4`, as Android's
+//!    heapprofd) unless `HEAPPROFD_NO_SIGNAL=1` or the program already has a
+//!    handler for it (only a `SIG_DFL` disposition is replaced; a program
+//!    that installs its own handler later simply wins);
 //! 4. if `HEAPPROFD_SOCKET` is set, connects: synchronously with
 //!    `HEAPPROFD_BLOCKING_INIT=1` (start-up allocations are not missed),
 //!    otherwise on a new thread.
@@ -56,10 +59,16 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     crate::real::resolve_usable_size();
     crate::capture::set_main_stack(crate::procmaps::main_stack());
     crate::capture::resolve_tls_static_size();
+    crate::got::decide_interposing();
+    crate::attach::keep_entry();
     // SAFETY: registering a handler that is valid for the process lifetime
     // (the library is never unloaded while a session may run).
     unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
-    if !crate::env_is_1(c"HEAPPROFD_NO_SIGNAL") {
+    // A library that does not interpose (loaded by an attach) never sees the
+    // allocation that would act on a pending activation: the daemon calls
+    // `attach::heapprofd_rs_remote_attach` instead, and the program's
+    // disposition of the signal is left alone.
+    if crate::got::interposing() && !crate::env_is_1(c"HEAPPROFD_NO_SIGNAL") {
         install_signal_handler();
     }
     if crate::getenv_bytes(SOCKET_ENV).is_none() {

@@ -30,15 +30,21 @@
 //! [`hooks`] (the exported functions) → [`sampler`] (the decision) →
 //! `session` (state machine, record writing, teardown) → [`capture`]
 //! (registers, stack bounds) and [`freeset`] (live sampled addresses);
-//! `connect` (handshake, watcher thread), `init` (constructor, signal, fork).
+//! `connect` (handshake, watcher thread), `init` (constructor, signal, fork);
+//! `attach` (the entry point the daemon calls in a running process) and
+//! `got` (GOT patching when the library was loaded without interposing) and
+//! `dlhook` (its `dlopen` hook).
 //!
 //! Linking the rlib into a program interposes that program's malloc with
 //! these hooks and installs [`real::LibcAlloc`] as its Rust allocator; the
 //! rlib exists for the crate's own tests and for other client flavours.
 
+mod attach;
 pub mod capture;
 mod connect;
+mod dlhook;
 pub mod freeset;
+mod got;
 pub mod hooks;
 mod init;
 pub mod procmaps;

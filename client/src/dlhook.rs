@@ -1,0 +1,116 @@
+//! The `dlopen` hook of a patched process: objects loaded later get patched.
+//!
+//! glibc's `dlopen` looks at its return address to find the calling object
+//! (its namespace, `RUNPATH` and `$ORIGIN`), so a wrapper that calls it
+//! would change what gets loaded. The hook is a few instructions of
+//! assembly: it asks [`dlopen_decide`] whether the file name needs no search
+//! and no substitution (it has a `/` and no `$`); then the result does not
+//! depend on the caller and the call goes to [`dlopen_wrapped`], which calls
+//! glibc's `dlopen` and patches the new objects right away. Every other call
+//! is a tail jump to glibc's `dlopen`, which then sees the caller's own
+//! return address; the watcher's poll of `dlpi_adds` patches those objects
+//! a moment later (see `got`).
+
+use core::ffi::{CStr, c_char, c_int, c_void};
+use core::sync::atomic::Ordering;
+
+use crate::got::REAL_DLOPEN;
+
+/// Whether the hook should wrap this call (1) or tail-jump to glibc (0):
+/// only names that need no search and no substitution, while patched.
+extern "C" fn dlopen_decide(file: *const c_char) -> u32 {
+    if file.is_null() || REAL_DLOPEN.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
+    // SAFETY: dlopen's argument is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(file) }.to_bytes();
+    u32::from(name.contains(&b'/') && !name.contains(&b'$'))
+}
+
+type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
+
+/// A wrapped `dlopen`: glibc's, then the new objects are patched.
+extern "C" fn dlopen_wrapped(file: *const c_char, mode: c_int) -> *mut c_void {
+    let real = REAL_DLOPEN.load(Ordering::SeqCst);
+    if real == 0 {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: REAL_DLOPEN is glibc's dlopen (set from dlsym), called with
+    // the caller's arguments.
+    let h = unsafe { core::mem::transmute::<usize, DlopenFn>(real)(file, mode) };
+    if !h.is_null() {
+        crate::got::after_dlopen();
+    }
+    h
+}
+
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".pushsection .text.heapprofd_rs_dlopen_hook,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl heapprofd_rs_dlopen_hook",
+    ".hidden heapprofd_rs_dlopen_hook",
+    ".type heapprofd_rs_dlopen_hook, @function",
+    "heapprofd_rs_dlopen_hook:",
+    ".cfi_startproc",
+    "push rdi",
+    ".cfi_adjust_cfa_offset 8",
+    "push rsi",
+    ".cfi_adjust_cfa_offset 8",
+    "sub rsp, 8",
+    ".cfi_adjust_cfa_offset 8",
+    "call {decide}",
+    "add rsp, 8",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rsi",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rdi",
+    ".cfi_adjust_cfa_offset -8",
+    "test eax, eax",
+    "jnz 2f",
+    "jmp qword ptr [rip + {real}]",
+    "2:",
+    "jmp {wrapped}",
+    ".cfi_endproc",
+    ".size heapprofd_rs_dlopen_hook, . - heapprofd_rs_dlopen_hook",
+    ".popsection",
+    decide = sym dlopen_decide,
+    real = sym REAL_DLOPEN,
+    wrapped = sym dlopen_wrapped,
+);
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" {
+    fn heapprofd_rs_dlopen_hook();
+}
+
+/// Address of the `dlopen` hook (0 where there is none: objects loaded by
+/// `dlopen` are then found by the watcher's poll only).
+pub(crate) fn dlopen_hook_addr() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        heapprofd_rs_dlopen_hook as *const () as usize
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dlopen_decide as *const (), dlopen_wrapped as *const ());
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decide_wraps_only_plain_paths() {
+        REAL_DLOPEN.store(1, Ordering::SeqCst);
+        assert_eq!(dlopen_decide(c"/usr/lib/libx.so".as_ptr()), 1);
+        assert_eq!(dlopen_decide(c"./libx.so".as_ptr()), 1);
+        assert_eq!(dlopen_decide(c"libx.so".as_ptr()), 0);
+        assert_eq!(dlopen_decide(c"$ORIGIN/libx.so".as_ptr()), 0);
+        assert_eq!(dlopen_decide(core::ptr::null()), 0);
+        REAL_DLOPEN.store(0, Ordering::SeqCst);
+        assert_eq!(dlopen_decide(c"/usr/lib/libx.so".as_ptr()), 0);
+    }
+}
