@@ -7,6 +7,8 @@
 //!    comparator under a Rust recursion, about 30 frames, unwound again
 //!    and again with one `ProcessContext` (module cache and framehop rule
 //!    cache warm). Reported as unwinds/s on one core.
+//!    Then the same with `unwind_raw` (addresses only, the daemon's hot
+//!    path).
 //! 2. **warm symbolization**: `symbolize_frame` of every frame of that
 //!    sample after the first pass (a per-module cache lookup).
 //! 3. **cold start**: a fresh `ModuleCache`; parse libc for unwinding, then
@@ -19,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use heapprofd_unwinder::{
-    Arch, FdMaps, FdMemory, Frame, ModuleCache, ProcessContext, UnwindResult,
+    Arch, FdMaps, FdMemory, Frame, ModuleCache, ProcessContext, RawUnwind, UnwindResult,
 };
 
 #[path = "../tests/integration_tests/selfcapture.rs"]
@@ -127,6 +129,27 @@ fn main() {
         per,
         1e9 / per,
         per / frames as f64
+    );
+
+    // 1b. The hot-path API: addresses only, into a reused buffer.
+    let mut raw = RawUnwind::default();
+    let (n, dt) = time_loop(budget, || {
+        ctx.unwind_raw(
+            Arch::X86_64,
+            &sample.regs,
+            sample.sp,
+            &sample.stack,
+            0..0,
+            &mut raw,
+        );
+        black_box(&raw);
+    });
+    let per = dt.as_nanos() as f64 / n as f64;
+    println!(
+        "warm unwind_raw: {n} unwinds in {:.2?}: {:.0} ns/unwind, {:.1} ns/frame",
+        dt,
+        per,
+        per / raw.pcs.len().max(1) as f64
     );
 
     // 2. Warm symbolization (every frame was symbolized above).

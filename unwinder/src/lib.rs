@@ -25,6 +25,17 @@
 //!    Perfetto's `Frame.rel_pc` and offline symbolizers expect) and an
 //!    `Arc<`[`Mapping`]`>` with what a Perfetto `Mapping` needs (path, build
 //!    id, start/end/offset, load bias).
+//!    A profiler that sees the same stacks again and again uses the hot-path
+//!    pair instead: [`ProcessContext::unwind_raw`] walks into a reused
+//!    [`RawUnwind`] (absolute pcs, client frames dropped, the walk's error;
+//!    no mapping lookup, no `Arc` clone, no allocation), and
+//!    [`ProcessContext::resolve_pc`] gives a pc's mapping and `rel_pc` only
+//!    for the pcs the caller has not cached. A pc in no known mapping is the
+//!    caller's cue for [`ProcessContext::refresh_maps_for`] (rate-limited
+//!    re-read of the maps; `true` means the mappings changed: forget cached
+//!    pcs and unwind the sample again); a pc still unmapped cuts the stack
+//!    with [`UnwindErrorKind::InvalidMap`]. `unwind` is exactly this, with a
+//!    [`Frame`] built per pc.
 //! 4. To name a frame call [`ProcessContext::symbolize_frame`] (or
 //!    [`Module::symbolize`] with a `rel_pc`). It returns the inline chain,
 //!    innermost first, as a shared `Arc<[`[`SymbolFrame`]`]>`. Answers are cached per module
@@ -118,6 +129,6 @@ pub use memory::{
 pub use perfmap::PerfMap;
 pub use process::{Mapping, ProcessContext, ProcessOptions, ProcessStats};
 pub use symbols::{SymbolFrame, SymbolSources, SymbolizeOptions};
-pub use unwind::{Frame, UnwindErrorKind, UnwindResult};
+pub use unwind::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
 
 pub use heapprofd_proto::wire::{Arch, RegisterFile};

@@ -28,7 +28,7 @@ use crate::maps::{self, MapEntry};
 use crate::memory::{MapsSource, ProcessMemory};
 use crate::perfmap::{self, PerfMap};
 use crate::symbols::{SymbolFrame, lock};
-use crate::unwind::{Frame, UnwindErrorKind};
+use crate::unwind::{Frame, RawUnwind, UnwindErrorKind};
 
 /// One mapping of the process, with what a Perfetto `Mapping` needs.
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ impl Default for ProcessOptions {
 /// Counters of one process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcessStats {
-    /// Calls to `unwind`.
+    /// Calls to `unwind` (not counted: [`ProcessContext::unwind_raw`]).
     pub unwinds: u64,
     /// Frames returned (error frames excluded).
     pub frames: u64,
@@ -161,7 +161,9 @@ pub struct ProcessContext {
     /// for (the rate limit runs from there).
     last_fruitless_reparse: Option<Instant>,
     pub(crate) stats: ProcessStats,
-    pub(crate) scratch: Vec<(u64, bool)>,
+    pub(crate) raw_scratch: RawUnwind,
+    /// Highest end of an executable mapping (aarch64 pointer-auth mask).
+    pub(crate) max_code: u64,
     perf_map: Mutex<Option<(PerfMap, Instant)>>,
 }
 
@@ -210,7 +212,8 @@ impl ProcessContext {
             cache_aarch64: None,
             last_fruitless_reparse: None,
             stats: ProcessStats::default(),
-            scratch: Vec::with_capacity(64),
+            raw_scratch: RawUnwind::default(),
+            max_code: 0,
             perf_map: Mutex::new(None),
         };
         ctx.read_maps();
@@ -299,6 +302,13 @@ impl ProcessContext {
             new.push(m);
         }
         self.mappings = new;
+        self.max_code = self
+            .mappings
+            .iter()
+            .filter(|m| m.exec)
+            .map(|m| m.end)
+            .max()
+            .unwrap_or(0);
         self.modules = self
             .mappings
             .iter()

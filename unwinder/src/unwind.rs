@@ -7,9 +7,12 @@
 //! looked up at `address - 1` (the call instruction), the first frame at its
 //! pc.
 //!
-//! The walk and the mapping lookups are two passes: when a frame falls in
-//! no known mapping, the maps are read again (rate limited) and, if they
-//! changed (a `dlopen`), the walk is redone once with the new modules.
+//! The walk ([`ProcessContext::unwind_raw`]: addresses only, into a reused
+//! buffer) and the mapping lookups ([`ProcessContext::resolve_pc`]) are
+//! separate, so a caller that caches what pcs mean looks up only new ones.
+//! When a pc falls in no known mapping, the maps are read again (rate
+//! limited, [`ProcessContext::refresh_maps_for`]) and, if they changed (a
+//! `dlopen`), the walk is redone once with the new modules.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -127,6 +130,40 @@ impl UnwindResult {
     }
 }
 
+/// The addresses of one unwound sample, without mappings: what
+/// [`ProcessContext::unwind_raw`] fills in.
+///
+/// Reuse one value for many samples: its vector keeps its capacity, so the
+/// hot path allocates nothing.
+#[derive(Debug, Clone, Default)]
+pub struct RawUnwind {
+    /// Absolute pcs, leaf first, leading client-library frames dropped.
+    pub pcs: Vec<u64>,
+    /// Whether `pcs[0]` is a return address (looked up at `pc - 1`): true
+    /// unless the first frame of the walk (the interrupted pc) was kept.
+    /// Every later entry is a return address.
+    pub leaf_is_return: bool,
+    /// Why the walk stopped early: a framehop error (classified), the frame
+    /// limit, or bad registers. Never [`UnwindErrorKind::InvalidMap`]: the
+    /// walk does not look pcs up in the mappings (see
+    /// [`ProcessContext::resolve_pc`]).
+    pub error: Option<UnwindErrorKind>,
+}
+
+impl RawUnwind {
+    /// The address to symbolize of frame `i`: its pc for the interrupted
+    /// pc, `pc - 1` (the call instruction) for return addresses.
+    #[inline]
+    pub fn lookup_pc(&self, i: usize) -> u64 {
+        let pc = self.pcs[i];
+        if i == 0 && !self.leaf_is_return {
+            pc
+        } else {
+            pc.wrapping_sub(1)
+        }
+    }
+}
+
 /// How a walk ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WalkEnd {
@@ -147,6 +184,12 @@ impl ProcessContext {
     ///   first frame is the user's call site: the function that called
     ///   `malloc`/`new` (C++ `operator new` in libstdc++ stays as a frame).
     ///   An empty range drops nothing.
+    ///
+    /// Built on [`ProcessContext::unwind_raw`] and
+    /// [`ProcessContext::resolve_pc`]: the stack is cut at the first pc in no
+    /// known mapping (after one rate-limited re-read of the maps, see
+    /// [`ProcessContext::refresh_maps_for`], and then a second walk if they
+    /// changed), which ends it in [`UnwindErrorKind::InvalidMap`].
     pub fn unwind(
         &mut self,
         arch: Arch,
@@ -156,36 +199,30 @@ impl ProcessContext {
         skip: Range<u64>,
     ) -> UnwindResult {
         let t0 = Instant::now();
-        let mut end = self.walk(arch, regs, stack_pointer, stack);
-        let mut unmapped = self.first_unmapped();
-        if unmapped.is_some() && self.may_reparse() {
-            if self.reparse() {
-                end = self.walk(arch, regs, stack_pointer, stack);
-                unmapped = self.first_unmapped();
-            }
-            self.reparse_result(unmapped.is_none());
-        }
-        let mut error = match end {
-            WalkEnd::Root => None,
-            WalkEnd::MaxFrames => Some(UnwindErrorKind::MaxFramesExceeded),
-            WalkEnd::InvalidRegisters => Some(UnwindErrorKind::InvalidRegisters),
-            WalkEnd::Framehop(e) => Some(self.classify(e)),
+        let mut raw = std::mem::take(&mut self.raw_scratch);
+        self.unwind_raw(arch, regs, stack_pointer, stack, skip.clone(), &mut raw);
+        let first_unmapped = |ctx: &Self, raw: &RawUnwind| {
+            (0..raw.pcs.len()).find(|&i| ctx.resolve_pc(raw.pcs[i], raw.lookup_pc(i)).is_none())
         };
+        let mut unmapped = first_unmapped(self, &raw);
+        if let Some(i) = unmapped
+            && self.refresh_maps_for(raw.pcs[i])
+        {
+            self.unwind_raw(arch, regs, stack_pointer, stack, skip, &mut raw);
+            unmapped = first_unmapped(self, &raw);
+        }
+        let mut error = raw.error;
         if let Some(i) = unmapped {
-            self.scratch.truncate(i);
+            raw.pcs.truncate(i);
             error = Some(UnwindErrorKind::InvalidMap);
         }
-
-        let mut frames = Vec::with_capacity(self.scratch.len() + 1);
-        let mut skipping = !skip.is_empty();
-        for &(pc, is_return) in &self.scratch {
-            if skipping && skip.contains(&pc) {
-                continue;
-            }
-            skipping = false;
-            let lookup_pc = if is_return { pc.wrapping_sub(1) } else { pc };
-            let mapping = self.mapping_for(pc).cloned();
-            let rel_pc = mapping.as_ref().map_or(lookup_pc, |m| m.rel_pc(lookup_pc));
+        let mut frames = Vec::with_capacity(raw.pcs.len() + 1);
+        for (i, &pc) in raw.pcs.iter().enumerate() {
+            let lookup_pc = raw.lookup_pc(i);
+            let (mapping, rel_pc) = match self.resolve_pc(pc, lookup_pc) {
+                Some((m, rel_pc)) => (Some(Arc::clone(m)), rel_pc),
+                None => (None, lookup_pc),
+            };
             frames.push(Frame {
                 pc,
                 lookup_pc,
@@ -194,6 +231,7 @@ impl ProcessContext {
                 error: None,
             });
         }
+        self.raw_scratch = raw;
         self.stats.unwinds += 1;
         self.stats.frames += frames.len() as u64;
         if let Some(kind) = error {
@@ -206,18 +244,70 @@ impl ProcessContext {
         UnwindResult { frames, error }
     }
 
-    /// Index of the first walked address that is in no mapping.
-    fn first_unmapped(&self) -> Option<usize> {
-        self.scratch
-            .iter()
-            .position(|&(pc, _)| self.mapping_for(pc).is_none())
+    /// Unwinds one sample into `out`, addresses only: the hot path of a
+    /// profiler that caches what each pc means.
+    ///
+    /// Same walk as [`ProcessContext::unwind`] (same arguments, client
+    /// frames dropped by address range, at most
+    /// [`ProcessOptions::max_frames`](crate::ProcessOptions::max_frames)
+    /// frames walked, framehop errors classified), but no pc is looked up
+    /// in the mappings, nothing is allocated once `out` has grown, and
+    /// [`ProcessStats`](crate::ProcessStats) are not touched. The caller
+    /// resolves the pcs it has not seen with [`ProcessContext::resolve_pc`];
+    /// when one is in no known mapping it should call
+    /// [`ProcessContext::refresh_maps_for`] and, if that returns true, forget
+    /// what it cached and unwind the sample again; a pc still unmapped cuts
+    /// the stack there with [`UnwindErrorKind::InvalidMap`].
+    pub fn unwind_raw(
+        &mut self,
+        arch: Arch,
+        regs: &RegisterFile,
+        stack_pointer: u64,
+        stack: &[u8],
+        skip: Range<u64>,
+        out: &mut RawUnwind,
+    ) {
+        out.pcs.clear();
+        out.leaf_is_return = false;
+        let (end, last) = self.walk(arch, regs, stack_pointer, stack, skip, out);
+        out.error = match end {
+            WalkEnd::Root => None,
+            WalkEnd::MaxFrames => Some(UnwindErrorKind::MaxFramesExceeded),
+            WalkEnd::InvalidRegisters => Some(UnwindErrorKind::InvalidRegisters),
+            WalkEnd::Framehop(e) => Some(self.classify(e, last)),
+        };
     }
 
-    fn classify(&self, e: framehop::Error) -> UnwindErrorKind {
-        let last_has_cfi = self
-            .scratch
-            .last()
-            .and_then(|&(pc, _)| self.mapping_for(pc))
+    /// The mapping of a frame and the frame's `rel_pc` (ELF virtual address
+    /// of `lookup_pc`), or `None` when `pc` is in no known mapping. One
+    /// binary search over the mappings; no allocation.
+    #[inline]
+    pub fn resolve_pc(&self, pc: u64, lookup_pc: u64) -> Option<(&Arc<Mapping>, u64)> {
+        let m = self.mapping_for(pc)?;
+        Some((m, m.rel_pc(lookup_pc)))
+    }
+
+    /// `pc` is in no known mapping: re-reads the maps (a `dlopen` since the
+    /// last read) unless a re-read that did not find its address happened
+    /// within [`ProcessOptions::reparse_interval`](crate::ProcessOptions).
+    /// Returns whether the mappings changed: then every cached meaning of a
+    /// pc may be stale and the sample should be unwound again. A re-read
+    /// after which `pc` is still unmapped starts the rate limit.
+    pub fn refresh_maps_for(&mut self, pc: u64) -> bool {
+        if !self.may_reparse() {
+            return false;
+        }
+        let changed = self.reparse();
+        let found = changed && self.mapping_for(pc).is_some();
+        self.reparse_result(found);
+        changed
+    }
+
+    /// The error of a walk that framehop stopped; `last` is the last
+    /// address walked (client frames included).
+    fn classify(&self, e: framehop::Error, last: Option<u64>) -> UnwindErrorKind {
+        let last_has_cfi = last
+            .and_then(|pc| self.mapping_for(pc))
             .is_some_and(|m| m.has_unwind_info());
         match e {
             framehop::Error::CouldNotReadStack(_) if last_has_cfi => UnwindErrorKind::MemoryInvalid,
@@ -229,15 +319,17 @@ impl ProcessContext {
         }
     }
 
-    /// Walks the stack into `self.scratch` as (address, is_return_address).
+    /// Walks the stack into `out` (client frames dropped). Returns how the
+    /// walk ended and the last address walked.
     fn walk(
         &mut self,
         arch: Arch,
         regs: &RegisterFile,
         stack_pointer: u64,
         stack: &[u8],
-    ) -> WalkEnd {
-        self.scratch.clear();
+        skip: Range<u64>,
+        out: &mut RawUnwind,
+    ) -> (WalkEnd, Option<u64>) {
         let r = &regs.0;
         let (sp, pc) = match arch {
             Arch::X86_64 => (r[x86_64::RSP], r[x86_64::RIP]),
@@ -245,20 +337,14 @@ impl ProcessContext {
         };
         let stack_end = stack_pointer.saturating_add(stack.len() as u64);
         if pc == 0 || sp == 0 || (!stack.is_empty() && !(stack_pointer..=stack_end).contains(&sp)) {
-            return WalkEnd::InvalidRegisters;
+            return (WalkEnd::InvalidRegisters, None);
         }
         // The stack's own mapping: reads below the copy there are refused.
         let stack_map = self
             .mapping_for(stack_pointer)
             .map_or(stack_pointer..stack_pointer, |m| m.start..m.end);
         self.ensure_unwinder(arch);
-        let max_code = self
-            .mappings
-            .iter()
-            .filter(|m| m.exec)
-            .map(|m| m.end)
-            .max()
-            .unwrap_or(0);
+        let max_code = self.max_code;
         let memory: &dyn ProcessMemory = &*self.memory;
         let mut read = |addr: u64| -> Result<u64, ()> {
             if let Some(off) = addr.checked_sub(stack_pointer)
@@ -274,20 +360,26 @@ impl ProcessContext {
             }
             memory.read_u64(addr).map_err(|_| ())
         };
-        let max = self.options.max_frames;
-        let out = &mut self.scratch;
-        match (&self.unwinder, arch) {
+        let mut sink = Sink {
+            out,
+            skip,
+            skipping: true,
+            walked: 0,
+            last: None,
+            max: self.options.max_frames,
+        };
+        let end = match (&self.unwinder, arch) {
             (Some(ArchUnwinder::X86_64(u)), Arch::X86_64) => {
                 let Some(cache) = self.cache_x86_64.as_deref_mut() else {
-                    return WalkEnd::InvalidRegisters;
+                    return (WalkEnd::InvalidRegisters, None);
                 };
                 let regs = UnwindRegsX86_64::new(pc, sp, r[x86_64::RBP]);
                 let mut it = u.iter_frames(pc, regs, cache, &mut read);
-                collect(|| it.next(), out, max)
+                collect(|| it.next(), &mut sink)
             }
             (Some(ArchUnwinder::Aarch64(u)), Arch::Aarch64) => {
                 let Some(cache) = self.cache_aarch64.as_deref_mut() else {
-                    return WalkEnd::InvalidRegisters;
+                    return (WalkEnd::InvalidRegisters, None);
                 };
                 // Pointer-authentication bits are above the highest code
                 // address of the process (JIT code included).
@@ -302,25 +394,46 @@ impl ProcessContext {
                     r[aarch64::FP],
                 );
                 let mut it = u.iter_frames(pc, regs, cache, &mut read);
-                collect(|| it.next(), out, max)
+                collect(|| it.next(), &mut sink)
             }
             _ => WalkEnd::InvalidRegisters,
-        }
+        };
+        (end, sink.last)
     }
+}
+
+/// Where a walk's frames go: client frames dropped, the frame limit counted
+/// over every frame walked.
+struct Sink<'a> {
+    out: &'a mut RawUnwind,
+    skip: Range<u64>,
+    skipping: bool,
+    walked: usize,
+    last: Option<u64>,
+    max: usize,
 }
 
 fn collect(
     mut next: impl FnMut() -> Result<Option<FrameAddress>, framehop::Error>,
-    out: &mut Vec<(u64, bool)>,
-    max: usize,
+    sink: &mut Sink<'_>,
 ) -> WalkEnd {
     loop {
         match next() {
             Ok(Some(fa)) => {
-                if out.len() >= max {
+                if sink.walked >= sink.max {
                     return WalkEnd::MaxFrames;
                 }
-                out.push((fa.address(), fa.is_return_address()));
+                let pc = fa.address();
+                sink.walked += 1;
+                sink.last = Some(pc);
+                if sink.skipping {
+                    if sink.skip.contains(&pc) {
+                        continue;
+                    }
+                    sink.skipping = false;
+                    sink.out.leaf_is_return = fa.is_return_address();
+                }
+                sink.out.pcs.push(pc);
             }
             Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => return WalkEnd::Root,
             Err(e) => return WalkEnd::Framehop(e),
