@@ -441,11 +441,19 @@ fn forked_children_never_write_into_the_parent_session_clone_vm_children_do() {
     // A clone(CLONE_VM) child allocates in the parent's heap: its 100 blocks
     // are the parent's memory and are recorded, each with its free (a child
     // that does not share memory, above, never is).
-    let clone_blocks: Vec<&Rec> = recs.iter().filter(|r| r.malloc && r.size == 666_666).collect();
-    assert_eq!(clone_blocks.len(), 5 * 100, "clone(CLONE_VM) allocations of {pid}'s heap");
+    let clone_blocks: Vec<&Rec> = recs
+        .iter()
+        .filter(|r| r.malloc && r.size == 666_666)
+        .collect();
+    assert_eq!(
+        clone_blocks.len(),
+        5 * 100,
+        "clone(CLONE_VM) allocations of {pid}'s heap"
+    );
     for b in &clone_blocks {
         assert!(
-            recs.iter().any(|r| !r.malloc && r.addr == b.addr && r.seq > b.seq),
+            recs.iter()
+                .any(|r| !r.malloc && r.addr == b.addr && r.seq > b.seq),
             "no free after the clone child's block {b:?}"
         );
     }
