@@ -22,7 +22,7 @@ use heapprofd_shmem::ClientError as RingClientError;
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters, Op, SessionId, SessionStats};
 use crate::cli::human_bytes;
-use crate::profile::{ClientError, Interner, Profile};
+use crate::profile::{CallsiteId, ClientError, Interner, Profile};
 use crate::trace::{ClockReadings, TraceWriter, WriterConfig};
 
 /// What the bookkeeping thread needs to know.
@@ -153,6 +153,9 @@ struct Book {
     options: BookkeeperOptions,
     counters: Arc<Counters>,
     sessions: HashMap<SessionId, (u32, SessionStats)>,
+    /// Per session: its worker's stack ids -> callsites (see
+    /// [`super::stacks`]).
+    stacks: HashMap<SessionId, Vec<Option<CallsiteId>>>,
     ended: Vec<(u32, SessionStats)>,
     /// Messages of sessions held back behind an older session of their pid.
     deferred: HashMap<SessionId, Vec<BookMsg>>,
@@ -192,6 +195,7 @@ pub fn run(
         options,
         counters,
         sessions: HashMap::new(),
+        stacks: HashMap::new(),
         ended: Vec::new(),
         deferred: HashMap::new(),
         last_live_update: Instant::now(),
@@ -266,7 +270,7 @@ impl Book {
             BookMsg::Ops { id, ops, stats } => {
                 let pid = self.sessions.get(&id).map(|s| s.0);
                 if let Some(pid) = pid {
-                    self.apply(pid, ops);
+                    self.apply(id, pid, ops);
                     self.set_stats(id, pid, stats);
                 }
                 self.refresh_counters(false);
@@ -283,6 +287,7 @@ impl Book {
                 }
                 self.profile.flush(pid);
                 self.sessions.remove(&id);
+                self.stacks.remove(&id);
                 self.ended.push((pid, stats));
                 self.refresh_counters(true);
                 // Release the next session of this pid, if one was waiting.
@@ -302,9 +307,18 @@ impl Book {
         }
     }
 
-    fn apply(&mut self, pid: u32, ops: Vec<Op>) {
+    fn apply(&mut self, id: SessionId, pid: u32, ops: Vec<Op>) {
+        let stacks = self.stacks.entry(id).or_default();
         for op in ops {
             match op {
+                Op::Stack { id, frames } => {
+                    let callsite = self.profile.intern_callsite(&frames);
+                    let i = id as usize;
+                    if stacks.len() <= i {
+                        stacks.resize(i + 1, None);
+                    }
+                    stacks[i] = Some(callsite);
+                }
                 Op::Malloc {
                     heap,
                     seq,
@@ -313,16 +327,24 @@ impl Book {
                     sample_size,
                     timestamp_ns,
                     stack,
-                } => self.profile.malloc(
-                    pid,
-                    heap,
-                    seq,
-                    address,
-                    alloc_size,
-                    sample_size,
-                    timestamp_ns,
-                    &stack,
-                ),
+                } => {
+                    // Every id is defined before use; an undefined one
+                    // would be a worker bug, kept visible as an empty stack.
+                    let callsite = match stacks.get(stack as usize) {
+                        Some(&Some(c)) => c,
+                        _ => self.profile.intern_callsite(&[]),
+                    };
+                    self.profile.malloc_at(
+                        pid,
+                        heap,
+                        seq,
+                        address,
+                        alloc_size,
+                        sample_size,
+                        timestamp_ns,
+                        callsite,
+                    )
+                }
                 Op::Free { heap, seq, address } => self.profile.free(pid, heap, seq, address),
                 Op::HeapName {
                     heap,

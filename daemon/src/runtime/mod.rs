@@ -7,7 +7,8 @@
 //!        |  new session (after a blocking handshake on a blocking thread)
 //!        v
 //!  worker threads (N)           each owns its sessions: ring buffer reader +
-//!        |  Ops batches          unwinder ProcessContext; drains, unwinds, interns
+//!        |  Ops batches          unwinder ProcessContext + stack cache; drains,
+//!        |                       unwinds, interns new stacks (stack ids)
 //!        v
 //!  bookkeeping thread (1)       owns the Profile and the TraceWriter; applies
 //!                               ops, dumps on request, writes the trace
@@ -21,6 +22,7 @@ pub mod bookkeeper;
 pub mod handshake;
 pub mod record;
 pub mod server;
+pub mod stacks;
 pub mod symbolize;
 pub mod worker;
 
@@ -51,8 +53,18 @@ pub enum Op {
         sample_size: u64,
         /// CLOCK_MONOTONIC_COARSE of the allocation.
         timestamp_ns: u64,
+        /// The session's stack id, defined by an earlier [`Op::Stack`]
+        /// (see [`stacks`]).
+        stack: u32,
+    },
+    /// Defines (or redefines) a stack id of the session for the
+    /// operations that follow.
+    Stack {
+        /// The session's stack id ([`stacks::SCRATCH_STACK`] is redefined
+        /// before each use).
+        id: u32,
         /// Interned frames, outermost caller first.
-        stack: Vec<FrameId>,
+        frames: Box<[FrameId]>,
     },
     /// A free of a possibly sampled address.
     Free {

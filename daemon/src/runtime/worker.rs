@@ -22,6 +22,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
@@ -30,9 +31,10 @@ use heapprofd_shmem::{ReadOutcome, Reader, RingBuffer};
 use heapprofd_unwinder::ProcessContext;
 
 use super::handshake::{NewSession, has_exited};
+use super::stacks::{InternCtx, StackCache};
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats, UnwindHistogram};
-use crate::profile::{FrameId, Interner};
+use crate::profile::Interner;
 
 /// Records read from one session before the others get a turn.
 pub const BATCH: usize = 1000;
@@ -72,15 +74,16 @@ struct Session {
     /// Keeps the socket (and so the client's session) alive until we finish.
     _stream: std::os::unix::net::UnixStream,
     pidfd: Option<std::os::fd::OwnedFd>,
-    /// Per-pc expansion of a frame into its inline chain, innermost first.
-    pc_cache: HashMap<u64, Box<[FrameId]>>,
-    reparses_seen: u64,
+    /// Stacks and pcs unwound before (see [`StackCache`]).
+    stacks: StackCache,
     closed_at: Option<Instant>,
     stopping: bool,
     corrupt_records: u64,
     ring_corrupt: bool,
     hist: UnwindHistogram,
     samples: u64,
+    unwind_errors: u64,
+    unwind_time: Duration,
 }
 
 /// Options that shape how samples are turned into stacks.
@@ -140,14 +143,15 @@ pub fn run_worker(
                         client_text,
                         _stream: s.stream,
                         pidfd: s.pidfd,
-                        pc_cache: HashMap::new(),
-                        reparses_seen: 0,
+                        stacks: StackCache::default(),
                         closed_at: None,
                         stopping: false,
                         corrupt_records: 0,
                         ring_corrupt: false,
                         hist: UnwindHistogram::default(),
                         samples: 0,
+                        unwind_errors: 0,
+                        unwind_time: Duration::ZERO,
                     },
                 );
                 ready.push_back(id);
@@ -186,15 +190,12 @@ pub fn run_worker(
             let Some(session) = sessions.get_mut(&id) else {
                 continue;
             };
-            let state = drain_batch(
-                session,
-                &mut buf,
-                &mut ops,
-                &interner,
-                &symbolizer,
-                &counters,
+            let cx = InternCtx {
+                interner: &interner,
+                symbolizer: &symbolizer,
                 options,
-            );
+            };
+            let state = drain_batch(session, &mut buf, &mut ops, &cx, &counters);
             if !ops.is_empty() {
                 let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
                 let _ = book.send(BookMsg::Ops {
@@ -235,10 +236,26 @@ fn drain_batch(
     s: &mut Session,
     buf: &mut Vec<u8>,
     ops: &mut Vec<Op>,
-    interner: &Interner,
-    symbolizer: &Symbolizer,
+    cx: &InternCtx<'_>,
     counters: &Counters,
-    options: WorkerOptions,
+) -> DrainState {
+    let (samples, errors) = (s.samples, s.unwind_errors);
+    let state = drain_records(s, buf, ops, cx);
+    // The status line's counters, once per batch rather than per sample.
+    counters
+        .samples
+        .fetch_add(s.samples - samples, Ordering::Relaxed);
+    counters
+        .unwind_errors
+        .fetch_add(s.unwind_errors - errors, Ordering::Relaxed);
+    state
+}
+
+fn drain_records(
+    s: &mut Session,
+    buf: &mut Vec<u8>,
+    ops: &mut Vec<Op>,
+    cx: &InternCtx<'_>,
 ) -> DrainState {
     let mut reader_paused = false;
     let mut read_any = false;
@@ -251,7 +268,7 @@ fn drain_batch(
                     s.reader.ring().unpause_reader();
                     reader_paused = false;
                 }
-                handle_record(s, buf, ops, interner, symbolizer, counters, options);
+                handle_record(s, buf, ops, cx);
             }
             ReadOutcome::Empty | ReadOutcome::Pending => {
                 let pending = matches!(outcome, ReadOutcome::Pending);
@@ -289,58 +306,19 @@ fn drain_batch(
     DrainState::More
 }
 
-fn handle_record(
-    s: &mut Session,
-    bytes: &[u8],
-    ops: &mut Vec<Op>,
-    interner: &Interner,
-    symbolizer: &Symbolizer,
-    counters: &Counters,
-    options: WorkerOptions,
-) {
+fn handle_record(s: &mut Session, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCtx<'_>) {
     match Record::decode(bytes) {
         Ok(Record::Malloc(h, stack)) => {
             let t0 = Instant::now();
-            let result = s.process.unwind(
-                h.arch,
-                &h.regs,
-                h.stack_pointer,
-                stack,
-                s.client_text.clone(),
-            );
+            let entry = s
+                .stacks
+                .stack_of(&mut s.process, &h, stack, &s.client_text, cx, ops);
             let elapsed = t0.elapsed();
             s.hist.add(elapsed);
-            let reparses = s.process.stats().map_reparses;
-            if reparses != s.reparses_seen {
-                // Code may have moved: forget what pcs meant.
-                s.reparses_seen = reparses;
-                s.pc_cache.clear();
+            s.unwind_time += elapsed;
+            if entry.error.is_some() {
+                s.unwind_errors += 1;
             }
-            let mut stack_ids: Vec<FrameId> = Vec::with_capacity(result.frames.len() + 4);
-            for frame in &result.frames {
-                if let Some(kind) = frame.error {
-                    stack_ids.push(interner.intern_error_frame(kind.as_str()));
-                    continue;
-                }
-                if let Some(ids) = s.pc_cache.get(&frame.pc) {
-                    stack_ids.extend_from_slice(ids);
-                    continue;
-                }
-                let ids = intern_frame(&s.process, frame, interner, symbolizer, options);
-                stack_ids.extend_from_slice(&ids);
-                s.pc_cache.insert(frame.pc, ids);
-            }
-            // Leaf first from the unwinder (inline chains innermost first);
-            // the callsite tree wants the outermost caller first.
-            stack_ids.reverse();
-            if result.error.is_some() {
-                counters
-                    .unwind_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            counters
-                .samples
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             s.samples += 1;
             ops.push(Op::Malloc {
                 heap: h.heap_id,
@@ -349,7 +327,7 @@ fn handle_record(
                 alloc_size: h.alloc_size,
                 sample_size: h.sample_size,
                 timestamp_ns: h.timestamp_ns,
-                stack: stack_ids,
+                stack: entry.id,
             });
         }
         Ok(Record::Free(f)) => ops.push(Op::Free {
@@ -366,53 +344,13 @@ fn handle_record(
     }
 }
 
-/// Turns one unwound frame into interned frames, innermost first. Frames in
-/// a module are interned bare (mapping + rel_pc) and queued for deferred
-/// symbolization (see [`Symbolizer`]); code outside any file (JIT) is named
-/// from the process's perf map right away, which is cheap.
-fn intern_frame(
-    process: &ProcessContext,
-    frame: &heapprofd_unwinder::Frame,
-    interner: &Interner,
-    symbolizer: &Symbolizer,
-    options: WorkerOptions,
-) -> Box<[FrameId]> {
-    let Some(mapping) = frame.mapping.as_ref() else {
-        return Box::new([interner.intern_error_frame("INVALID_MAP")]);
-    };
-    let mapping_id = Some(interner.intern_mapping(mapping));
-    let bare = interner.intern_frame(mapping_id, frame.rel_pc, None, None, None);
-    if options.symbolize {
-        if mapping.module.is_some() {
-            symbolizer.request(bare, mapping, frame.rel_pc);
-        } else {
-            let chain = process.symbolize_frame(frame);
-            if !chain.is_empty() {
-                return chain
-                    .iter()
-                    .map(|f| {
-                        interner.intern_frame(
-                            mapping_id,
-                            frame.rel_pc,
-                            f.function.as_deref(),
-                            f.file.as_deref(),
-                            f.line,
-                        )
-                    })
-                    .collect();
-            }
-        }
-    }
-    Box::new([bare])
-}
-
 fn session_stats(s: &Session) -> SessionStats {
     let st = s.process.stats();
     SessionStats {
-        unwinding_errors: st.total_errors(),
+        unwinding_errors: s.unwind_errors,
         heap_samples: s.samples,
         map_reparses: st.map_reparses,
-        total_unwinding_time_us: st.unwind_time.as_micros() as u64,
+        total_unwinding_time_us: s.unwind_time.as_micros() as u64,
         unwinding_time_us: s.hist.clone(),
         ring: s.reader.stats(),
         client_error: s.reader.ring().client_error(),
