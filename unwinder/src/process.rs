@@ -235,6 +235,16 @@ impl ProcessContext {
         &self.mappings
     }
 
+    /// framehop's rule-cache counters (hits, and misses by cause) of the
+    /// architecture unwound so far, for diagnostics: a miss parses CFI.
+    pub fn rule_cache_stats(&self) -> Option<framehop::CacheStats> {
+        match (&self.cache_x86_64, &self.cache_aarch64) {
+            (Some(c), _) => Some(c.stats()),
+            (None, Some(c)) => Some(c.stats()),
+            (None, None) => None,
+        }
+    }
+
     /// The module cache this process uses.
     pub fn module_cache(&self) -> &Arc<ModuleCache> {
         &self.cache

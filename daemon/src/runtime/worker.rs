@@ -363,8 +363,12 @@ fn finish(s: Session, book: &Sender<BookMsg>) {
     let stats = session_stats(&s);
     if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
         eprintln!(
-            "heapprofd-rs: session {} (pid {}) ended: {:?}",
-            s.id, s.pid, stats.ring
+            "heapprofd-rs: session {} (pid {}) ended: {:?}; {} stacks cached; unwinder rule cache {:?}",
+            s.id,
+            s.pid,
+            stats.ring,
+            s.stacks.len(),
+            s.process.rule_cache_stats()
         );
     }
     // The socket closes a moment before the process is reaped; a client
