@@ -116,6 +116,7 @@ mod maps;
 mod memory;
 mod perfmap;
 mod process;
+mod replay;
 mod symbols;
 mod unwind;
 
@@ -128,6 +129,7 @@ pub use memory::{
 };
 pub use perfmap::PerfMap;
 pub use process::{Mapping, ProcessContext, ProcessOptions, ProcessStats};
+pub use replay::{WalkTrace, stack_matches, walk_inputs};
 pub use symbols::{SymbolFrame, SymbolSources, SymbolizeOptions};
 pub use unwind::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
 

@@ -25,6 +25,7 @@ use heapprofd_proto::wire::{Arch, RegisterFile, aarch64, x86_64};
 
 use crate::memory::ProcessMemory;
 use crate::process::{ArchUnwinder, Mapping, ProcessContext};
+use crate::replay::ReadLog;
 
 /// Why an unwind stopped before the root of the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -166,7 +167,7 @@ impl RawUnwind {
 
 /// How a walk ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WalkEnd {
+pub(crate) enum WalkEnd {
     Root,
     Framehop(framehop::Error),
     MaxFrames,
@@ -269,13 +270,18 @@ impl ProcessContext {
     ) {
         out.pcs.clear();
         out.leaf_is_return = false;
-        let (end, last) = self.walk(arch, regs, stack_pointer, stack, skip, out);
-        out.error = match end {
+        let (end, last) = self.walk(arch, regs, stack_pointer, stack, skip, out, None);
+        out.error = self.walk_error(end, last);
+    }
+
+    /// The error of a walk that ended with `end`.
+    pub(crate) fn walk_error(&self, end: WalkEnd, last: Option<u64>) -> Option<UnwindErrorKind> {
+        match end {
             WalkEnd::Root => None,
             WalkEnd::MaxFrames => Some(UnwindErrorKind::MaxFramesExceeded),
             WalkEnd::InvalidRegisters => Some(UnwindErrorKind::InvalidRegisters),
             WalkEnd::Framehop(e) => Some(self.classify(e, last)),
-        };
+        }
     }
 
     /// The mapping of a frame and the frame's `rel_pc` (ELF virtual address
@@ -321,7 +327,8 @@ impl ProcessContext {
 
     /// Walks the stack into `out` (client frames dropped). Returns how the
     /// walk ended and the last address walked.
-    fn walk(
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn walk(
         &mut self,
         arch: Arch,
         regs: &RegisterFile,
@@ -329,6 +336,7 @@ impl ProcessContext {
         stack: &[u8],
         skip: Range<u64>,
         out: &mut RawUnwind,
+        mut log: Option<&mut ReadLog>,
     ) -> (WalkEnd, Option<u64>) {
         let r = &regs.0;
         let (sp, pc) = match arch {
@@ -353,7 +361,14 @@ impl ProcessContext {
             {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(b);
-                return Ok(u64::from_le_bytes(w));
+                let v = u64::from_le_bytes(w);
+                if let Some(log) = log.as_deref_mut() {
+                    log.reads.push((addr, v));
+                }
+                return Ok(v);
+            }
+            if let Some(log) = log.as_deref_mut() {
+                log.outside = true;
             }
             if addr < stack_pointer && stack_map.contains(&addr) {
                 return Err(());

@@ -4,4 +4,5 @@ mod common;
 mod gdb_compare;
 mod hostile;
 mod live;
+mod replay;
 mod selfcapture;

@@ -1,0 +1,218 @@
+//! Recognising a sample whose walk must give the same result as an earlier
+//! one, without walking it.
+//!
+//! For a given set of mappings the walk is a pure function of its inputs:
+//! the first frame's registers (x86_64: pc, sp, bp), and the stack words the
+//! unwind rules read (return addresses, saved frame pointers). framehop's
+//! rules are chosen by pc from the modules, which only change when the maps
+//! are re-read. So if a later sample has the same pc and sp (and bp, unless
+//! the walk was shown not to depend on it), and holds the same value at every
+//! address the first walk read, in order, then by induction each step reads
+//! the same address, gets the same value and reaches the same state: the
+//! walk would read exactly those words and return exactly the same frames.
+//! Checking the reads (one or two words per frame) is several times cheaper
+//! than walking (a rule-cache lookup, a rule and a read per frame).
+//!
+//! Only walks whose every read was served from the stack copy can be
+//! replayed: a read of the process's memory (outside the copy) could give a
+//! different value later, and its refusal or failure depends on the copy's
+//! bounds. Only x86_64 is traced (aarch64 also takes the link register and a
+//! pointer-authentication mask into account; not traced, never replayed).
+//!
+//! Whether the walk depends on bp is decided by walking a second time with
+//! bp's bit 62 flipped (a non-canonical address, so any read at an address
+//! derived from it fails): if that walk reads the same words and ends the
+//! same way, no step used bp's value (it was carried along unused, or
+//! replaced by a saved value read from the stack), and the trace holds for
+//! any bp. Otherwise bp is part of the trace's key.
+
+use std::ops::Range;
+
+use heapprofd_proto::wire::{Arch, RegisterFile, x86_64};
+
+use crate::process::ProcessContext;
+use crate::unwind::RawUnwind;
+
+/// The reads of one walk (crate-internal: filled by the walk's memory
+/// closure).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ReadLog {
+    /// (address, value) of each read served from the stack copy, in order.
+    pub(crate) reads: Vec<(u64, u64)>,
+    /// Some read was not served from the copy.
+    pub(crate) outside: bool,
+}
+
+/// What a walk depended on; see the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct WalkTrace {
+    /// Whether the walk can be replayed at all: x86_64, valid registers,
+    /// every read served from the stack copy.
+    pub replayable: bool,
+    /// The first frame's pc.
+    pub pc: u64,
+    /// The first frame's sp.
+    pub sp: u64,
+    /// The first frame's bp, when the walk depends on it.
+    pub bp: Option<u64>,
+    /// (address, value) of every stack word read, in order.
+    pub reads: Vec<(u64, u64)>,
+    /// Scratch for the bp check.
+    check: RawUnwind,
+    check_log: ReadLog,
+}
+
+/// The first frame's (pc, sp, bp) of an x86_64 sample whose registers the
+/// walk accepts, or `None` (other architectures, or registers the walk
+/// rejects as INVALID_REGISTERS).
+#[inline]
+pub fn walk_inputs(
+    arch: Arch,
+    regs: &RegisterFile,
+    stack_pointer: u64,
+    stack: &[u8],
+) -> Option<(u64, u64, u64)> {
+    if arch != Arch::X86_64 {
+        return None;
+    }
+    let r = &regs.0;
+    let (pc, sp, bp) = (r[x86_64::RIP], r[x86_64::RSP], r[x86_64::RBP]);
+    let stack_end = stack_pointer.saturating_add(stack.len() as u64);
+    if pc == 0 || sp == 0 || (!stack.is_empty() && !(stack_pointer..=stack_end).contains(&sp)) {
+        return None;
+    }
+    Some((pc, sp, bp))
+}
+
+/// Whether the stack copy `[stack_pointer, stack_pointer + stack.len())`
+/// holds `value` at every `address` of `reads`.
+#[inline]
+pub fn stack_matches(reads: &[(u64, u64)], stack_pointer: u64, stack: &[u8]) -> bool {
+    reads.iter().all(|&(addr, value)| {
+        let Some(off) = addr
+            .checked_sub(stack_pointer)
+            .and_then(|o| usize::try_from(o).ok())
+        else {
+            return false;
+        };
+        match off.checked_add(8).and_then(|e| stack.get(off..e)) {
+            Some(b) => {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(b);
+                u64::from_le_bytes(w) == value
+            }
+            None => false,
+        }
+    })
+}
+
+impl ProcessContext {
+    /// [`ProcessContext::unwind_raw`] that also records in `trace` what the
+    /// walk depended on, so that later samples with the same inputs can be
+    /// recognised ([`walk_inputs`], [`stack_matches`]) and given the same
+    /// result without a walk. Costs a second walk when the first is
+    /// replayable (the bp check, see the module docs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn unwind_raw_traced(
+        &mut self,
+        arch: Arch,
+        regs: &RegisterFile,
+        stack_pointer: u64,
+        stack: &[u8],
+        skip: Range<u64>,
+        out: &mut RawUnwind,
+        trace: &mut WalkTrace,
+    ) {
+        trace.replayable = false;
+        trace.reads.clear();
+        trace.bp = None;
+        let mut log = ReadLog {
+            reads: std::mem::take(&mut trace.reads),
+            outside: false,
+        };
+        out.pcs.clear();
+        out.leaf_is_return = false;
+        let (end, last) = self.walk(
+            arch,
+            regs,
+            stack_pointer,
+            stack,
+            skip.clone(),
+            out,
+            Some(&mut log),
+        );
+        out.error = self.walk_error(end, last);
+        trace.reads = log.reads;
+        let Some((pc, sp, bp)) = walk_inputs(arch, regs, stack_pointer, stack) else {
+            return;
+        };
+        if log.outside {
+            return;
+        }
+        (trace.pc, trace.sp) = (pc, sp);
+        // The bp check: the same walk with a bp no read can succeed at.
+        let mut flipped = *regs;
+        flipped.0[x86_64::RBP] = bp ^ (1 << 62);
+        let mut check = std::mem::take(&mut trace.check);
+        let mut check_log = std::mem::take(&mut trace.check_log);
+        check_log.reads.clear();
+        check_log.outside = false;
+        check.pcs.clear();
+        check.leaf_is_return = false;
+        let (end, last) = self.walk(
+            arch,
+            &flipped,
+            stack_pointer,
+            stack,
+            skip,
+            &mut check,
+            Some(&mut check_log),
+        );
+        check.error = self.walk_error(end, last);
+        let independent = !check_log.outside
+            && check_log.reads == trace.reads
+            && check.pcs == out.pcs
+            && check.leaf_is_return == out.leaf_is_return
+            && check.error == out.error;
+        trace.bp = (!independent).then_some(bp);
+        trace.replayable = true;
+        trace.check = check;
+        trace.check_log = check_log;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_matches_checks_bounds_and_values() {
+        let mut stack = vec![0u8; 32];
+        stack[8..16].copy_from_slice(&0x1234u64.to_le_bytes());
+        let sp = 0x1000;
+        assert!(stack_matches(&[], sp, &stack));
+        assert!(stack_matches(&[(0x1008, 0x1234), (0x1000, 0)], sp, &stack));
+        assert!(!stack_matches(&[(0x1008, 0x1235)], sp, &stack));
+        assert!(!stack_matches(&[(0x0ff8, 0)], sp, &stack), "below the copy");
+        assert!(!stack_matches(&[(0x1019, 0)], sp, &stack), "past the end");
+        assert!(!stack_matches(&[(u64::MAX, 0)], sp, &stack));
+    }
+
+    #[test]
+    fn walk_inputs_rejects_what_the_walk_rejects() {
+        let mut r = RegisterFile::default();
+        let stack = [0u8; 64];
+        assert_eq!(walk_inputs(Arch::X86_64, &r, 0x1000, &stack), None);
+        r.0[x86_64::RIP] = 0x40;
+        r.0[x86_64::RSP] = 0x1010;
+        r.0[x86_64::RBP] = 7;
+        assert_eq!(
+            walk_inputs(Arch::X86_64, &r, 0x1000, &stack),
+            Some((0x40, 0x1010, 7))
+        );
+        assert_eq!(walk_inputs(Arch::X86_64, &r, 0x1020, &stack), None);
+        assert_eq!(walk_inputs(Arch::Aarch64, &r, 0x1000, &stack), None);
+        // An empty copy accepts any sp, like the walk.
+        assert!(walk_inputs(Arch::X86_64, &r, 0x9000, &[]).is_some());
+    }
+}
