@@ -20,6 +20,7 @@
 
 pub mod bookkeeper;
 pub mod handshake;
+pub mod memo;
 pub mod record;
 pub mod server;
 pub mod stacks;

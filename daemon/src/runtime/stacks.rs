@@ -1,17 +1,26 @@
 //! A worker's per-session memory of what it has unwound: whole stacks by
 //! their raw pcs, and pcs by their interned frames.
 //!
-//! The hot path of a malloc sample is: walk the copied stack into a reused
-//! buffer of pcs ([`ProcessContext::unwind_raw`]), then look the whole pc
-//! sequence up in [`StackCache::stacks`] (one hash of ~24 words). A hit
-//! gives the worker's *stack id*, which the bookkeeping thread maps to its
-//! callsite with one vector index, so neither side walks a frame at a time.
-//! Only a new stack goes through the per-pc cache, and only a new pc is
-//! looked up in the process's mappings ([`ProcessContext::resolve_pc`]),
-//! interned, and queued for symbolization.
+//! The hot path of a malloc sample is a replay check ([`WalkMemo`]): if
+//! the sample's first frame (pc, sp, and bp when it matters) and every stack
+//! word an earlier walk from there read are the same, the walk would give
+//! the same frames, and the stack id kept with that walk is the answer, at
+//! the cost of one compare per word read. Otherwise the copied stack is
+//! walked into a reused buffer of pcs ([`ProcessContext::unwind_raw`], or
+//! `unwind_raw_traced` to keep the walk for replay), and the whole pc
+//! sequence is looked up in [`StackCache::stacks`] (one hash of ~24 words).
+//! A hit gives the worker's *stack id*, which the bookkeeping thread maps
+//! to its callsite with one vector index, so neither side walks a frame at
+//! a time. Only a new stack goes through the per-pc cache, and only a new
+//! pc is looked up in the process's mappings
+//! ([`ProcessContext::resolve_pc`]), interned, and queued for
+//! symbolization.
 //!
 //! ```text
-//!  record -> unwind_raw -> pcs + [tail] --stacks--> id  ----------------> Op::Malloc { stack: id }
+//!  record --memo (pc, sp[, bp] + words read)--> id -----------------------> Op::Malloc { stack: id }
+//!            | miss                              ^
+//!            v                                   | hit (trace kept in memo)
+//!          unwind_raw(_traced) -> pcs + [tail] --stacks--> id
 //!                                          | miss
 //!                                          v
 //!                               per pc: pc_cache --miss--> resolve_pc -> intern (+ symbolizer queue)
@@ -24,9 +33,10 @@
 //! precedes their first use in the same ordered stream. Id
 //! [`SCRATCH_STACK`] is redefined before each use: it carries stacks that
 //! must not be cached (cut at an unmapped pc, so that the next sample
-//! retries the maps as the unwinder's rate limit allows). When the process's
-//! mappings change (a re-read found new ones) or the cache reaches
-//! [`MAX_STACKS`], everything is forgotten and ids start again from 1;
+//! retries the maps as the unwinder's rate limit allows), and are never kept
+//! for replay. When the process's mappings change (a re-read found new
+//! ones) or the cache reaches [`MAX_STACKS`], everything (replay memo
+//! included) is forgotten and ids start again from 1;
 //! redefinitions overwrite the bookkeeper's entries, so its table never
 //! outgrows the cache.
 
@@ -34,10 +44,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use heapprofd_proto::wire::MallocHeader;
-use heapprofd_unwinder::{Mapping, ProcessContext, RawUnwind, UnwindErrorKind};
+use heapprofd_unwinder::{
+    Mapping, ProcessContext, RawUnwind, UnwindErrorKind, WalkTrace, walk_inputs,
+};
 use rustc_hash::FxHashMap;
 
 use super::Op;
+use super::memo::WalkMemo;
 use super::symbolize::Symbolizer;
 use super::worker::WorkerOptions;
 use crate::profile::{FrameId, Interner};
@@ -74,6 +87,12 @@ pub struct StackCache {
     frames: Vec<FrameId>,
     /// `ERROR <KIND>` frames by kind.
     error_frames: [Option<FrameId>; UnwindErrorKind::COUNT],
+    /// Walks that can be replayed (see [`WalkMemo`]).
+    pub memo: WalkMemo,
+    /// The reused trace buffer.
+    trace: WalkTrace,
+    /// Incremented whenever everything is forgotten (new mappings).
+    generation: u64,
 }
 
 /// The last word of a stack's key: whether its leaf is a return address
@@ -107,22 +126,48 @@ impl StackCache {
         cx: &InternCtx<'_>,
         ops: &mut Vec<Op>,
     ) -> StackEntry {
-        process.unwind_raw(
-            h.arch,
-            &h.regs,
-            h.stack_pointer,
-            stack,
-            skip.clone(),
-            &mut self.raw,
-        );
+        let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack);
+        if let Some(inputs) = inputs
+            && let Some(e) = self.memo.lookup(inputs, h.stack_pointer, stack)
+        {
+            return e;
+        }
+        let traced = inputs.is_some() && self.memo.should_trace();
+        if traced {
+            process.unwind_raw_traced(
+                h.arch,
+                &h.regs,
+                h.stack_pointer,
+                stack,
+                skip.clone(),
+                &mut self.raw,
+                &mut self.trace,
+            );
+        } else {
+            process.unwind_raw(
+                h.arch,
+                &h.regs,
+                h.stack_pointer,
+                stack,
+                skip.clone(),
+                &mut self.raw,
+            );
+        }
         let tail = tail_word(&self.raw);
         self.raw.pcs.push(tail);
         let hit = self.stacks.get(&self.raw.pcs[..]).copied();
         self.raw.pcs.pop();
-        if let Some(e) = hit {
-            return e;
+        let generation = self.generation;
+        let entry = match hit {
+            Some(e) => e,
+            None => self.new_stack(process, h, stack, skip, cx, ops),
+        };
+        // A trace is kept only for a cached stack of the walk it traced (not
+        // for a sample walked again after new mappings).
+        if traced && entry.id != SCRATCH_STACK && generation == self.generation {
+            self.memo.insert(&self.trace, entry);
         }
-        self.new_stack(process, h, stack, skip, cx, ops)
+        entry
     }
 
     #[cold]
@@ -206,6 +251,7 @@ impl StackCache {
         if self.stacks.len() >= MAX_STACKS {
             self.stacks.clear();
             self.next_id = 0;
+            self.memo.clear();
         }
         if self.pc_frames.len() >= MAX_PC_FRAMES {
             self.pc_cache.clear();
@@ -229,6 +275,8 @@ impl StackCache {
 
     /// Forgets every stack and pc (the process's mappings changed).
     fn clear(&mut self) {
+        self.generation += 1;
+        self.memo.clear();
         self.stacks.clear();
         self.next_id = 0;
         self.pc_cache.clear();

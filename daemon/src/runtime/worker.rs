@@ -363,11 +363,13 @@ fn finish(s: Session, book: &Sender<BookMsg>) {
     let stats = session_stats(&s);
     if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
         eprintln!(
-            "heapprofd-rs: session {} (pid {}) ended: {:?}; {} stacks cached; unwinder rule cache {:?}",
+            "heapprofd-rs: session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
             s.id,
             s.pid,
             stats.ring,
             s.stacks.len(),
+            s.stacks.memo.hits,
+            s.stacks.memo.misses,
             s.process.rule_cache_stats()
         );
     }

@@ -1,0 +1,227 @@
+//! A worker's memory of walks it can replay: the stack of a sample whose
+//! walk would read the same words as an earlier walk, found without
+//! walking.
+//!
+//! The unwinder's [`WalkTrace`] records what a walk depended on (first
+//! frame's pc and sp, bp when it mattered, and every stack word read); see
+//! `heapprofd_unwinder`'s replay module for why a sample with the same
+//! inputs and the same values at those addresses must unwind to the same
+//! frames. This table keeps, per (pc, sp), up to [`WAYS`] such traces with
+//! the [`StackEntry`] their walk ended in. Checking a trace costs one load
+//! and compare per word read (one or two per frame) instead of a walk.
+//!
+//! Entries are only valid for the stack ids and the mappings they were made
+//! with: the owner clears the table whenever it forgets its stacks (new
+//! mappings, or its stack table full). Tracing a walk costs a second walk
+//! (the bp check), so when traces stop paying (programs whose saved
+//! registers change at every sample), tracing pauses: in each window of
+//! [`WINDOW`] lookups fewer than a quarter hits turns it off for the next
+//! [`PAUSE`] samples.
+
+use rustc_hash::FxHashMap;
+
+use heapprofd_unwinder::{WalkTrace, stack_matches};
+
+use super::stacks::StackEntry;
+
+/// Traces kept per (pc, sp).
+pub const WAYS: usize = 4;
+/// Traces kept in all before the table starts over.
+const MAX_ENTRIES: usize = 1 << 15;
+/// Words of traces kept in all before the table starts over.
+const MAX_READS: usize = 1 << 21;
+/// Lookups per hit-rate window.
+const WINDOW: u32 = 1024;
+/// Samples without tracing after a window with a poor hit rate.
+const PAUSE: u32 = 16 * 1024;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    bp: Option<u64>,
+    reads_start: u32,
+    reads_len: u32,
+    stack: StackEntry,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct WalkMemo {
+    /// (pc, sp) -> entry indexes + 1, most recent first (0: empty).
+    slots: FxHashMap<(u64, u64), [u32; WAYS]>,
+    entries: Vec<Entry>,
+    reads: Vec<(u64, u64)>,
+    window_lookups: u32,
+    window_hits: u32,
+    paused_for: u32,
+    /// Counters for diagnostics.
+    pub hits: u64,
+    /// Lookups that found no matching trace.
+    pub misses: u64,
+}
+
+impl WalkMemo {
+    /// The stack of a sample with first-frame `(pc, sp, bp)` whose copy
+    /// `[stack_pointer, +stack.len())` matches a kept trace.
+    #[inline]
+    pub fn lookup(
+        &mut self,
+        (pc, sp, bp): (u64, u64, u64),
+        stack_pointer: u64,
+        stack: &[u8],
+    ) -> Option<StackEntry> {
+        let found = self.slots.get(&(pc, sp)).and_then(|ways| {
+            ways.iter()
+                .take_while(|&&w| w != 0)
+                .map(|&w| &self.entries[w as usize - 1])
+                .find(|e| {
+                    e.bp.is_none_or(|b| b == bp)
+                        && stack_matches(
+                            &self.reads[e.reads_start as usize
+                                ..e.reads_start as usize + e.reads_len as usize],
+                            stack_pointer,
+                            stack,
+                        )
+                })
+                .map(|e| e.stack)
+        });
+        self.window_lookups += 1;
+        if found.is_some() {
+            self.hits += 1;
+            self.window_hits += 1;
+        } else {
+            self.misses += 1;
+        }
+        if self.window_lookups >= WINDOW {
+            if self.window_hits * 4 < self.window_lookups {
+                self.paused_for = PAUSE;
+            }
+            self.window_lookups = 0;
+            self.window_hits = 0;
+        }
+        found
+    }
+
+    /// Whether the next miss should be traced (tracing has not been paused
+    /// for a poor hit rate). Counts down the pause.
+    #[inline]
+    pub fn should_trace(&mut self) -> bool {
+        if self.paused_for > 0 {
+            self.paused_for -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Keeps `trace` (replayable) as leading to `stack`.
+    pub fn insert(&mut self, trace: &WalkTrace, stack: StackEntry) {
+        if !trace.replayable {
+            return;
+        }
+        if self.entries.len() >= MAX_ENTRIES || self.reads.len() + trace.reads.len() > MAX_READS {
+            self.clear();
+        }
+        let (Ok(reads_start), Ok(reads_len)) = (
+            u32::try_from(self.reads.len()),
+            u32::try_from(trace.reads.len()),
+        ) else {
+            return;
+        };
+        self.reads.extend_from_slice(&trace.reads);
+        self.entries.push(Entry {
+            bp: trace.bp,
+            reads_start,
+            reads_len,
+            stack,
+        });
+        let index = self.entries.len() as u32;
+        let ways = self.slots.entry((trace.pc, trace.sp)).or_default();
+        // Most recent first; the oldest falls off (its words stay until the
+        // table starts over).
+        ways.copy_within(0..WAYS - 1, 1);
+        ways[0] = index;
+    }
+
+    /// Forgets every trace.
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.entries.clear();
+        self.reads.clear();
+    }
+
+    /// Traces kept.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no trace is kept.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(pc: u64, sp: u64, bp: Option<u64>, reads: &[(u64, u64)]) -> WalkTrace {
+        let mut t = WalkTrace::default();
+        t.replayable = true;
+        (t.pc, t.sp, t.bp) = (pc, sp, bp);
+        t.reads = reads.to_vec();
+        t
+    }
+
+    fn entry(id: u32) -> StackEntry {
+        StackEntry { id, error: None }
+    }
+
+    #[test]
+    fn hits_need_inputs_and_words() {
+        let mut m = WalkMemo::default();
+        let mut stack = vec![0u8; 64];
+        stack[8..16].copy_from_slice(&0xabcu64.to_le_bytes());
+        m.insert(&trace(0x40, 0x1000, None, &[(0x1008, 0xabc)]), entry(1));
+        m.insert(&trace(0x40, 0x1000, Some(5), &[(0x1000, 0)]), entry(2));
+        // Most recent first: the bp-dependent trace matches only with bp 5.
+        assert_eq!(m.lookup((0x40, 0x1000, 5), 0x1000, &stack).unwrap().id, 2);
+        assert_eq!(m.lookup((0x40, 0x1000, 6), 0x1000, &stack).unwrap().id, 1);
+        assert!(m.lookup((0x41, 0x1000, 6), 0x1000, &stack).is_none());
+        stack[8] ^= 1;
+        assert!(m.lookup((0x40, 0x1000, 6), 0x1000, &stack).is_none());
+        // The copy must cover the words.
+        assert!(m.lookup((0x40, 0x1000, 5), 0x1008, &stack[8..]).is_none());
+        assert_eq!((m.hits, m.misses), (2, 3));
+        // Not replayable: not kept.
+        let mut t = trace(0x50, 0x1000, None, &[]);
+        t.replayable = false;
+        m.insert(&t, entry(3));
+        assert!(m.lookup((0x50, 0x1000, 0), 0x1000, &stack).is_none());
+        m.clear();
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn oldest_way_falls_off() {
+        let mut m = WalkMemo::default();
+        let stack = vec![0u8; 64];
+        for id in 1..=WAYS as u32 + 1 {
+            m.insert(&trace(0x40, 0x1000, Some(id as u64), &[]), entry(id));
+        }
+        assert!(m.lookup((0x40, 0x1000, 1), 0x1000, &stack).is_none());
+        assert_eq!(m.lookup((0x40, 0x1000, 2), 0x1000, &stack).unwrap().id, 2);
+    }
+
+    #[test]
+    fn a_poor_hit_rate_pauses_tracing() {
+        let mut m = WalkMemo::default();
+        let stack = vec![0u8; 64];
+        for _ in 0..WINDOW {
+            assert!(m.lookup((1, 2, 3), 0x1000, &stack).is_none());
+        }
+        assert!(!m.should_trace());
+        for _ in 1..PAUSE {
+            m.should_trace();
+        }
+        assert!(m.should_trace());
+    }
+}
