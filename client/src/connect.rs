@@ -216,7 +216,20 @@ fn try_connect(path: &SocketPath, flags: u32) -> Option<&'static session::Sessio
     let params = r?;
     // The session owns the socket from now on.
     core::mem::forget(sock);
-    session::activate(params)
+    let s = session::activate(params)?;
+    // One wake byte says "active" (the hooks record from now on): the
+    // daemon may wait for it before it tells anyone the profile started.
+    let b = socket::WAKE_BYTE;
+    // SAFETY: one byte from a local on the session's socket.
+    unsafe {
+        libc::send(
+            s.sock,
+            (&b as *const u8).cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    Some(s)
 }
 
 fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams> {
@@ -393,21 +406,27 @@ extern "C" fn thread_main(arg: *mut c_void) -> *mut c_void {
     let job = unsafe { Box::from_raw(arg.cast::<Job>()) };
     // SAFETY: naming our own thread with a short NUL-terminated name.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"heapprofd-rs".as_ptr()) };
-    let session = job.session.or_else(|| connect(&job.path, job.flags));
-    match session {
-        Some(s) => {
-            // Loaded without interposing (attach): redirect the program's
-            // GOT entries for the session, and put them back after it.
-            if crate::got::on_session_start().is_err() {
-                crate::log(
-                    b"heapprofd-rs: ",
-                    b"the program's malloc is not glibc's; profiling refused",
-                );
+    // Loaded without interposing (attach): the program's GOT entries are
+    // redirected for the session and put back after it. Before connecting
+    // (the hooks pass through until the session is active), so that when
+    // the daemon sees the session, every object is patched.
+    let patched = crate::got::on_session_start();
+    let session = match patched {
+        Ok(()) => job.session.or_else(|| connect(&job.path, job.flags)),
+        Err(_) => {
+            crate::log(
+                b"heapprofd-rs: ",
+                b"the program's malloc is not glibc's; profiling refused",
+            );
+            if let Some(s) = job.session {
                 s.teardown(None);
+                session::release(s);
             }
-            watch(s);
-            crate::got::on_session_end();
+            None
         }
+    };
+    match session {
+        Some(s) => watch(s),
         None => {
             let _ = session::STATE.compare_exchange(
                 CONNECTING,
@@ -417,6 +436,7 @@ extern "C" fn thread_main(arg: *mut c_void) -> *mut c_void {
             );
         }
     }
+    crate::got::on_session_end();
     core::ptr::null_mut()
 }
 

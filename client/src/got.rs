@@ -183,44 +183,116 @@ pub(crate) enum Refusal {
     OtherAllocator,
 }
 
-/// Load address of the object containing `addr` (`dladdr`), or 0.
-fn object_base(addr: usize) -> usize {
-    if addr == 0 {
-        return 0;
-    }
-    // SAFETY: dladdr fills the zeroed struct we pass.
-    unsafe {
-        let mut info: libc::Dl_info = core::mem::zeroed();
-        if libc::dladdr(addr as *const c_void, &mut info) == 0 {
-            return 0;
-        }
-        info.dli_fbase as usize
-    }
-}
-
 fn global_symbol(name: &CStr) -> usize {
     // SAFETY: dlsym with a valid NUL-terminated name.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
 
-/// glibc's functions for [`NAMES`] as a global lookup finds them, or a
-/// refusal if the core of the malloc family is someone else's.
+/// glibc's own functions for [`NAMES`] (looked up in libc itself, not in
+/// the global scope), or a refusal if a global lookup of the core of the
+/// malloc family finds someone else's.
+///
+/// A non-PIE program that takes the address of `malloc` makes its own PLT
+/// entry the canonical address (a global lookup returns it, and other
+/// objects' `GLOB_DAT` slots hold it); that entry jumps through the
+/// program's own `JUMP_SLOT`, which is patched, so it counts as glibc's.
 fn resolve_expected() -> Result<[usize; N], Refusal> {
-    let libc_base = object_base(crate::real::__libc_malloc as *const () as usize);
     let mut out = [0usize; N];
+    let handle = libc_handle();
     for (i, name) in NAMES.iter().enumerate() {
-        let a = global_symbol(name);
-        let in_libc = a != 0 && libc_base != 0 && object_base(a) == libc_base;
-        if i < 4 && !in_libc {
+        let own = if handle.is_null() {
+            0
+        } else {
+            // SAFETY: dlsym on a valid handle with a NUL-terminated name.
+            unsafe { libc::dlsym(handle, name.as_ptr()) as usize }
+        };
+        let global = global_symbol(name);
+        // dlopen lived in libdl before glibc 2.34: take it wherever a
+        // global lookup finds it.
+        out[i] = if own == 0 && i == DLOPEN { global } else { own };
+        if i < 4 && (own == 0 || (global != own && !is_canonical_plt(name, global))) {
+            close_handle(handle);
             return Err(Refusal::OtherAllocator);
         }
-        // dlopen lives in libc since glibc 2.34 (libdl before): accept it
-        // wherever a global lookup finds it.
-        if in_libc || (i == DLOPEN && a != 0) {
-            out[i] = a;
-        }
     }
+    close_handle(handle);
     Ok(out)
+}
+
+/// A handle of the libc our `__libc_malloc` comes from (`RTLD_NOLOAD`).
+fn libc_handle() -> *mut c_void {
+    // SAFETY: dladdr fills the zeroed struct; dlopen with RTLD_NOLOAD only
+    // returns an already loaded object (and takes a reference we drop in
+    // `close_handle`).
+    unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        let f = crate::real::__libc_malloc as *const () as *const c_void;
+        if libc::dladdr(f, &mut info) == 0 || info.dli_fname.is_null() {
+            return core::ptr::null_mut();
+        }
+        libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+    }
+}
+
+fn close_handle(h: *mut c_void) {
+    if !h.is_null() {
+        // SAFETY: a handle from our own dlopen.
+        unsafe { libc::dlclose(h) };
+    }
+}
+
+/// Whether `addr` is the main program's canonical PLT entry for `name`: its
+/// dynamic symbol is undefined but has this address.
+fn is_canonical_plt(name: &CStr, addr: usize) -> bool {
+    struct Q<'a> {
+        name: &'a CStr,
+        addr: usize,
+        found: bool,
+    }
+    unsafe extern "C" fn cb(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: glibc passes a valid info (the first object is the main
+        // program) and our query; the object stays mapped meanwhile.
+        unsafe {
+            let q = &mut *data.cast::<Q<'_>>();
+            let info = &*info;
+            if let Some(d) = read_dynamic(info)
+                && d.jmprel != 0
+                && d.pltrel_is_rela
+                && d.symtab != 0
+                && d.strtab != 0
+            {
+                let base = info.dlpi_addr as usize;
+                let n = d.pltrelsz / core::mem::size_of::<Rela>();
+                for i in 0..n {
+                    let r = &*(d.jmprel as *const Rela).add(i);
+                    let sym = &*(d.symtab as *const Sym).add((r.info >> 32) as usize);
+                    if sym.shndx != 0
+                        || sym.value == 0
+                        || (d.strsz != 0 && sym.name as usize >= d.strsz)
+                    {
+                        continue;
+                    }
+                    let n = CStr::from_ptr((d.strtab + sym.name as usize) as *const c_char);
+                    if n == q.name && base.wrapping_add(sym.value as usize) == q.addr {
+                        q.found = true;
+                    }
+                }
+            }
+        }
+        1 // the main program only
+    }
+    let mut q = Q {
+        name,
+        addr,
+        found: false,
+    };
+    // SAFETY: the callback only reads the object glibc reports.
+    unsafe { libc::dl_iterate_phdr(Some(cb), (&mut q as *mut Q<'_>).cast()) };
+    q.found
 }
 
 /// Whether the program's global malloc family is glibc's (so that
@@ -698,5 +770,9 @@ mod tests {
         // The hooks are not exported in the test build: glibc's malloc is global.
         assert!(glibc_allocator());
         assert_eq!(resolve_expected().unwrap()[0], global_symbol(c"malloc"));
+        assert_eq!(
+            resolve_expected().unwrap()[0],
+            crate::real::__libc_malloc as *const () as usize
+        );
     }
 }
