@@ -12,6 +12,7 @@
 //! * [`cli`]: argument parsing shared by the subcommands (units, errors).
 
 pub mod cli;
+pub mod inject;
 pub mod profile;
 pub mod report;
 pub mod runtime;

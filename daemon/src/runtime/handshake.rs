@@ -96,8 +96,19 @@ pub fn accept_session(
     config: &ClientConfig,
     cache: &Arc<ModuleCache>,
 ) -> Result<NewSession> {
+    accept_session_from(stream, config, cache, None)
+}
+
+/// [`accept_session`], also accepting peers of user `extra_uid` (the user
+/// of a process root attached to).
+pub fn accept_session_from(
+    stream: UnixStream,
+    config: &ClientConfig,
+    cache: &Arc<ModuleCache>,
+    extra_uid: Option<u32>,
+) -> Result<NewSession> {
     let peer = peer_cred(&stream).context("reading the peer's credentials (SO_PEERCRED)")?;
-    if !peer_allowed(peer) {
+    if !peer_allowed(peer) && Some(peer.uid) != extra_uid {
         bail!(
             "refusing pid {} of uid {}: only the daemon's own user or root may connect",
             peer.pid,

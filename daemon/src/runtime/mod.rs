@@ -1,4 +1,5 @@
-//! The daemon at run time: sessions, workers, bookkeeping, and `record`.
+//! The daemon at run time: sessions, workers, bookkeeping, `record`, and
+//! `record --pid` (`attach`).
 //!
 //! Threads and what each owns (every object has exactly one owner):
 //!
@@ -18,6 +19,7 @@
 //! (internally locked; workers add frames, the dump reads them), the
 //! unwinder's module cache, and the relaxed [`Counters`] behind the status line.
 
+pub mod attach;
 pub mod bookkeeper;
 pub mod handshake;
 pub mod memo;
@@ -191,6 +193,9 @@ pub struct Counters {
     pub live_bytes: AtomicU64,
     /// Sessions currently connected.
     pub sessions: AtomicU64,
+    /// Sessions whose client sent its first byte (it sends one as soon as
+    /// its hooks record), ever.
+    pub confirmed: AtomicU64,
 }
 
 impl Counters {

@@ -118,10 +118,7 @@ fn parse_interval(s: &str) -> Result<u64, String> {
 /// Runs `record`; returns the exit code to exit with.
 pub fn run(args: RecordArgs) -> Result<i32> {
     if args.pid.is_some() {
-        bail!(
-            "`record --pid` (attaching to a running process) is not available yet; \
-             start the program under `heapprofd-rs record -- CMD` instead"
-        );
+        return super::attach::run(args);
     }
     let client_lib = find_client_lib(args.client_lib.as_deref())?;
     let program = args.command[0].clone();
@@ -341,7 +338,7 @@ async fn tick(t: &mut Option<tokio::time::Interval>) {
 }
 
 /// The one-line live status on a terminal (stderr); nothing when not a terminal.
-struct StatusLine {
+pub(super) struct StatusLine {
     enabled: bool,
     shown: bool,
     last_samples: u64,
@@ -349,7 +346,7 @@ struct StatusLine {
 }
 
 impl StatusLine {
-    fn new(enabled: bool) -> Self {
+    pub(super) fn new(enabled: bool) -> Self {
         StatusLine {
             enabled,
             shown: false,
@@ -358,7 +355,7 @@ impl StatusLine {
         }
     }
 
-    fn update(&mut self, c: &Counters, started: Instant) {
+    pub(super) fn update(&mut self, c: &Counters, started: Instant) {
         if !self.enabled {
             return;
         }
@@ -387,7 +384,7 @@ impl StatusLine {
         self.shown = true;
     }
 
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         if self.shown {
             let _ = write!(std::io::stderr(), "\r\x1b[2K");
             self.shown = false;
@@ -395,7 +392,7 @@ impl StatusLine {
     }
 }
 
-fn print_summary(s: &Summary, output: &Path) {
+pub(super) fn print_summary(s: &Summary, output: &Path) {
     if s.already_printed {
         return;
     }
@@ -404,7 +401,7 @@ fn print_summary(s: &Summary, output: &Path) {
 
 /// With `HEAPPROFD_DEBUG`: the daemon's own CPU time and peak RSS (all of
 /// `record`'s threads, not CMD), for the benchmarks of docs/PERFORMANCE.md.
-fn print_self_usage() {
+pub(super) fn print_self_usage() {
     // SAFETY: getrusage fills the zeroed struct we pass.
     let ru = unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
@@ -436,7 +433,7 @@ fn fmt_duration(d: Duration) -> String {
 }
 
 /// Finds the client library: `--client-lib`, else next to this executable.
-fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
+pub(super) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     const NAME: &str = "libheapprofd_client.so";
     let candidate = match explicit {
         Some(p) => p.to_path_buf(),
@@ -459,7 +456,7 @@ fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
 }
 
 /// `heapprofd-<program>-<pid>-<YYYYmmdd-HHMMSS>.pftrace` in the current directory.
-fn default_output(program: &str) -> PathBuf {
+pub(super) fn default_output(program: &str) -> PathBuf {
     let name = Path::new(program)
         .file_name()
         .and_then(|n| n.to_str())

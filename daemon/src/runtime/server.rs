@@ -9,7 +9,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -20,7 +20,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 
 use super::bookkeeper::{self, BookkeeperOptions, Summary};
-use super::handshake::accept_session;
+use super::handshake::accept_session_from;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
 use super::{BookMsg, Counters, SessionId};
@@ -59,6 +59,8 @@ struct Shared {
     workers: Vec<mpsc::Sender<WorkerMsg>>,
     counters: Arc<Counters>,
     next_id: AtomicU64,
+    /// Another user whose processes may connect (`u32::MAX`: none).
+    extra_uid: AtomicU32,
 }
 
 impl Daemon {
@@ -108,6 +110,7 @@ impl Daemon {
             workers,
             counters,
             next_id: AtomicU64::new(1),
+            extra_uid: AtomicU32::new(u32::MAX),
         });
         Ok(Daemon {
             listener: Some(listener),
@@ -119,9 +122,24 @@ impl Daemon {
         })
     }
 
+    /// The module cache the sessions unwind with.
+    pub fn module_cache(&self) -> Arc<ModuleCache> {
+        Arc::clone(&self.shared.cache)
+    }
+
     /// The socket path clients connect to.
     pub fn socket_path(&self) -> &Path {
         &self.socket
+    }
+
+    /// Lets processes of user `uid` connect too (root attaching to another
+    /// user's process): the socket is given to that user, and its peers are
+    /// accepted besides the daemon's own user and root.
+    pub fn allow_user(&self, uid: u32, gid: u32) -> Result<()> {
+        std::os::unix::fs::chown(&self.socket, Some(uid), Some(gid))
+            .with_context(|| format!("giving {} to uid {uid}", self.socket.display()))?;
+        self.shared.extra_uid.store(uid, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Starts accepting clients on the current tokio runtime.
@@ -191,9 +209,11 @@ async fn handle_connection(stream: UnixStream, shared: Arc<Shared>) {
         }
     };
     let sh = Arc::clone(&shared);
-    let joined =
-        tokio::task::spawn_blocking(move || accept_session(std_stream, &sh.client, &sh.cache))
-            .await;
+    let joined = tokio::task::spawn_blocking(move || {
+        let extra = Some(sh.extra_uid.load(Ordering::Relaxed)).filter(|&u| u != u32::MAX);
+        accept_session_from(std_stream, &sh.client, &sh.cache, extra)
+    })
+    .await;
     let session = match joined {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -224,13 +244,20 @@ async fn handle_connection(stream: UnixStream, shared: Arc<Shared>) {
     if worker.send(WorkerMsg::Add(id, Box::new(session))).is_err() {
         return;
     }
-    watch_socket(watch, id, worker.clone()).await;
+    watch_socket(watch, id, worker.clone(), &shared.counters).await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
-async fn watch_socket(mut sock: UnixStream, id: SessionId, worker: mpsc::Sender<WorkerMsg>) {
+/// The first byte also confirms that the client records (`Counters::confirmed`).
+async fn watch_socket(
+    mut sock: UnixStream,
+    id: SessionId,
+    worker: mpsc::Sender<WorkerMsg>,
+    counters: &Counters,
+) {
     let mut buf = [0u8; 256];
+    let mut first = true;
     loop {
         match sock.read(&mut buf).await {
             Ok(0) | Err(_) => {
@@ -238,6 +265,9 @@ async fn watch_socket(mut sock: UnixStream, id: SessionId, worker: mpsc::Sender<
                 return;
             }
             Ok(_) => {
+                if std::mem::take(&mut first) {
+                    counters.confirmed.fetch_add(1, Ordering::Relaxed);
+                }
                 if worker.send(WorkerMsg::Poke(id)).is_err() {
                     return;
                 }
