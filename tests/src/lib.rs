@@ -6,6 +6,8 @@
 //! * [`record_harness`]: finding the release `heapprofd-rs`, compiling the
 //!   record test programs, driving `record`, and reading traces back through
 //!   the official-schema checker (`proto/tests/check_trace.py`).
+//! * [`attach_harness`]: the `record --pid` targets and their driving.
 
+pub mod attach_harness;
 pub mod client_harness;
 pub mod record_harness;
