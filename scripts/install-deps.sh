@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs, skipping what is already there.
 # Debian packages: compilers and debuggers the end-to-end tests drive, glibc's
-# debug symbols (libc frames must be named), heaptrack (reference totals).
+# debug symbols (libc frames must be named), heaptrack (reference totals),
+# nodejs (a target of the attach tests).
 # Python: the official Perfetto trace schema. Cargo: cargo-fuzz.
 set -euo pipefail
 
 need_apt=()
-for pkg in gcc g++ gdb binutils xz-utils dwz libc6-dbg heaptrack python3-pip; do
+for pkg in gcc g++ gdb binutils xz-utils dwz libc6-dbg heaptrack python3-pip nodejs; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

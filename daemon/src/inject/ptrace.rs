@@ -340,18 +340,42 @@ impl Tracee {
     }
 
     /// Detaches (the thread resumes), delivering `sig` (0 = none).
+    /// (On failure, dropping the tracee tries again.)
     pub(crate) fn detach(mut self, sig: i32) -> io::Result<()> {
+        ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize)?;
         self.attached = false;
-        ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize).map(|_| ())
+        Ok(())
     }
 }
 
 impl Drop for Tracee {
     fn drop(&mut self) {
-        if self.attached {
-            // Best effort on an error path: detaching needs a stopped tracee
-            // (a running one is detached by the kernel when we exit).
-            let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
+        if !self.attached {
+            return;
+        }
+        // Detaching needs a stopped tracee. One that has not stopped yet (in
+        // an uninterruptible sleep when we interrupted it) would stop later
+        // and stay stopped while we trace it: wait for that stop (up to a
+        // few seconds) and detach then. After that the kernel detaches it
+        // when this thread exits.
+        if ptrace(libc::PTRACE_DETACH, self.tid, 0, 0).is_ok() {
+            return;
+        }
+        let _ = self.interrupt();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(Some(stop)) = self.wait(deadline.saturating_duration_since(Instant::now())) {
+            match stop {
+                Stop::Gone => return,
+                // A signal on its way: detaching delivers it.
+                Stop::Signal(sig) => {
+                    let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize);
+                    return;
+                }
+                Stop::Event(_) => {
+                    let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
+                    return;
+                }
+            }
         }
     }
 }
