@@ -8,7 +8,8 @@
 //!    and again with one `ProcessContext` (module cache and framehop rule
 //!    cache warm). Reported as unwinds/s on one core.
 //!    Then the same with `unwind_raw` (addresses only, the daemon's hot
-//!    path).
+//!    path), and the replay check that stands in for a walk when a sample
+//!    matches a traced one (`walk_inputs` + `stack_matches`).
 //! 2. **warm symbolization**: `symbolize_frame` of every frame of that
 //!    sample after the first pass (a per-module cache lookup).
 //! 3. **cold start**: a fresh `ModuleCache`; parse libc for unwinding, then
@@ -21,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use heapprofd_unwinder::{
-    Arch, FdMaps, FdMemory, Frame, ModuleCache, ProcessContext, RawUnwind, UnwindResult,
+    Arch, FdMaps, FdMemory, Frame, ModuleCache, ProcessContext, RawUnwind, UnwindResult, WalkTrace,
+    stack_matches, walk_inputs,
 };
 
 #[path = "../tests/integration_tests/selfcapture.rs"]
@@ -150,6 +152,33 @@ fn main() {
         dt,
         per,
         per / raw.pcs.len().max(1) as f64
+    );
+
+    // 1c. Replaying the walk: the check that a sample would walk like a
+    // traced one (what the daemon does instead of a walk on a hit).
+    let mut trace = WalkTrace::default();
+    ctx.unwind_raw_traced(
+        Arch::X86_64,
+        &sample.regs,
+        sample.sp,
+        &sample.stack,
+        0..0,
+        &mut raw,
+        &mut trace,
+    );
+    assert!(trace.replayable);
+    let (n, dt) = time_loop(budget, || {
+        let inputs = walk_inputs(Arch::X86_64, &sample.regs, sample.sp, &sample.stack);
+        let ok = inputs.is_some_and(|(pc, sp, bp)| {
+            pc == trace.pc && sp == trace.sp && trace.bp.is_none_or(|b| b == bp)
+        }) && stack_matches(&trace.reads, sample.sp, &sample.stack);
+        assert!(black_box(ok));
+    });
+    println!(
+        "replay check: {:.0} ns per sample ({} stack words compared, bp {})",
+        dt.as_nanos() as f64 / n as f64,
+        trace.reads.len(),
+        if trace.bp.is_some() { "used" } else { "unused" }
     );
 
     // 2. Warm symbolization (every frame was symbolized above).
