@@ -1,29 +1,54 @@
-//! The entry point the daemon calls inside a running process (`record --pid`).
+//! The entry points the daemon calls inside a running process
+//! (`record --pid`).
 //!
 //! After `dlopen`ing the library into a stopped thread of the target (or
 //! finding it already loaded), the daemon makes that thread call
-//! [`heapprofd_rs_remote_attach`] with its socket id. The function is not
-//! exported (only the malloc family is): the daemon finds its address in the
-//! library's `.symtab` (the name is Rust-mangled and contains
-//! `heapprofd_rs_remote_attach`) plus the mapping's load address. Unlike the
-//! activation signal, which only flags a pending activation for the next
-//! allocation hook (a library that does not interpose never sees one), it
-//! starts the connecting thread at once; the daemon already checked that the
-//! thread is at a safe point (not inside malloc, the dynamic loader, fork or
-//! thread creation), and `pthread_create` runs with the guard held.
+//! [`heapprofd_rs_remote_attach`] with its socket id. The functions are not
+//! exported (only the malloc family is): the daemon finds their addresses in
+//! the library's `.symtab` (the names are Rust-mangled and contain
+//! `heapprofd_rs_remote_attach` / `heapprofd_rs_remote_detach`) plus the
+//! mapping's load address. The daemon has checked that the thread is at a
+//! safe point (not inside malloc, the dynamic loader, fork or thread
+//! creation); everything runs with the guard held.
+//!
+//! Two modes:
+//!
+//! * **threaded** (the process has other threads): start the connecting
+//!   thread, which patches the GOTs, connects and stays as the session's
+//!   watcher (teardown and GOT restore when the daemon closes the session).
+//!   Unlike the activation signal, which only flags a pending activation for
+//!   the next allocation hook (a library that does not interpose never sees
+//!   one), this starts at once.
+//! * **synchronous** ([`ATTACH_SYNC`], the process has a single thread):
+//!   glibc makes a process "multi-threaded" for good at its first
+//!   `pthread_create` (its malloc then takes arena locks and atomic
+//!   operations on every call: measured 1.28x slower malloc/free pairs after
+//!   a threaded attach of a single-threaded program), so no thread is
+//!   created: the GOTs are patched and the handshake is done right here, in
+//!   the hijacked thread, and at the end the daemon calls
+//!   [`heapprofd_rs_remote_detach`] the same way, which tears the session
+//!   down and restores the GOTs. Without a watcher, objects loaded later by
+//!   a bare-name `dlopen` (a tail jump to glibc's) are only patched at the
+//!   next wrapped `dlopen`; if the daemon dies, the next sample finds the
+//!   socket closed and the hooks go back to pass-through (the GOT entries
+//!   then stay redirected to them).
 //!
 //! The result codes are part of the daemon/client contract (the daemon turns
 //! each into an error message): see the `ATTACH_*` constants.
 
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicPtr, Ordering};
 
 use heapprofd_proto::wire::Handshake;
 
 use crate::connect::{self, SocketPath};
-use crate::session::{CONNECTING, IDLE, MODE, MODE_PENDING, PENDING, STATE};
+use crate::session::{self, CONNECTING, IDLE, MODE, MODE_PENDING, PENDING, STATE, Session};
 use crate::tls::Guard;
 
-/// The connecting thread was started.
+/// `flags` of [`heapprofd_rs_remote_attach`]: connect synchronously, create
+/// no thread.
+pub const ATTACH_SYNC: u32 = 1;
+
+/// The session was started (threaded: the connecting thread was started).
 pub const ATTACH_STARTED: i32 = 0;
 /// A session is already active or connecting (another profiler session).
 pub const ATTACH_BUSY: i32 = 1;
@@ -33,12 +58,19 @@ pub const ATTACH_REENTERED: i32 = 2;
 pub const ATTACH_OTHER_ALLOCATOR: i32 = 3;
 /// The connecting thread could not be created.
 pub const ATTACH_NO_THREAD: i32 = 4;
+/// Synchronous mode: the handshake with the daemon failed.
+pub const ATTACH_CONNECT_FAILED: i32 = 5;
 
-/// Keeps the entry point in the library: nothing in the library calls it,
-/// so the constructor takes its address through `black_box` (which the
-/// optimiser cannot see through), and the linker keeps the function.
+/// The session of a synchronous attach (it holds the reference a watcher
+/// thread would hold), released by [`heapprofd_rs_remote_detach`].
+static SYNC_SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Keeps the entry points in the library: nothing in the library calls
+/// them, so the constructor takes their addresses through `black_box`
+/// (which the optimiser cannot see through), and the linker keeps them.
 pub(crate) fn keep_entry() {
     core::hint::black_box(heapprofd_rs_remote_attach as *const ());
+    core::hint::black_box(heapprofd_rs_remote_detach as *const ());
 }
 
 /// Starts a session with the daemon listening on
@@ -47,7 +79,7 @@ pub(crate) fn keep_entry() {
 /// Called by the daemon through ptrace, on a thread it stopped at a safe
 /// point; never called by the program.
 #[cfg_attr(test, allow(dead_code))]
-pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32) -> i32 {
+pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 {
     let Some(_g) = Guard::enter() else {
         return ATTACH_REENTERED;
     };
@@ -66,9 +98,47 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32) -> i32 {
     // A signal activation that was still waiting for an allocation is
     // superseded by this one.
     let _ = MODE.compare_exchange(MODE_PENDING, 0, Ordering::SeqCst, Ordering::SeqCst);
-    if !connect::spawn(SocketPath::for_id(id), Handshake::FLAG_FROM_SIGNAL, None) {
-        STATE.store(IDLE, Ordering::SeqCst);
-        return ATTACH_NO_THREAD;
+    let path = SocketPath::for_id(id);
+    if flags & ATTACH_SYNC == 0 {
+        if !connect::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
+            STATE.store(IDLE, Ordering::SeqCst);
+            return ATTACH_NO_THREAD;
+        }
+        return ATTACH_STARTED;
     }
-    ATTACH_STARTED
+    if crate::got::on_session_start().is_err() {
+        STATE.store(IDLE, Ordering::SeqCst);
+        return ATTACH_OTHER_ALLOCATOR;
+    }
+    match connect::connect(&path, Handshake::FLAG_FROM_SIGNAL) {
+        Some(s) => {
+            SYNC_SESSION.store(s as *const Session as *mut Session, Ordering::SeqCst);
+            ATTACH_STARTED
+        }
+        None => {
+            crate::got::on_session_end();
+            let _ = STATE.compare_exchange(CONNECTING, IDLE, Ordering::SeqCst, Ordering::SeqCst);
+            ATTACH_CONNECT_FAILED
+        }
+    }
+}
+
+/// Ends a synchronous session: teardown (the hooks pass through, blocked
+/// writers are released, the daemon is told) and the GOT entries restored.
+/// Returns 0, or [`ATTACH_REENTERED`]. Harmless when there is no session.
+///
+/// Called by the daemon through ptrace, like the attach entry.
+#[cfg_attr(test, allow(dead_code))]
+pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
+    let Some(_g) = Guard::enter() else {
+        return ATTACH_REENTERED;
+    };
+    let p = SYNC_SESSION.swap(core::ptr::null_mut(), Ordering::SeqCst);
+    // SAFETY: sessions are never freed.
+    if let Some(s) = unsafe { p.as_ref() } {
+        s.teardown(None);
+        session::release(s);
+    }
+    crate::got::on_session_end();
+    0
 }

@@ -8,8 +8,9 @@
 //! depend on the caller and the call goes to [`dlopen_wrapped`], which calls
 //! glibc's `dlopen` and patches the new objects right away. Every other call
 //! is a tail jump to glibc's `dlopen`, which then sees the caller's own
-//! return address; the watcher's poll of `dlpi_adds` patches those objects
-//! a moment later (see `got`).
+//! return address; it sets `got::NEW_OBJECTS`, and the next sampled
+//! allocation (or the watcher's poll of `dlpi_adds`) patches those objects
+//! (see `got::catch_up`).
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::sync::atomic::Ordering;
@@ -24,7 +25,13 @@ extern "C" fn dlopen_decide(file: *const c_char) -> u32 {
     }
     // SAFETY: dlopen's argument is a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(file) }.to_bytes();
-    u32::from(name.contains(&b'/') && !name.contains(&b'$'))
+    let wrap = name.contains(&b'/') && !name.contains(&b'$');
+    if !wrap {
+        // Glibc's dlopen runs on its own: the objects it adds are patched
+        // by the next sampled allocation (or the watcher's poll).
+        crate::got::NEW_OBJECTS.store(true, Ordering::Relaxed);
+    }
+    u32::from(wrap)
 }
 
 type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;

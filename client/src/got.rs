@@ -43,9 +43,11 @@
 //! no `$` (no search path, no substitution: the result does not depend on
 //! the caller); those are patched right after the real `dlopen` returns.
 //! Every other call is a tail jump to glibc's `dlopen`, which then sees the
-//! caller's own return address. As a safety net (and for glibc's own
-//! `dlopen`s: NSS, iconv), the watcher compares `dlpi_adds` every
-//! [`POLL_MS`] and patches objects that appeared.
+//! caller's own return address; it flags [`NEW_OBJECTS`], and the next
+//! sampled allocation patches what the call added ([`catch_up`]). As a
+//! safety net (and for glibc's own `dlopen`s: NSS, iconv), the watcher
+//! compares `dlpi_adds` every [`POLL_MS`] and patches objects that appeared
+//! (a synchronous session has no watcher).
 //!
 //! Everything here runs with the reentrancy guard held (the watcher holds it
 //! for its whole life), so glibc calls that allocate pass through the hooks.
@@ -53,10 +55,12 @@
 //! never wait on a watcher (or on a lock held by a thread that no longer
 //! exists in a forked child).
 
+use core::cell::UnsafeCell;
 use core::ffi::{CStr, c_char, c_int, c_void};
+use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
+use crate::elfdyn::{Dynamic, Rela, Sym, in_object, is_canonical_plt, read_dynamic};
 use crate::tls::Guard;
 
 /// How often the watcher looks for newly loaded objects while patched.
@@ -167,7 +171,7 @@ struct PatchState {
     skip: [usize; 3],
 }
 
-static PATCH: Mutex<PatchState> = Mutex::new(PatchState {
+static PATCH: Lock<PatchState> = Lock::new(PatchState {
     active: false,
     expected: [0; N],
     hooks: [0; N],
@@ -175,6 +179,69 @@ static PATCH: Mutex<PatchState> = Mutex::new(PatchState {
     adds: 0,
     skip: [0; 3],
 });
+
+/// A lock for [`PatchState`]: std's `Mutex` would bring its poisoning
+/// check (thread-local panic count) onto the hook paths that try it.
+struct Lock<T> {
+    held: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through a guard, one at a time.
+unsafe impl<T: Send> Sync for Lock<T> {}
+
+struct LockGuard<'a, T> {
+    lock: &'a Lock<T>,
+}
+
+impl<T> Lock<T> {
+    const fn new(value: T) -> Self {
+        Lock {
+            held: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    fn try_lock(&self) -> Option<LockGuard<'_, T>> {
+        self.held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(LockGuard { lock: self })
+    }
+
+    /// Waits (yielding) for the lock; only the watcher and the attach and
+    /// detach entries wait, never a hook.
+    fn lock(&self) -> LockGuard<'_, T> {
+        loop {
+            if let Some(g) = self.try_lock() {
+                return g;
+            }
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
+}
+
+impl<T> Deref for LockGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: we hold the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for LockGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: we hold the lock.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for LockGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.held.store(false, Ordering::Release);
+    }
+}
 
 /// Why patching was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,60 +308,6 @@ fn close_handle(h: *mut c_void) {
     }
 }
 
-/// Whether `addr` is the main program's canonical PLT entry for `name`: its
-/// dynamic symbol is undefined but has this address.
-fn is_canonical_plt(name: &CStr, addr: usize) -> bool {
-    struct Q<'a> {
-        name: &'a CStr,
-        addr: usize,
-        found: bool,
-    }
-    unsafe extern "C" fn cb(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: glibc passes a valid info (the first object is the main
-        // program) and our query; the object stays mapped meanwhile.
-        unsafe {
-            let q = &mut *data.cast::<Q<'_>>();
-            let info = &*info;
-            if let Some(d) = read_dynamic(info)
-                && d.jmprel != 0
-                && d.pltrel_is_rela
-                && d.symtab != 0
-                && d.strtab != 0
-            {
-                let base = info.dlpi_addr as usize;
-                let n = d.pltrelsz / core::mem::size_of::<Rela>();
-                for i in 0..n {
-                    let r = &*(d.jmprel as *const Rela).add(i);
-                    let sym = &*(d.symtab as *const Sym).add((r.info >> 32) as usize);
-                    if sym.shndx != 0
-                        || sym.value == 0
-                        || (d.strsz != 0 && sym.name as usize >= d.strsz)
-                    {
-                        continue;
-                    }
-                    let n = CStr::from_ptr((d.strtab + sym.name as usize) as *const c_char);
-                    if n == q.name && base.wrapping_add(sym.value as usize) == q.addr {
-                        q.found = true;
-                    }
-                }
-            }
-        }
-        1 // the main program only
-    }
-    let mut q = Q {
-        name,
-        addr,
-        found: false,
-    };
-    // SAFETY: the callback only reads the object glibc reports.
-    unsafe { libc::dl_iterate_phdr(Some(cb), (&mut q as *mut Q<'_>).cast()) };
-    q.found
-}
-
 /// Whether the program's global malloc family is glibc's (so that
 /// patching can work). Call with the guard held.
 pub(crate) fn glibc_allocator() -> bool {
@@ -309,7 +322,7 @@ pub(crate) fn on_session_start() -> Result<(), Refusal> {
         return Ok(());
     }
     let expected = resolve_expected()?;
-    let mut st = PATCH.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = PATCH.lock();
     st.expected = expected;
     st.hooks = hook_addrs();
     if expected[DLOPEN] == 0 || st.hooks[DLOPEN] == 0 {
@@ -333,7 +346,7 @@ pub(crate) fn on_session_start() -> Result<(), Refusal> {
 /// Puts every patched slot back. Call on the watcher thread after the
 /// session is retired.
 pub(crate) fn on_session_end() {
-    let mut st = PATCH.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = PATCH.lock();
     if !st.active {
         return;
     }
@@ -352,10 +365,41 @@ pub(crate) fn is_active() -> bool {
 /// Patches objects loaded since the last pass, if any (watcher, every
 /// [`POLL_MS`]).
 pub(crate) fn poll_new_objects() {
-    let mut st = PATCH.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = PATCH.lock();
     if st.active && current_adds() != st.adds {
         pass(&mut st, Pass::Patch);
     }
+}
+
+/// Set by the `dlopen` hook when glibc's `dlopen` ran unwrapped: objects
+/// may have been added since the last pass.
+pub(crate) static NEW_OBJECTS: AtomicBool = AtomicBool::new(false);
+
+/// On a sampled allocation (guard held): if a bare-name `dlopen` ran since
+/// the last pass and the set of objects changed, patch the new ones. One
+/// relaxed load otherwise. Never waits for the patch lock.
+#[inline]
+pub(crate) fn catch_up() {
+    if !NEW_OBJECTS.load(Ordering::Relaxed) {
+        return;
+    }
+    catch_up_slow();
+}
+
+#[cold]
+fn catch_up_slow() {
+    let errno = crate::errno();
+    if let Some(mut st) = PATCH.try_lock() {
+        if !st.active {
+            NEW_OBJECTS.store(false, Ordering::Relaxed);
+        } else if current_adds() != st.adds {
+            // (Still set if the dlopen has not added its objects yet.)
+            NEW_OBJECTS.store(false, Ordering::Relaxed);
+            pass(&mut st, Pass::Patch);
+        }
+    }
+    // SAFETY: restoring this thread's errno.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 /// After a wrapped `dlopen` succeeded: patch the new objects now, unless
@@ -363,7 +407,7 @@ pub(crate) fn poll_new_objects() {
 pub(crate) fn after_dlopen() {
     let Some(_g) = Guard::enter() else { return };
     let errno = crate::errno();
-    if let Ok(mut st) = PATCH.try_lock()
+    if let Some(mut st) = PATCH.try_lock()
         && st.active
     {
         pass(&mut st, Pass::Patch);
@@ -436,44 +480,6 @@ fn pass(st: &mut PatchState, kind: Pass) {
     st.slots.sort_unstable_by_key(|p| p.addr);
 }
 
-#[repr(C)]
-struct Dyn {
-    tag: i64,
-    val: u64,
-}
-
-#[repr(C)]
-struct Rela {
-    offset: u64,
-    info: u64,
-    addend: i64,
-}
-
-#[repr(C)]
-struct Sym {
-    name: u32,
-    info: u8,
-    other: u8,
-    shndx: u16,
-    value: u64,
-    size: u64,
-}
-
-/// What `PT_DYNAMIC` says about an object's relocations.
-#[derive(Default)]
-struct Dynamic {
-    symtab: usize,
-    strtab: usize,
-    strsz: usize,
-    jmprel: usize,
-    pltrelsz: usize,
-    pltrel_is_rela: bool,
-    rela: usize,
-    relasz: usize,
-    relaent: usize,
-    relacount: usize,
-}
-
 /// # Safety
 /// `info` describes a loaded object that stays mapped during the call.
 unsafe fn visit_object(ctx: &mut PassCtx<'_>, info: &libc::dl_phdr_info) {
@@ -499,54 +505,6 @@ unsafe fn visit_object(ctx: &mut PassCtx<'_>, info: &libc::dl_phdr_info) {
         // SAFETY: as above (the relative relocations are skipped).
         unsafe { visit_relocs(ctx, info, &d, start, n - skip) };
     }
-}
-
-/// # Safety
-/// As [`visit_object`].
-unsafe fn read_dynamic(info: &libc::dl_phdr_info) -> Option<Dynamic> {
-    let base = info.dlpi_addr as usize;
-    let mut dyn_addr = 0usize;
-    for i in 0..info.dlpi_phnum as usize {
-        // SAFETY: dlpi_phdr has dlpi_phnum entries.
-        let ph = unsafe { &*info.dlpi_phdr.add(i) };
-        if ph.p_type == libc::PT_DYNAMIC {
-            dyn_addr = base.wrapping_add(ph.p_vaddr as usize);
-        }
-    }
-    if dyn_addr == 0 {
-        return None;
-    }
-    // The loader relocates most d_ptr entries in place (glibc does); values
-    // below the load address are still file-relative.
-    let fix = |v: u64| -> usize {
-        let v = v as usize;
-        if v < base { v.wrapping_add(base) } else { v }
-    };
-    let mut d = Dynamic::default();
-    let mut p = dyn_addr as *const Dyn;
-    // Bounded: a dynamic section has far fewer entries.
-    for _ in 0..4096 {
-        // SAFETY: entries up to DT_NULL are part of the mapped object.
-        let e = unsafe { &*p };
-        let v = e.val;
-        match e.tag as u64 {
-            0 => break, // DT_NULL
-            6 => d.symtab = fix(v),
-            5 => d.strtab = fix(v),
-            10 => d.strsz = v as usize,
-            23 => d.jmprel = fix(v),
-            2 => d.pltrelsz = v as usize,
-            20 => d.pltrel_is_rela = v == 7, // DT_PLTREL == DT_RELA
-            7 => d.rela = fix(v),
-            8 => d.relasz = v as usize,
-            9 => d.relaent = v as usize,
-            0x6fff_fff9 => d.relacount = v as usize, // DT_RELACOUNT
-            _ => {}
-        }
-        // SAFETY: still within the dynamic section (DT_NULL not reached).
-        p = unsafe { p.add(1) };
-    }
-    Some(d)
 }
 
 /// # Safety
@@ -633,18 +591,6 @@ unsafe fn visit_slot(ctx: &mut PassCtx<'_>, info: &libc::dl_phdr_info, k: usize,
             ctx.maps.store(slot, old);
         }
     }
-}
-
-/// Whether `addr` is inside one of the object's loaded segments (an
-/// unresolved lazy-binding stub in its PLT).
-fn in_object(info: &libc::dl_phdr_info, addr: usize) -> bool {
-    let base = info.dlpi_addr as usize;
-    (0..info.dlpi_phnum as usize).any(|i| {
-        // SAFETY: dlpi_phdr has dlpi_phnum entries.
-        let ph = unsafe { &*info.dlpi_phdr.add(i) };
-        let start = base.wrapping_add(ph.p_vaddr as usize);
-        ph.p_type == libc::PT_LOAD && addr >= start && addr - start < ph.p_memsz as usize
-    })
 }
 
 /// Page protections from `/proc/self/maps` (read once per pass).

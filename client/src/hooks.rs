@@ -79,6 +79,8 @@ fn thread_slow_path(st: *mut ThreadState, m: u64) -> bool {
 fn sampled(p: *mut c_void, size: usize, ss: u64, m: u64) {
     let Some(g) = Guard::enter() else { return };
     session::sampled_alloc(&g, m, p, size, ss);
+    // Objects a bare-name dlopen added since (attach only; one load).
+    crate::got::catch_up();
 }
 
 #[inline(always)]

@@ -32,8 +32,9 @@
 //! (registers, stack bounds) and [`freeset`] (live sampled addresses);
 //! `connect` (handshake, watcher thread), `init` (constructor, signal, fork);
 //! `attach` (the entry point the daemon calls in a running process) and
-//! `got` (GOT patching when the library was loaded without interposing) and
-//! `dlhook` (its `dlopen` hook).
+//! `got` (GOT patching when the library was loaded without interposing),
+//! `elfdyn` (reading loaded objects' dynamic sections) and `dlhook` (the
+//! `dlopen` hook).
 //!
 //! Linking the rlib into a program interposes that program's malloc with
 //! these hooks and installs [`real::LibcAlloc`] as its Rust allocator; the
@@ -43,6 +44,7 @@ mod attach;
 pub mod capture;
 mod connect;
 mod dlhook;
+mod elfdyn;
 pub mod freeset;
 mod got;
 pub mod hooks;

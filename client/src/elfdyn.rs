@@ -1,0 +1,161 @@
+//! Reading the dynamic sections of loaded objects (for `got`).
+//!
+//! Everything here reads the structures the dynamic loader itself used for
+//! an object that `dl_iterate_phdr` reports, while the loader's lock keeps
+//! it mapped: `PT_DYNAMIC` (whose pointers glibc has already relocated in
+//! place; values below the load address are still file-relative), the
+//! relocation tables (`Elf64_Rela`) and the symbol table.
+
+use core::ffi::{CStr, c_char, c_int, c_void};
+
+#[repr(C)]
+pub(crate) struct Dyn {
+    pub(crate) tag: i64,
+    pub(crate) val: u64,
+}
+
+#[repr(C)]
+pub(crate) struct Rela {
+    pub(crate) offset: u64,
+    pub(crate) info: u64,
+    pub(crate) addend: i64,
+}
+
+#[repr(C)]
+pub(crate) struct Sym {
+    pub(crate) name: u32,
+    pub(crate) info: u8,
+    pub(crate) other: u8,
+    pub(crate) shndx: u16,
+    pub(crate) value: u64,
+    pub(crate) size: u64,
+}
+
+/// What `PT_DYNAMIC` says about an object's relocations.
+#[derive(Default)]
+pub(crate) struct Dynamic {
+    pub(crate) symtab: usize,
+    pub(crate) strtab: usize,
+    pub(crate) strsz: usize,
+    pub(crate) jmprel: usize,
+    pub(crate) pltrelsz: usize,
+    pub(crate) pltrel_is_rela: bool,
+    pub(crate) rela: usize,
+    pub(crate) relasz: usize,
+    pub(crate) relaent: usize,
+    pub(crate) relacount: usize,
+}
+
+/// # Safety
+/// `info` describes a loaded object that stays mapped during the call.
+pub(crate) unsafe fn read_dynamic(info: &libc::dl_phdr_info) -> Option<Dynamic> {
+    let base = info.dlpi_addr as usize;
+    let mut dyn_addr = 0usize;
+    for i in 0..info.dlpi_phnum as usize {
+        // SAFETY: dlpi_phdr has dlpi_phnum entries.
+        let ph = unsafe { &*info.dlpi_phdr.add(i) };
+        if ph.p_type == libc::PT_DYNAMIC {
+            dyn_addr = base.wrapping_add(ph.p_vaddr as usize);
+        }
+    }
+    if dyn_addr == 0 {
+        return None;
+    }
+    // The loader relocates most d_ptr entries in place (glibc does); values
+    // below the load address are still file-relative.
+    let fix = |v: u64| -> usize {
+        let v = v as usize;
+        if v < base { v.wrapping_add(base) } else { v }
+    };
+    let mut d = Dynamic::default();
+    let mut p = dyn_addr as *const Dyn;
+    // Bounded: a dynamic section has far fewer entries.
+    for _ in 0..4096 {
+        // SAFETY: entries up to DT_NULL are part of the mapped object.
+        let e = unsafe { &*p };
+        let v = e.val;
+        match e.tag as u64 {
+            0 => break, // DT_NULL
+            6 => d.symtab = fix(v),
+            5 => d.strtab = fix(v),
+            10 => d.strsz = v as usize,
+            23 => d.jmprel = fix(v),
+            2 => d.pltrelsz = v as usize,
+            20 => d.pltrel_is_rela = v == 7, // DT_PLTREL == DT_RELA
+            7 => d.rela = fix(v),
+            8 => d.relasz = v as usize,
+            9 => d.relaent = v as usize,
+            0x6fff_fff9 => d.relacount = v as usize, // DT_RELACOUNT
+            _ => {}
+        }
+        // SAFETY: still within the dynamic section (DT_NULL not reached).
+        p = unsafe { p.add(1) };
+    }
+    Some(d)
+}
+
+/// Whether `addr` is inside one of the object's loaded segments (an
+/// unresolved lazy-binding stub in its PLT).
+pub(crate) fn in_object(info: &libc::dl_phdr_info, addr: usize) -> bool {
+    let base = info.dlpi_addr as usize;
+    (0..info.dlpi_phnum as usize).any(|i| {
+        // SAFETY: dlpi_phdr has dlpi_phnum entries.
+        let ph = unsafe { &*info.dlpi_phdr.add(i) };
+        let start = base.wrapping_add(ph.p_vaddr as usize);
+        ph.p_type == libc::PT_LOAD && addr >= start && addr - start < ph.p_memsz as usize
+    })
+}
+
+/// Whether `addr` is the main program's canonical PLT entry for `name`: its
+/// dynamic symbol is undefined but has this address.
+pub(crate) fn is_canonical_plt(name: &CStr, addr: usize) -> bool {
+    struct Q<'a> {
+        name: &'a CStr,
+        addr: usize,
+        found: bool,
+    }
+    unsafe extern "C" fn cb(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: glibc passes a valid info (the first object is the main
+        // program) and our query; the object stays mapped meanwhile.
+        unsafe {
+            let q = &mut *data.cast::<Q<'_>>();
+            let info = &*info;
+            if let Some(d) = read_dynamic(info)
+                && d.jmprel != 0
+                && d.pltrel_is_rela
+                && d.symtab != 0
+                && d.strtab != 0
+            {
+                let base = info.dlpi_addr as usize;
+                let n = d.pltrelsz / core::mem::size_of::<Rela>();
+                for i in 0..n {
+                    let r = &*(d.jmprel as *const Rela).add(i);
+                    let sym = &*(d.symtab as *const Sym).add((r.info >> 32) as usize);
+                    if sym.shndx != 0
+                        || sym.value == 0
+                        || (d.strsz != 0 && sym.name as usize >= d.strsz)
+                    {
+                        continue;
+                    }
+                    let n = CStr::from_ptr((d.strtab + sym.name as usize) as *const c_char);
+                    if n == q.name && base.wrapping_add(sym.value as usize) == q.addr {
+                        q.found = true;
+                    }
+                }
+            }
+        }
+        1 // the main program only
+    }
+    let mut q = Q {
+        name,
+        addr,
+        found: false,
+    };
+    // SAFETY: the callback only reads the object glibc reports.
+    unsafe { libc::dl_iterate_phdr(Some(cb), (&mut q as *mut Q<'_>).cast()) };
+    q.found
+}
