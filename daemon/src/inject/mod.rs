@@ -29,7 +29,11 @@
 //!    `RTLD_GLOBAL`: the library must not interpose later lookups; skipped
 //!    when already loaded), `dlerror()` if that failed, and the client's
 //!    attach entry with our socket id, which starts the client's connecting
-//!    thread;
+//!    thread, or, in a single-threaded process, connects right there
+//!    (glibc would treat the process as multi-threaded for good after a
+//!    `pthread_create`, with slower malloc); such a synchronous session is
+//!    ended by [`detach`], the same hijack calling the client's detach
+//!    entry;
 //! 4. restore every register (including `orig_rax`: a thread stopped inside
 //!    a blocking system call resumes it, the kernel restarts it as after any
 //!    signal) and the vector state, and detach, delivering any signal that
@@ -50,6 +54,8 @@ use self::elf::LoadedObject;
 pub const CLIENT_FILE_NAME: &str = "libheapprofd_client.so";
 /// Substring of the (mangled) name of the client's attach entry.
 const ATTACH_ENTRY: &str = "heapprofd_rs_remote_attach";
+/// Substring of the (mangled) name of the client's detach entry.
+const DETACH_ENTRY: &str = "heapprofd_rs_remote_detach";
 /// The client's activation signal (`__SIGRTMIN + 4`).
 pub const ACTIVATION_SIGNAL: i32 = 36;
 /// Thread name of the client's connecting/watcher thread.
@@ -163,6 +169,10 @@ pub(crate) fn permission_hint(pid: u32, target_uid: Option<u32>) -> String {
 /// Reads `/proc/PID/…` and checks that attaching can work (see the module
 /// docs). Touches nothing.
 pub fn probe(pid: u32) -> Result<Target> {
+    probe_with(pid, false)
+}
+
+fn probe_with(pid: u32, ending: bool) -> Result<Target> {
     if pid == 0 || pid > i32::MAX as u32 {
         bail!("{pid} is not a process id");
     }
@@ -256,7 +266,7 @@ pub fn probe(pid: u32) -> Result<Target> {
     };
     let client = LoadedObject::find(pid, &maps, |p| file_name(p) == CLIENT_FILE_NAME)?;
     let preloaded = client.is_some() && is_preloaded(pid);
-    if let Some(tid) = client_thread(pid) {
+    if let Some(tid) = client_thread(pid).filter(|_| !ending) {
         bail!(
             "process {pid} ({comm}) is already being profiled by heapprofd-rs (its thread \
              {tid} is named {CLIENT_THREAD_NAME}); stop that session first"
@@ -350,6 +360,12 @@ pub fn threads(pid: u32) -> Vec<u32> {
     tids
 }
 
+/// [`probe`] for the end of a session: the target (our client loaded, its
+/// thread possibly present) must still be there.
+pub fn probe_loaded(pid: u32) -> Result<Target> {
+    probe_with(pid, true)
+}
+
 /// Wakes a preloaded, dormant client with `sigqueue(pid, 36, id)`.
 pub fn signal_activate(pid: u32, id: u32) -> Result<()> {
     // SAFETY: sigqueue with a plain integer value.
@@ -370,4 +386,4 @@ pub fn signal_activate(pid: u32, id: u32) -> Result<()> {
 }
 
 mod remote;
-pub use remote::{InjectOptions, InjectReport, inject};
+pub use remote::{InjectOptions, InjectReport, detach, inject};

@@ -363,19 +363,14 @@ impl Drop for Tracee {
         }
         let _ = self.interrupt();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while let Ok(Some(stop)) = self.wait(deadline.saturating_duration_since(Instant::now())) {
-            match stop {
+        if let Ok(Some(stop)) = self.wait(deadline.saturating_duration_since(Instant::now())) {
+            let sig = match stop {
                 Stop::Gone => return,
                 // A signal on its way: detaching delivers it.
-                Stop::Signal(sig) => {
-                    let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize);
-                    return;
-                }
-                Stop::Event(_) => {
-                    let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
-                    return;
-                }
-            }
+                Stop::Signal(sig) => sig,
+                Stop::Event(_) => 0,
+            };
+            let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize);
         }
     }
 }

@@ -11,8 +11,8 @@ use super::elf::{LoadedObject, Symbols};
 use super::ptrace::{CallError, Regs, Stop, Tracee};
 use super::safety::{SafetyModel, Verdict};
 use super::{
-    ATTACH_ENTRY, CLIENT_FILE_NAME, RED_ZONE, RTLD_DLOPEN_PRIVATE, RTLD_NODELETE, RTLD_NOW, Target,
-    permission_hint, threads,
+    ATTACH_ENTRY, CLIENT_FILE_NAME, DETACH_ENTRY, RED_ZONE, RTLD_DLOPEN_PRIVATE, RTLD_NODELETE,
+    RTLD_NOW, Target, permission_hint, threads,
 };
 
 /// How to inject.
@@ -49,6 +49,9 @@ pub struct InjectReport {
     pub refused: Vec<(u32, String)>,
     /// Where the pause went: (step, duration), in order.
     pub steps: Vec<(&'static str, Duration)>,
+    /// The session was started synchronously, without a client thread (the
+    /// target had one thread): end it with [`detach`].
+    pub sync: bool,
 }
 
 /// Addresses in the target, all resolved before any thread is stopped.
@@ -66,6 +69,10 @@ struct Plan {
     canonical_malloc: Option<u64>,
     /// The client's attach entry: its svma, and the bias when already loaded.
     entry_svma: u64,
+    /// The client's detach entry (svma).
+    detach_svma: u64,
+    /// This run ends a synchronous session instead of starting one.
+    detach: bool,
     client_bias: Option<u64>,
     /// The client file's segments (its bias once loaded).
     client_segments: Vec<heapprofd_unwinder::LoadSegment>,
@@ -82,10 +89,21 @@ enum Attempt {
 /// Loads the client into `target` (unless already loaded) and calls its
 /// attach entry. See the module docs of `inject` for the protocol.
 pub fn inject(target: &Target, opts: &InjectOptions) -> Result<InjectReport> {
+    run(target, opts, false)
+}
+
+/// Ends a synchronous session (see [`InjectReport::sync`]): the same
+/// hijack, calling the client's detach entry (teardown, GOTs restored).
+/// `target` must be probed again (the client is loaded now).
+pub fn detach(target: &Target, opts: &InjectOptions) -> Result<InjectReport> {
+    run(target, opts, true)
+}
+
+fn run(target: &Target, opts: &InjectOptions, detach: bool) -> Result<InjectReport> {
     let t0 = Instant::now();
     let pid = target.pid;
     let libc_syms = target.libc.symbols()?;
-    let plan = make_plan(target, &libc_syms, &opts.lib)?;
+    let plan = make_plan(target, &libc_syms, &opts.lib, detach)?;
     let t_plan = t0.elapsed();
     let mut model = SafetyModel::build(
         pid,
@@ -161,7 +179,7 @@ fn exiting(pid: u32) -> bool {
     }
 }
 
-fn make_plan(target: &Target, libc_syms: &Symbols, lib: &Path) -> Result<Plan> {
+fn make_plan(target: &Target, libc_syms: &Symbols, lib: &Path, detach: bool) -> Result<Plan> {
     let pid = target.pid;
     let at = |s: &Symbols, o: &LoadedObject, name: &str| s.address_of(name).map(|a| o.bias + a);
     let errno_location = at(libc_syms, &target.libc, "__errno_location")
@@ -186,6 +204,7 @@ fn make_plan(target: &Target, libc_syms: &Symbols, lib: &Path) -> Result<Plan> {
     let dlerror = at(libc_syms, &target.libc, "dlerror").or_else(|| in_libdl("dlerror"));
     let (client_path, client_bias) = match &target.client {
         Some(c) => (c.read_from.clone(), Some(c.bias)),
+        None if detach => bail!("the profiler is not loaded in process {pid}"),
         None => (lib.to_path_buf(), None),
     };
     let dlopen = if client_bias.is_some() {
@@ -217,6 +236,9 @@ fn make_plan(target: &Target, libc_syms: &Symbols, lib: &Path) -> Result<Plan> {
             client_path.display()
         )
     })?;
+    let detach_svma = client_syms
+        .unique_containing(DETACH_ENTRY)
+        .ok_or_else(|| anyhow!("{} has no symbol {DETACH_ENTRY}", client_path.display()))?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
     let exe_path = exe.to_string_lossy().into_owned();
     // Only a non-PIE program (ET_EXEC) can have one.
@@ -239,6 +261,8 @@ fn make_plan(target: &Target, libc_syms: &Symbols, lib: &Path) -> Result<Plan> {
         libc_malloc,
         canonical_malloc,
         entry_svma,
+        detach_svma,
+        detach,
         client_bias,
         client_segments: client_syms.segments.clone(),
         lib: lib_bytes,
@@ -327,7 +351,10 @@ fn attempt_inner(
     }
     steps.done("safe-point check");
     let (fp_note, fp) = tr.fpstate()?;
-    let result = run_calls(&tr, &saved, plan, target, opts, &mut steps);
+    // A single-threaded process (this thread, stopped, is all of it) gets
+    // no client thread: glibc would consider it multi-threaded for good.
+    let sync = !plan.detach && threads(pid).len() == 1;
+    let result = run_calls(&tr, &saved, plan, target, opts, sync, &mut steps);
     // Whatever happened, the thread gets its own registers back.
     if let Err(CallError::Timeout) = &result {
         // It is still running our call: stop it before restoring.
@@ -353,6 +380,7 @@ fn attempt_inner(
             prepare: Duration::ZERO,
             refused: Vec::new(),
             steps: steps.list,
+            sync,
         })),
         Err(CallError::Gone) => bail!("process {pid} exited during the attach"),
         Err(CallError::Timeout) => bail!(
@@ -401,6 +429,7 @@ fn run_calls(
     plan: &Plan,
     target: &Target,
     opts: &InjectOptions,
+    sync: bool,
     steps: &mut Steps,
 ) -> Result<(), CallError> {
     // Scratch area below the red zone: [sp: return address 0][data...].
@@ -417,7 +446,12 @@ fn run_calls(
     let mut errno = [0u8; 4];
     let errno_ok = errno_addr != 0 && tr.read(errno_addr, &mut errno).is_ok();
     steps.done("__errno_location()");
-    let result = calls_after_errno(tr, saved, sp, data, name_malloc, plan, target, opts, steps);
+    let result = if plan.detach {
+        detach_call(tr, saved, sp, plan, target, opts, steps)
+    } else {
+        let addrs = (sp, data, name_malloc);
+        calls_after_errno(tr, saved, addrs, plan, target, opts, sync, steps)
+    };
     if errno_ok {
         tr.write(errno_addr, &errno)?;
     }
@@ -425,15 +459,37 @@ fn run_calls(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn calls_after_errno(
+/// The client's detach entry (a synchronous session ends).
+fn detach_call(
     tr: &Tracee,
     saved: &Regs,
     sp: u64,
-    data: u64,
-    name_malloc: u64,
     plan: &Plan,
     target: &Target,
     opts: &InjectOptions,
+    steps: &mut Steps,
+) -> Result<(), CallError> {
+    let bias = plan.client_bias.unwrap_or(0);
+    let status = tr.call(saved, sp, bias + plan.detach_svma, &[], opts.call_timeout)?;
+    steps.done("detach entry");
+    match status as u32 as i32 {
+        0 => Ok(()),
+        s => Err(CallError::Failed(format!(
+            "the profiler's detach entry in process {} returned {s}",
+            target.pid
+        ))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn calls_after_errno(
+    tr: &Tracee,
+    saved: &Regs,
+    (sp, data, name_malloc): (u64, u64, u64),
+    plan: &Plan,
+    target: &Target,
+    opts: &InjectOptions,
+    sync: bool,
     steps: &mut Steps,
 ) -> Result<(), CallError> {
     let pid = target.pid;
@@ -486,7 +542,7 @@ fn calls_after_errno(
         saved,
         sp,
         bias + plan.entry_svma,
-        &[u64::from(opts.id)],
+        &[u64::from(opts.id), u64::from(sync)],
         opts.call_timeout,
     )? as u32 as i32;
     steps.done("attach entry");
@@ -502,6 +558,9 @@ fn calls_after_errno(
         ))),
         4 => Err(CallError::Failed(format!(
             "the profiler could not create its thread in process {pid}"
+        ))),
+        5 => Err(CallError::Failed(format!(
+            "the profiler in process {pid} could not connect to this heapprofd-rs"
         ))),
         s => Err(CallError::Failed(format!(
             "the profiler's attach entry in process {pid} returned {s}"

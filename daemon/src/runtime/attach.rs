@@ -85,6 +85,8 @@ fn choose_method(t: &Target) -> Result<Method> {
 
 /// Runs `record --pid`; returns the exit code.
 pub fn run(args: RecordArgs) -> Result<i32> {
+    // The attach timings (HEAPPROFD_DEBUG) count from here.
+    let started = Instant::now();
     let pid = args.pid.context("record --pid without a pid")?;
     let target = inject::probe(pid)?;
     let method = choose_method(&target)?;
@@ -133,6 +135,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         .build()
         .context("starting the async runtime")?;
     let outcome = rt.block_on(supervise(
+        started,
         args,
         target,
         method,
@@ -188,6 +191,7 @@ fn ms(d: Duration) -> String {
 }
 
 async fn supervise(
+    started: Instant,
     args: RecordArgs,
     target: Target,
     method: Method,
@@ -198,7 +202,6 @@ async fn supervise(
     use tokio::signal::unix::{SignalKind, signal};
 
     let debug = std::env::var_os("HEAPPROFD_DEBUG").is_some();
-    let started = Instant::now();
     let pid = target.pid;
     let comm = target.comm.clone();
     let target_preloaded = target.preloaded;
@@ -219,19 +222,20 @@ async fn supervise(
         unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
     });
 
+    let opts = InjectOptions {
+        lib: client_lib,
+        id: std::process::id(),
+        safe_point_timeout: std::env::var("HEAPPROFD_ATTACH_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(SAFE_POINT_TIMEOUT, Duration::from_millis),
+        call_timeout: CALL_TIMEOUT,
+        module_cache: daemon.module_cache(),
+    };
     let activation = match method {
         Method::Signal => inject::signal_activate(pid, std::process::id()).map(|()| None),
         Method::Ptrace => {
-            let opts = InjectOptions {
-                lib: client_lib,
-                id: std::process::id(),
-                safe_point_timeout: std::env::var("HEAPPROFD_ATTACH_TIMEOUT_MS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .map_or(SAFE_POINT_TIMEOUT, Duration::from_millis),
-                call_timeout: CALL_TIMEOUT,
-                module_cache: daemon.module_cache(),
-            };
+            let opts = opts.clone();
             let t = target.clone();
             tokio::task::spawn_blocking(move || inject::inject(&t, &opts))
                 .await
@@ -357,6 +361,28 @@ async fn supervise(
         }
     }
     status.clear();
+    // A synchronous session (single-threaded target, no client thread) is
+    // ended by a call into the target, before the daemon stops reading.
+    if report.as_ref().is_some_and(|r| r.sync) && !target_exited {
+        let ended = tokio::task::spawn_blocking(move || {
+            let t = inject::probe_loaded(pid)?;
+            inject::detach(&t, &opts)
+        })
+        .await
+        .context("the detach thread failed")?;
+        match ended {
+            Ok(r) if debug => eprintln!(
+                "heapprofd-rs: attach: detach paused thread {} for {}",
+                r.tid,
+                ms(r.pause)
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "heapprofd-rs: warning: could not end the session inside process {pid} \
+                 ({e:#}); its profiler goes dormant when it sees the daemon stop"
+            ),
+        }
+    }
     let summary = tokio::task::spawn_blocking(move || daemon.finish())
         .await
         .context("finishing the profile")??;
