@@ -71,71 +71,25 @@ pub fn attach_programs() -> &'static AttachPrograms {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let s = |f: &str| src.join(f).to_string_lossy().into_owned();
         let o = |f: &str| dir.join(f).to_string_lossy().into_owned();
-        compile(&[
-            "gcc",
-            "-O2",
-            "-g",
-            "-pthread",
-            "-o",
-            &o("target"),
-            &s("target.c"),
-            "-ldl",
-        ]);
-        compile(&[
-            "g++",
-            "-O2",
-            "-g",
-            "-pthread",
-            "-o",
-            &o("target_cxx"),
-            &s("target.cpp"),
-        ]);
-        compile(&[
-            "rustc",
-            "-O",
-            "-g",
-            "--edition",
-            "2021",
-            "-o",
-            &o("target_rs"),
-            &s("target.rs"),
-        ]);
-        compile(&[
-            "gcc",
-            "-O2",
-            "-g",
-            "-pthread",
-            "-o",
-            &o("busy"),
-            &s("busy.c"),
-        ]);
-        compile(&[
-            "gcc",
-            "-O2",
-            "-g",
-            "-o",
-            &o("in_handler"),
-            &s("in_handler.c"),
-        ]);
-        compile(&[
-            "gcc",
-            "-O2",
-            "-g",
-            "-shared",
-            "-fPIC",
-            "-o",
-            &o("libplugin.so"),
-            &s("plugin.c"),
-        ]);
-        compile(&["gcc", "-O2", "-o", &o("sleeper"), &s("sleeper.c")]);
-        compile(&[
-            "gcc",
-            "-O2",
-            "-static",
-            "-o",
-            &o("sleeper_static"),
-            &s("sleeper.c"),
-        ]);
+        // (compiler, output, source, extra flags) with -O2 -g.
+        let builds: [(&str, &str, &str, &[&str]); 9] = [
+            ("gcc", "target", "target.c", &["-pthread", "-ldl"]),
+            ("g++", "target_cxx", "target.cpp", &["-pthread"]),
+            ("gcc", "busy", "busy.c", &["-pthread"]),
+            ("gcc", "in_handler", "in_handler.c", &[]),
+            ("gcc", "rounds", "rounds.c", &["-pthread"]),
+            ("gcc", "libplugin.so", "plugin.c", &["-shared", "-fPIC"]),
+            ("gcc", "sleeper", "sleeper.c", &[]),
+            ("gcc", "sleeper_static", "sleeper.c", &["-static"]),
+            ("rustc", "target_rs", "target.rs", &["--edition", "2021"]),
+        ];
+        for (cc, out, source, flags) in builds {
+            let (out, source) = (o(out), s(source));
+            let opt = if cc == "rustc" { "-O" } else { "-O2" };
+            let mut args = vec![cc, opt, "-g", "-o", &out, &source];
+            args.extend_from_slice(flags);
+            compile(&args);
+        }
         compile(&["as", "--32", "-o", &o("i386.o"), &s("i386.S")]);
         compile(&["ld", "-m", "elf_i386", "-o", &o("i386"), &o("i386.o")]);
         AttachPrograms { dir, src }

@@ -4,7 +4,8 @@
 //! of deterministic work, compared with the value before any attach) with no
 //! profiler thread and glibc's malloc back in their GOT afterwards; a target
 //! busy in malloc on every thread; a target blocked in read(2); memory
-//! allocated before the attach; a library loaded after it; a preloaded
+//! allocated before the attach (single-threaded targets: no profiler thread,
+//! glibc's single-thread mode kept); a library loaded after it; a preloaded
 //! dormant client woken by the signal; root attaching to another user's
 //! process; and the errors (no such process, no permission, static, 32-bit,
 //! traced, exiting, never at a safe point), each leaving the target running.
@@ -267,12 +268,17 @@ fn target_blocked_in_read_resumes_its_system_call() {
     c.arg("0");
     let mut t = Target::start(c);
     let before = t.cmd("work 5000");
+    assert_eq!(t.cmd("single"), "single=1");
     let dir = scratch_dir("blocked");
     let trace = dir.join("t.pftrace");
     let bg = Background::start(t.pid, &["-o", &s(&trace)]);
     // What is written to the pipe after the injection is read, once.
     assert_eq!(t.cmd("work 5000"), before);
     assert_eq!(t.cmd("got"), "malloc=other");
+    // A single-threaded target gets no profiler thread (the session runs
+    // synchronously): glibc still sees one thread.
+    assert_eq!(client_thread(t.pid), None);
+    assert_eq!(t.cmd("single"), "single=1");
     let out = bg.stop();
     ok(&out, "record --pid");
     assert!(
@@ -285,6 +291,11 @@ fn target_blocked_in_read_resumes_its_system_call() {
     assert_left_as_it_was(t.pid);
     assert_eq!(t.cmd("got"), "malloc=libc");
     assert_eq!(t.cmd("work 5000"), before);
+    assert_eq!(
+        t.cmd("single"),
+        "single=1",
+        "glibc's single-thread mode was lost"
+    );
     t.quit();
     let _ = std::fs::remove_dir_all(&dir);
 }

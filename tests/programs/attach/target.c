@@ -17,6 +17,8 @@
 //                prints "plugin patched" (or "plugin unpatched" after 60 s)
 //   plugin-state PATH  for a plugin loaded before: "plugin-state patched" or
 //                "plugin-state clean" (its GOT entry for malloc is glibc's)
+//   single       "single=1" while glibc considers the process single-threaded
+//                (__libc_single_threaded), "single=0" once a thread was created
 //   quit         stops the workers and exits 0
 // With THREADS = 0 the only thread blocks in read(2) on stdin between
 // commands (the "target blocked in a system call" case).
@@ -27,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/single_threaded.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -135,6 +138,10 @@ int main(int argc, char **argv) {
       int ok = 0;
       while (time(NULL) - start < 60) {
         free(alloc(100));
+        // The program keeps allocating meanwhile (its own calls are sampled).
+        void *q = malloc(4096);
+        __asm__ volatile("" ::"r"(q) : "memory");
+        free(q);
         if (patched()) {
           ok = 1;
           break;
@@ -144,6 +151,8 @@ int main(int argc, char **argv) {
       }
       for (long i = 0; ok && i < n; i++) free(alloc(100 + i % 100));
       printf("plugin %s\n", ok ? "patched" : "unpatched");
+    } else if (!strcmp(line, "single")) {
+      printf("single=%d\n", (int)__libc_single_threaded);
     } else if (!strcmp(line, "quit")) {
       break;
     } else {
