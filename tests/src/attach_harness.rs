@@ -72,7 +72,8 @@ pub fn attach_programs() -> &'static AttachPrograms {
         let s = |f: &str| src.join(f).to_string_lossy().into_owned();
         let o = |f: &str| dir.join(f).to_string_lossy().into_owned();
         // (compiler, output, source, extra flags) with -O2 -g.
-        let builds: [(&str, &str, &str, &[&str]); 9] = [
+        let builds: [(&str, &str, &str, &[&str]); 10] = [
+            ("gcc", "regs", "regs.c", &[]),
             ("gcc", "target", "target.c", &["-pthread", "-ldl"]),
             ("g++", "target_cxx", "target.cpp", &["-pthread"]),
             ("gcc", "busy", "busy.c", &["-pthread"]),

@@ -5,7 +5,8 @@
 //! profiler thread and glibc's malloc back in their GOT afterwards; a target
 //! busy in malloc on every thread; a target blocked in read(2); memory
 //! allocated before the attach (single-threaded targets: no profiler thread,
-//! glibc's single-thread mode kept); a library loaded after it; a preloaded
+//! glibc's single-thread mode kept); general and vector registers of the
+//! hijacked thread, blocked or spinning; a library loaded after it; a preloaded
 //! dormant client woken by the signal; root attaching to another user's
 //! process; and the errors (no such process, no permission, static, 32-bit,
 //! traced, exiting, never at a safe point), each leaving the target running.
@@ -297,6 +298,40 @@ fn target_blocked_in_read_resumes_its_system_call() {
         "glibc's single-thread mode was lost"
     );
     t.quit();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn registers_survive_the_attach() {
+    // Blocked in read(2) with known values in the general and vector
+    // registers the kernel preserves: the attach (dlopen, handshake) and the
+    // detach run in that thread; the read resumes with every value intact.
+    let mut t = Target::start(prog("regs"));
+    let dir = scratch_dir("regs");
+    for round in 0..2 {
+        let trace = dir.join(format!("t{round}.pftrace"));
+        ok(
+            &attach(t.pid, &["-d", "200ms", "-o", &s(&trace)]),
+            "record --pid",
+        );
+        assert_eq!(t.cmd("x"), "regs ok 2", "round {round}");
+    }
+    t.wait_exit(0);
+    // Spinning in user space with live registers, checked every iteration.
+    let mut c = prog("regs");
+    c.arg("spin");
+    let mut t = Target::start(c);
+    for round in 0..2 {
+        let trace = dir.join(format!("s{round}.pftrace"));
+        ok(
+            &attach(t.pid, &["-d", "200ms", "-o", &s(&trace)]),
+            "record --pid",
+        );
+    }
+    t.signal(libc::SIGTERM);
+    let last = t.line(WAIT);
+    assert!(last.ends_with(" bad=0"), "{last}");
+    t.wait_exit(0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -53,6 +53,7 @@ struct Latency {
     activated: Vec<f64>,
     connected: Vec<f64>,
     first_sample: Vec<f64>,
+    detach_pause: Vec<f64>,
     wall: Vec<f64>,
     steps: Vec<String>,
 }
@@ -65,6 +66,10 @@ impl Latency {
         self.activated.push(get("activated after "));
         self.connected.push(get("connected after "));
         self.first_sample.push(get("first sample after "));
+        if let Some(l) = stderr.lines().find(|l| l.contains("detach paused thread")) {
+            self.detach_pause
+                .push(number_after(l, " for ").unwrap_or(f64::NAN));
+        }
         self.wall.push(wall.as_secs_f64() * 1e3);
         if let Some(l) = stderr.lines().find(|l| l.contains("attach: pause:")) {
             self.steps.push(
@@ -85,6 +90,13 @@ impl Latency {
             median(&mut self.wall),
             self.wall.len()
         );
+        if !self.detach_pause.is_empty() {
+            println!(
+                "{:<34} synchronous session: the detach call paused the thread {:.2} ms",
+                "",
+                median(&mut self.detach_pause)
+            );
+        }
         if let Some(s) = self.steps.first() {
             println!("{:<34} pause steps (first run): {s}", "");
         }
@@ -113,8 +125,13 @@ fn latency(reps: usize) {
     println!("== attach latency (ms from the start of `record --pid`)");
     let p = attach_programs();
     // (name, program, arguments)
-    let targets: [(&str, std::path::PathBuf, String); 3] = [
+    let targets: [(&str, std::path::PathBuf, String); 4] = [
         ("C target (3 threads)", p.path("target"), "2".into()),
+        (
+            "C target (1 thread: synchronous)",
+            p.path("target"),
+            "0".into(),
+        ),
         (
             "python3 target",
             "python3".into(),
