@@ -115,10 +115,16 @@ impl Background {
     }
 
     /// SIGINT (Ctrl-C), then the exit code and all of stderr.
-    fn stop(mut self) -> Output {
-        let mut child = self.child.take().expect("child");
+    fn stop(self) -> Output {
+        let pid = self.child.as_ref().expect("child").id();
         // SAFETY: kill has no memory-safety preconditions; our child's pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        self.wait()
+    }
+
+    /// Waits for it to exit by itself; the exit code and all of stderr.
+    fn wait(mut self) -> Output {
+        let mut child = self.child.take().expect("child");
         let start = Instant::now();
         let status = loop {
             if let Some(st) = child.try_wait().expect("try_wait") {
@@ -372,28 +378,45 @@ fn memory_allocated_before_the_attach_is_ignored() {
 
 #[test]
 fn library_loaded_after_the_attach_is_profiled_and_restored() {
+    // Single-threaded (synchronous session, no watcher) and with workers.
+    for workers in ["0", "2"] {
+        plugin_case(workers);
+    }
+}
+
+fn plugin_case(workers: &str) {
     let p = attach_programs();
     let dir = scratch_dir("plugin");
     // Two copies: one loaded by bare name (a search: glibc's dlopen is
-    // called directly and the watcher patches it), one by path (patched by
-    // the dlopen hook at once).
+    // called directly, and the next sampled allocation or the watcher
+    // patches it), one by path (patched by the dlopen hook at once).
     let bare = dir.join("libplugin_bare.so");
     std::fs::copy(p.path("libplugin.so"), &bare).unwrap();
     let mut c = prog("target");
-    c.arg("0").env("LD_LIBRARY_PATH", &dir);
+    c.arg(workers).env("LD_LIBRARY_PATH", &dir);
     let mut t = Target::start(c);
     let trace = dir.join("t.pftrace");
     let bg = Background::start(t.pid, &["-i", "1", "-o", &s(&trace)]);
     assert_eq!(t.cmd("plugin libplugin_bare.so 1000"), "plugin patched");
     let by_path = format!("plugin {} 1000", s(&p.path("libplugin.so")));
     assert_eq!(t.cmd(&by_path), "plugin patched");
+    // A third copy, patched and then unloaded before the end: the restore
+    // must leave its (unmapped) slots alone.
+    let gone = dir.join("libplugin_gone.so");
+    std::fs::copy(p.path("libplugin.so"), &gone).unwrap();
+    assert_eq!(t.cmd(&format!("plugin {} 10", s(&gone))), "plugin patched");
+    assert_eq!(t.cmd(&format!("unplug {}", s(&gone))), "unplugged");
+    assert!(!maps_contain(t.pid, "libplugin_gone.so"), "still mapped");
     ok(&bg.stop(), "record --pid");
     let summary = check_attach_trace(&trace, t.pid);
     let plugin: u64 = with_frame(&summary.latest(), "plugin_alloc")
         .iter()
         .map(|x| x.alloc_count)
         .sum();
-    assert!(plugin >= 2000, "{plugin} plugin_alloc samples");
+    assert!(
+        plugin >= 2000,
+        "{workers} workers: {plugin} plugin_alloc samples"
+    );
     assert_left_as_it_was(t.pid);
     assert_eq!(
         t.cmd("plugin-state libplugin_bare.so"),
@@ -403,6 +426,30 @@ fn library_loaded_after_the_attach_is_profiled_and_restored() {
     assert_eq!(t.cmd(&state), "plugin-state clean");
     assert_eq!(t.cmd("got"), "malloc=libc");
     t.quit();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn target_exiting_while_profiled_ends_the_profile() {
+    let mut c = prog("target");
+    c.arg("2");
+    let t = Target::start(c);
+    let pid = t.pid;
+    let dir = scratch_dir("exit");
+    let trace = dir.join("t.pftrace");
+    let bg = Background::start(pid, &["-o", &s(&trace)]);
+    t.quit();
+    // No Ctrl-C: record --pid ends by itself when the target is gone.
+    let out = bg.wait();
+    ok(&out, "record --pid");
+    assert!(
+        out.stderr
+            .contains(&format!("process {pid} (target) exited")),
+        "{}",
+        out.stderr
+    );
+    let summary = check_attach_trace(&trace, pid);
+    assert!(!with_frame(&summary.samples, "c_worker_alloc").is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

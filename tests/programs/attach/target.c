@@ -17,6 +17,8 @@
 //                prints "plugin patched" (or "plugin unpatched" after 60 s)
 //   plugin-state PATH  for a plugin loaded before: "plugin-state patched" or
 //                "plugin-state clean" (its GOT entry for malloc is glibc's)
+//   unplug PATH  dlclose a plugin loaded before (it is unmapped); prints
+//                "unplugged" or "unplug error" 
 //   single       "single=1" while glibc considers the process single-threaded
 //                (__libc_single_threaded), "single=0" once a thread was created
 //   quit         stops the workers and exits 0
@@ -119,6 +121,11 @@ int main(int argc, char **argv) {
       free(kept);
       printf("dropped %ld\n", nkept);
       nkept = 0;
+    } else if (!strncmp(line, "unplug ", 7)) {
+      void *h = dlopen(line + 7, RTLD_NOW | RTLD_NOLOAD);
+      // Our reference and the one from `plugin`.
+      int rc = h ? dlclose(h) | dlclose(h) : -1;
+      printf("%s\n", rc == 0 ? "unplugged" : "unplug error");
     } else if (!strncmp(line, "plugin-state ", 13)) {
       void *h = dlopen(line + 13, RTLD_NOW | RTLD_NOLOAD);
       int (*patched)(void) = h ? (int (*)(void))dlsym(h, "plugin_malloc_patched") : NULL;
