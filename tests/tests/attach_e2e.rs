@@ -58,6 +58,31 @@ fn check_attach_trace(trace: &std::path::Path, pid: u32) -> TraceSummary {
     t
 }
 
+/// The file-backed mappings of `pid`: (range, permissions, path).
+fn file_mappings(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 6 && f[5].starts_with('/')).then(|| format!("{} {} {}", f[0], f[1], f[5]))
+        })
+        .collect()
+}
+
+/// Every file mapping of `before` is still there with the same range and
+/// permissions (the RELRO pages made writable for the patch were given
+/// back their protection); the profiler's library may have been added.
+fn assert_mappings_kept(pid: u32, before: &[String]) {
+    let after = file_mappings(pid);
+    for m in before {
+        assert!(
+            after.contains(m),
+            "mapping changed or gone: {m}\nnow: {after:#?}"
+        );
+    }
+}
+
 /// After a session: no profiler thread, and (if the library is loaded) it
 /// is only mapped, not running.
 fn assert_left_as_it_was(pid: u32) {
@@ -160,6 +185,7 @@ fn profile_twice(mut t: Target, tag: &str, own_function: &str) {
     let dir = scratch_dir(tag);
     let before = t.cmd("work 20000");
     assert!(before.starts_with("sum="), "{before}");
+    let maps = file_mappings(t.pid);
     for round in 1..=2 {
         let trace = dir.join(format!("t{round}.pftrace"));
         let out = attach(t.pid, &["-d", "2s", "-o", &s(&trace)]);
@@ -182,6 +208,7 @@ fn profile_twice(mut t: Target, tag: &str, own_function: &str) {
                 .collect::<Vec<_>>()
         );
         assert_left_as_it_was(t.pid);
+        assert_mappings_kept(t.pid, &maps);
         assert_eq!(
             t.cmd("work 20000"),
             before,
