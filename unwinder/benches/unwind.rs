@@ -167,6 +167,21 @@ fn main() {
         &mut trace,
     );
     assert!(trace.replayable);
+    let (n, dt) = time_loop(budget / 10, || {
+        ctx.unwind_raw_traced(
+            Arch::X86_64,
+            &sample.regs,
+            sample.sp,
+            &sample.stack,
+            0..0,
+            &mut raw,
+            &mut trace,
+        );
+    });
+    println!(
+        "traced walk (kept once per new trace): {:.1} us",
+        dt.as_nanos() as f64 / n as f64 / 1000.0
+    );
     let (n, dt) = time_loop(budget, || {
         let inputs = walk_inputs(Arch::X86_64, &sample.regs, sample.sp, &sample.stack);
         let ok = inputs.is_some_and(|(pc, sp, bp)| {

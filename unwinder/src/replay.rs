@@ -19,12 +19,22 @@
 //! bounds. Only x86_64 is traced (aarch64 also takes the link register and a
 //! pointer-authentication mask into account; not traced, never replayed).
 //!
-//! Whether the walk depends on bp is decided by walking a second time with
-//! bp's bit 62 flipped (a non-canonical address, so any read at an address
-//! derived from it fails): if that walk reads the same words and ends the
-//! same way, no step used bp's value (it was carried along unused, or
-//! replaced by a saved value read from the stack), and the trace holds for
-//! any bp. Otherwise bp is part of the trace's key.
+//! Not every input matters. Whether the walk depends on bp is decided by
+//! walking a second time with bp's bit 62 flipped (a non-canonical address,
+//! so any read at an address derived from it fails): if that walk reads the
+//! same addresses and ends the same way, no step used bp's value (it was
+//! carried along unused, or replaced by a saved value read from the stack),
+//! and the trace holds for any bp; otherwise bp is part of the trace's key.
+//! The same test is run for each word read, poisoned alone in a copy of the
+//! stack: a saved register restored into bp that no later step uses before
+//! the next restore (common in code that uses rbp as a general register,
+//! where its saved value changes from call to call) changes nothing and is
+//! dropped from the trace; a return address always changes the walk and is
+//! kept. In framehop's x86_64 rules a read value becomes the next pc, the
+//! next bp, or the base of the next reads, so a value that did not matter
+//! when poisoned cannot matter for any other value. Finally every dropped
+//! word and bp (if unused) are poisoned together and the walk must still be
+//! the same, else nothing is dropped.
 
 use std::ops::Range;
 
@@ -55,11 +65,14 @@ pub struct WalkTrace {
     pub sp: u64,
     /// The first frame's bp, when the walk depends on it.
     pub bp: Option<u64>,
-    /// (address, value) of every stack word read, in order.
+    /// (address, value) of every stack word read whose value matters, in
+    /// order.
     pub reads: Vec<(u64, u64)>,
-    /// Scratch for the bp check.
+    /// Scratch for the relevance checks.
     check: RawUnwind,
     check_log: ReadLog,
+    scratch: Vec<u8>,
+    unused: Vec<u64>,
 }
 
 /// The first frame's (pc, sp, bp) of an x86_64 sample whose registers the
@@ -110,8 +123,9 @@ impl ProcessContext {
     /// [`ProcessContext::unwind_raw`] that also records in `trace` what the
     /// walk depended on, so that later samples with the same inputs can be
     /// recognised ([`walk_inputs`], [`stack_matches`]) and given the same
-    /// result without a walk. Costs a second walk when the first is
-    /// replayable (the bp check, see the module docs).
+    /// result without a walk. When the walk is replayable this costs one
+    /// more walk per distinct word read plus two (the relevance checks, see
+    /// the module docs): a few microseconds, paid once per kept trace.
     #[allow(clippy::too_many_arguments)]
     pub fn unwind_raw_traced(
         &mut self,
@@ -124,12 +138,12 @@ impl ProcessContext {
         trace: &mut WalkTrace,
     ) {
         trace.replayable = false;
-        trace.reads.clear();
         trace.bp = None;
         let mut log = ReadLog {
             reads: std::mem::take(&mut trace.reads),
             outside: false,
         };
+        log.reads.clear();
         out.pcs.clear();
         out.leaf_is_return = false;
         let (end, last) = self.walk(
@@ -150,34 +164,130 @@ impl ProcessContext {
             return;
         }
         (trace.pc, trace.sp) = (pc, sp);
-        // The bp check: the same walk with a bp no read can succeed at.
-        let mut flipped = *regs;
-        flipped.0[x86_64::RBP] = bp ^ (1 << 62);
+
         let mut check = std::mem::take(&mut trace.check);
-        let mut check_log = std::mem::take(&mut trace.check_log);
-        check_log.reads.clear();
-        check_log.outside = false;
+        let mut scratch = std::mem::take(&mut trace.scratch);
+        scratch.clear();
+        scratch.extend_from_slice(stack);
+        // The same walk with bp poisoned: bit 62 flipped makes any address
+        // derived from it non-canonical, so a read there fails.
+        let mut poisoned = *regs;
+        poisoned.0[x86_64::RBP] = bp ^ POISON;
+        let bp_unused = self.same_walk(
+            arch,
+            &poisoned,
+            stack_pointer,
+            &scratch,
+            &skip,
+            out,
+            trace,
+            &mut check,
+        );
+        // Each word read, poisoned alone: a word whose value changes
+        // nothing (a saved register restored into bp and never used
+        // before the next restore) needs no check.
+        let mut unused = std::mem::take(&mut trace.unused);
+        unused.clear();
+        for k in 0..trace.reads.len() {
+            let (addr, _) = trace.reads[k];
+            let off = (addr - stack_pointer) as usize; // in the copy: logged
+            let verdict = if trace.reads[..k].iter().any(|&(a, _)| a == addr) {
+                unused.contains(&addr)
+            } else {
+                flip(&mut scratch, off);
+                let same = self.same_walk(
+                    arch,
+                    regs,
+                    stack_pointer,
+                    &scratch,
+                    &skip,
+                    out,
+                    trace,
+                    &mut check,
+                );
+                flip(&mut scratch, off);
+                same
+            };
+            if verdict && !unused.contains(&addr) {
+                unused.push(addr);
+            }
+        }
+        // All of them (and bp) poisoned at once must still give the same
+        // walk; otherwise keep every word and bp's verdict alone.
+        if !unused.is_empty() {
+            for &addr in &unused {
+                flip(&mut scratch, (addr - stack_pointer) as usize);
+            }
+            let r = if bp_unused { &poisoned } else { regs };
+            if !self.same_walk(
+                arch,
+                r,
+                stack_pointer,
+                &scratch,
+                &skip,
+                out,
+                trace,
+                &mut check,
+            ) {
+                unused.clear();
+            }
+        }
+        trace.reads.retain(|(a, _)| !unused.contains(a));
+        trace.bp = (!bp_unused).then_some(bp);
+        trace.replayable = true;
+        trace.check = check;
+        trace.scratch = scratch;
+        trace.unused = unused;
+    }
+
+    /// Whether walking (`regs`, `stack`) gives `out` and reads, all from
+    /// the copy, the addresses `trace.reads` lists, in order.
+    #[allow(clippy::too_many_arguments)]
+    fn same_walk(
+        &mut self,
+        arch: Arch,
+        regs: &RegisterFile,
+        stack_pointer: u64,
+        stack: &[u8],
+        skip: &Range<u64>,
+        out: &RawUnwind,
+        trace: &mut WalkTrace,
+        check: &mut RawUnwind,
+    ) -> bool {
+        let mut log = std::mem::take(&mut trace.check_log);
+        log.reads.clear();
+        log.outside = false;
         check.pcs.clear();
         check.leaf_is_return = false;
         let (end, last) = self.walk(
             arch,
-            &flipped,
+            regs,
             stack_pointer,
             stack,
-            skip,
-            &mut check,
-            Some(&mut check_log),
+            skip.clone(),
+            check,
+            Some(&mut log),
         );
         check.error = self.walk_error(end, last);
-        let independent = !check_log.outside
-            && check_log.reads == trace.reads
+        let same = !log.outside
+            && log.reads.len() == trace.reads.len()
+            && log.reads.iter().zip(&trace.reads).all(|(a, b)| a.0 == b.0)
             && check.pcs == out.pcs
             && check.leaf_is_return == out.leaf_is_return
             && check.error == out.error;
-        trace.bp = (!independent).then_some(bp);
-        trace.replayable = true;
-        trace.check = check;
-        trace.check_log = check_log;
+        trace.check_log = log;
+        same
+    }
+}
+
+/// Bit 62: flipping it makes any canonical x86_64 address non-canonical.
+const POISON: u64 = 1 << 62;
+
+/// Flips [`POISON`] in the stack word at `off`.
+fn flip(stack: &mut [u8], off: usize) {
+    if let Some(b) = stack.get_mut(off..off + 8) {
+        let v = u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) ^ POISON;
+        b.copy_from_slice(&v.to_le_bytes());
     }
 }
 
