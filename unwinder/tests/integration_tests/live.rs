@@ -51,9 +51,7 @@ fn unwinds_own_thread() {
         .count();
     assert_eq!(depth, 13, "{names:?}");
     assert!(
-        names
-            .iter()
-            .any(|n| base(n) == "unwinds_own_thread"),
+        names.iter().any(|n| base(n) == "unwinds_own_thread"),
         "{names:?}"
     );
     // A test thread starts in libc's start_thread (then clone3).
