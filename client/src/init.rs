@@ -29,8 +29,10 @@
 //! (no shutdown on the shared socket, no write into the shared ring): it
 //! closes the child's copy of the socket and unmaps the child's view of the
 //! ring. vfork, posix_spawn and `clone(CLONE_VM)` children run no atfork
-//! handler but share our memory; the sampled paths compare `getpid()` with the
-//! session's pid and record nothing for them. exec replaces the image.
+//! handler but share our memory, so what they allocate is in our heap and is
+//! recorded in our session. A child forked by a raw `fork` system call (no
+//! atfork handler) sees a zeroed `MADV_WIPEONFORK` page and records nothing
+//! (see `session::owns_session`). exec replaces the image.
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::sync::atomic::{AtomicI32, Ordering};
