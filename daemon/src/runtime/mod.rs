@@ -97,9 +97,14 @@ pub struct UnwindHistogram(pub [u64; 20]);
 impl UnwindHistogram {
     /// Adds one measurement.
     pub fn add(&mut self, d: Duration) {
+        self.add_n(d, 1);
+    }
+
+    /// Adds `n` measurements of `d` (one timed sample standing for `n`).
+    pub fn add_n(&mut self, d: Duration, n: u64) {
         let us = d.as_micros() as u64;
         let bucket = (0..19).find(|&i| us <= 1u64 << i).unwrap_or(19);
-        self.0[bucket] += 1;
+        self.0[bucket] += n;
     }
 
     /// Upper limit in microseconds of bucket `i`, or `None` for the last (unbounded) one.

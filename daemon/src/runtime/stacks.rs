@@ -126,12 +126,33 @@ impl StackCache {
         cx: &InternCtx<'_>,
         ops: &mut Vec<Op>,
     ) -> StackEntry {
-        let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack);
-        if let Some(inputs) = inputs
-            && let Some(e) = self.memo.lookup(inputs, h.stack_pointer, stack)
-        {
-            return e;
+        match self.replay(h, stack) {
+            Some(e) => e,
+            None => self.stack_of_unreplayed(process, h, stack, skip, cx, ops),
         }
+    }
+
+    /// The stack of a sample whose walk can be replayed (see
+    /// [`StackCache::memo`]), without walking.
+    #[inline]
+    pub fn replay(&mut self, h: &MallocHeader, stack: &[u8]) -> Option<StackEntry> {
+        let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack)?;
+        self.memo.lookup(inputs, h.stack_pointer, stack)
+    }
+
+    /// [`StackCache::stack_of`] for a sample [`StackCache::replay`] did not
+    /// find: walks it (keeping a trace of the walk when the memo is
+    /// tracing).
+    pub fn stack_of_unreplayed(
+        &mut self,
+        process: &mut ProcessContext,
+        h: &MallocHeader,
+        stack: &[u8],
+        skip: &Range<u64>,
+        cx: &InternCtx<'_>,
+        ops: &mut Vec<Op>,
+    ) -> StackEntry {
+        let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack);
         let traced = inputs.is_some() && self.memo.should_trace();
         if traced {
             process.unwind_raw_traced(
