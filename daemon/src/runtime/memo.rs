@@ -225,7 +225,7 @@ mod tests {
     fn a_poor_hit_rate_pauses_tracing_with_backoff() {
         let mut m = WalkMemo::default();
         let stack = vec![0u8; 64];
-        let mut miss = |m: &mut WalkMemo, n: u32| {
+        let miss = |m: &mut WalkMemo, n: u32| {
             for _ in 0..n {
                 assert!(m.lookup((9, 9, 9), 0x1000, &stack).is_none());
             }
