@@ -623,6 +623,7 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
             }
             if !discarded {
                 self.reads_ok += 1;
+                self.prefetch_ahead();
                 return ReadOutcome::Record(len as usize);
             }
         }
@@ -630,6 +631,34 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
             read_pos: self.read_pos,
             write_pos: self.write_pos,
         })
+    }
+
+    /// Asks the CPU to start fetching the [`PREFETCH_AHEAD`] bytes past the
+    /// read position, so that the lines a writer on another core filled are
+    /// on their way while the caller handles the record just read. Done
+    /// after every record, even for lines asked for before: a line fetched
+    /// before its writer wrote it must be fetched again, and re-asking
+    /// measured better than asking once per line (daemon CPU at `-i 1`
+    /// 0.575 s against 0.634 s; 0.689 s without prefetching). A hint only:
+    /// nothing is read, nothing can fault.
+    #[inline]
+    fn prefetch_ahead(&self) {
+        #[cfg(target_arch = "x86_64")]
+        for line in 0..PREFETCH_AHEAD / 64 {
+            let pos = (self.read_pos + line * 64) & self.rb.mask;
+            // SAFETY: `pos` is inside the data area; a prefetch has no
+            // architectural effect and never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch(
+                    self.rb
+                        .map
+                        .data_ptr()
+                        .wrapping_add(pos as usize)
+                        .cast::<i8>(),
+                    std::arch::x86_64::_MM_HINT_T0,
+                )
+            };
+        }
     }
 
     /// Stores the read position (freeing space for writers) and mirrors the
@@ -684,6 +713,11 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
         wp.saturating_sub(self.read_pos)
     }
 }
+
+/// How far past the read position the reader prefetches (a malloc record
+/// with a 2 KiB stack is ~2.4 KiB; 1.5, 2.5 and 4 KiB measured 0.612,
+/// 0.595 and 0.582 s of daemon CPU at `-i 1`).
+const PREFETCH_AHEAD: u64 = 4096;
 
 /// Copies `len` bytes at `off` of the data area into `out` with relaxed
 /// atomic loads: the writer may be scribbling on them concurrently (if it is
