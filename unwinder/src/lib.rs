@@ -35,7 +35,11 @@
 //!    re-read of the maps; `true` means the mappings changed: forget cached
 //!    pcs and unwind the sample again); a pc still unmapped cuts the stack
 //!    with [`UnwindErrorKind::InvalidMap`]. `unwind` is exactly this, with a
-//!    [`Frame`] built per pc.
+//!    [`Frame`] built per pc. To skip even the walk for samples that repeat
+//!    one, [`ProcessContext::unwind_raw_traced`] also fills a [`WalkTrace`]:
+//!    the walk's inputs and the stack words whose values matter; a later
+//!    sample for which [`walk_inputs`] and [`stack_matches`] agree with it
+//!    walks identically (for the same mappings), see the `replay` module.
 //! 4. To name a frame call [`ProcessContext::symbolize_frame`] (or
 //!    [`Module::symbolize`] with a `rel_pc`). It returns the inline chain,
 //!    innermost first, as a shared `Arc<[`[`SymbolFrame`]`]>`. Answers are cached per module
