@@ -10,8 +10,16 @@
 //! [`Interner::set_expansion`]. The trace writer writes the chain wherever
 //! the bare frame appears, so the trace is the same as with eager
 //! symbolization.
+//!
+//! To keep that work off the end of a short run, a background thread at
+//! idle priority (`SCHED_IDLE`: it only gets a CPU nobody else wants)
+//! symbolizes each new frame as soon as it is queued, which warms the
+//! modules' own caches; the dump then finds the answers there. It sets no
+//! expansion itself, so the dump stays the one place that decides what a
+//! frame is called before a stack is written.
 
 use std::collections::HashSet;
+use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
 
 use heapprofd_unwinder::Mapping;
@@ -22,6 +30,8 @@ use crate::profile::{FrameId, Interner};
 #[derive(Debug, Default)]
 pub struct Symbolizer {
     state: Mutex<State>,
+    /// The warm-up thread's queue, started with the first request.
+    warm: Mutex<Option<Sender<(Arc<Mapping>, u64)>>>,
 }
 
 #[derive(Debug, Default)]
@@ -38,9 +48,21 @@ impl Symbolizer {
 
     /// Queues bare frame `id` (the pc at `rel_pc` in `mapping`) once.
     pub fn request(&self, id: FrameId, mapping: &Arc<Mapping>, rel_pc: u64) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.seen.insert(id) {
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.seen.insert(id) {
+                return;
+            }
             st.queue.push((id, Arc::clone(mapping), rel_pc));
+        }
+        let mut warm = self.warm.lock().unwrap_or_else(|e| e.into_inner());
+        if warm.is_none() {
+            *warm = start_warmer();
+        }
+        if let Some(tx) = warm.as_ref() {
+            if tx.send((Arc::clone(mapping), rel_pc)).is_err() {
+                *warm = None;
+            }
         }
     }
 
@@ -79,4 +101,25 @@ impl Symbolizer {
         }
         queue.len()
     }
+}
+
+/// Starts the idle-priority thread that symbolizes frames ahead of the dump
+/// (see the module docs). `None` if no thread could be started: the dump
+/// then does all the work, as without it.
+fn start_warmer() -> Option<Sender<(Arc<Mapping>, u64)>> {
+    let (tx, rx) = channel::<(Arc<Mapping>, u64)>();
+    std::thread::Builder::new()
+        .name("heapprofd-symwarm".into())
+        .spawn(move || {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: changes only this thread's scheduling policy.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+            while let Ok((mapping, rel_pc)) = rx.recv() {
+                if let Some(module) = mapping.module.as_ref() {
+                    module.symbolize(rel_pc);
+                }
+            }
+        })
+        .ok()?;
+    Some(tx)
 }
