@@ -26,12 +26,15 @@ use heapprofd_unwinder::Mapping;
 
 use crate::profile::{FrameId, Interner};
 
+/// A frame to symbolize ahead of the dump: its mapping and rel_pc.
+type WarmRequest = (Arc<Mapping>, u64);
+
 /// Frames waiting to be symbolized.
 #[derive(Debug, Default)]
 pub struct Symbolizer {
     state: Mutex<State>,
     /// The warm-up thread's queue, started with the first request.
-    warm: Mutex<Option<Sender<(Arc<Mapping>, u64)>>>,
+    warm: Mutex<Option<Sender<WarmRequest>>>,
 }
 
 #[derive(Debug, Default)]
@@ -106,8 +109,8 @@ impl Symbolizer {
 /// Starts the idle-priority thread that symbolizes frames ahead of the dump
 /// (see the module docs). `None` if no thread could be started: the dump
 /// then does all the work, as without it.
-fn start_warmer() -> Option<Sender<(Arc<Mapping>, u64)>> {
-    let (tx, rx) = channel::<(Arc<Mapping>, u64)>();
+fn start_warmer() -> Option<Sender<WarmRequest>> {
+    let (tx, rx) = channel::<WarmRequest>();
     std::thread::Builder::new()
         .name("heapprofd-symwarm".into())
         .spawn(move || {
