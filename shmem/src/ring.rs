@@ -352,9 +352,9 @@ impl RingBuffer {
     /// Clears the flag, so only one writer wakes the reader.
     ///
     /// There is deliberately no store-load fence between the commit and this
-    /// load: on x86 a full fence after a sample waits for the whole stack
-    /// copy to leave the store buffer (about half the cost of a sample with
-    /// an 8 KiB stack). Without it, a writer that commits while the reader is
+    /// load: a full fence after every record makes each writer wait for its
+    /// stores to drain, which weighs most on the small, frequent records
+    /// (frees). Without it, a writer that commits while the reader is
     /// pausing may miss the flag and not wake it; the record is then picked
     /// up by the reader's periodic poll (the daemon polls every 100 ms), so
     /// the race costs latency, never data. A writer that finds the buffer
