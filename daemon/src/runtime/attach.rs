@@ -30,17 +30,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use heapprofd_proto::wire::ClientConfig;
 use tokio::io::unix::AsyncFd;
 
-use super::bookkeeper::{BookkeeperOptions, Summary};
+use super::bookkeeper::Summary;
 use super::handshake::pidfd_open;
 use super::record::{
-    RecordArgs, StatusLine, default_output, find_client_lib, print_self_usage, print_summary,
+    RecordArgs, StatusLine, daemon_options, default_output, find_client_lib, print_self_usage,
+    print_summary,
 };
 use super::server::{Daemon, DaemonOptions};
 use super::{Counters, Counters as C};
-use crate::cli::UsageError;
 use crate::inject::{self, InjectOptions, Target};
 
 /// How long a started client may take to connect.
@@ -95,40 +94,10 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         .output
         .clone()
         .unwrap_or_else(|| default_output(&format!("{}-{pid}", target.comm)));
-    let file = std::fs::File::create(&output).map_err(|e| {
-        UsageError(format!(
-            "cannot create the trace file {}: {e}; choose another path with -o",
-            output.display()
-        ))
-    })?;
     let me = std::process::id();
-    let mut client = ClientConfig::new(args.interval, args.shmem_size);
-    client.seed = args.seed;
-    if !args.no_block_client {
-        client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
-        client.block_timeout_us = args
-            .block_client
-            .unwrap_or(Duration::from_secs(5))
-            .as_micros() as u64;
-    }
-    let workers = args.workers.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .clamp(1, 4)
-    });
-    let options = DaemonOptions {
-        // The client derives this path from the id (our pid) it is given.
-        socket: PathBuf::from(format!("/tmp/heapprofd-rs-{me}.sock")),
-        client,
-        workers,
-        symbolize: !args.no_symbolize,
-        book: BookkeeperOptions {
-            output: file,
-            output_path: output.clone(),
-            interval: args.interval,
-            dump_at_max: args.dump_at_max,
-        },
-    };
+    // The client derives this path from the id (our pid) it is given.
+    let socket = PathBuf::from(format!("/tmp/heapprofd-rs-{me}.sock"));
+    let options = daemon_options(&args, socket, &output)?;
     let counters = Arc::new(Counters::default());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

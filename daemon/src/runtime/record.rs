@@ -115,27 +115,20 @@ fn parse_interval(s: &str) -> Result<u64, String> {
     }
 }
 
-/// Runs `record`; returns the exit code to exit with.
-pub fn run(args: RecordArgs) -> Result<i32> {
-    if args.pid.is_some() {
-        return super::attach::run(args);
-    }
-    let client_lib = find_client_lib(args.client_lib.as_deref())?;
-    let program = args.command[0].clone();
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(&program));
-    // A path that cannot be created is a bad argument (exit 2), found
-    // before anything runs.
-    let file = std::fs::File::create(&output).map_err(|e| {
+/// Creates the trace file and the daemon's options from the arguments
+/// shared by `record -- CMD` and `record --pid`. A trace path that cannot be
+/// created is a bad argument (exit 2), found before anything runs.
+pub(super) fn daemon_options(
+    args: &RecordArgs,
+    socket: PathBuf,
+    output: &Path,
+) -> Result<DaemonOptions> {
+    let file = std::fs::File::create(output).map_err(|e| {
         UsageError(format!(
             "cannot create the trace file {}: {e}; choose another path with -o",
             output.display()
         ))
     })?;
-
-    let socket = std::env::temp_dir().join(format!("heapprofd-rs-{}.sock", std::process::id()));
     let mut client = ClientConfig::new(args.interval, args.shmem_size);
     client.seed = args.seed;
     if !args.no_block_client {
@@ -150,18 +143,33 @@ pub fn run(args: RecordArgs) -> Result<i32> {
             .map_or(2, |n| n.get())
             .clamp(1, 4)
     });
-    let options = DaemonOptions {
+    Ok(DaemonOptions {
         socket,
         client,
         workers,
         symbolize: !args.no_symbolize,
         book: BookkeeperOptions {
             output: file,
-            output_path: output.clone(),
+            output_path: output.to_path_buf(),
             interval: args.interval,
             dump_at_max: args.dump_at_max,
         },
-    };
+    })
+}
+
+/// Runs `record`; returns the exit code to exit with.
+pub fn run(args: RecordArgs) -> Result<i32> {
+    if args.pid.is_some() {
+        return super::attach::run(args);
+    }
+    let client_lib = find_client_lib(args.client_lib.as_deref())?;
+    let program = args.command[0].clone();
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(&program));
+    let socket = std::env::temp_dir().join(format!("heapprofd-rs-{}.sock", std::process::id()));
+    let options = daemon_options(&args, socket, &output)?;
     let counters = Arc::new(Counters::default());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
