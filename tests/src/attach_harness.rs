@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::client_harness::{Output, run, workspace_root};
+use crate::client_harness::{Output, compile, run, workspace_root};
 use crate::record_harness::heapprofd;
 
 /// The compiled attach test programs.
@@ -41,23 +41,6 @@ impl AttachPrograms {
     pub fn script(&self, name: &str) -> PathBuf {
         self.src.join(name)
     }
-}
-
-fn compile(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "run {}: {e} (scripts/install-deps.sh installs the tools)",
-                args[0]
-            )
-        });
-    assert!(
-        out.status.success(),
-        "compiling failed: {args:?}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Compiles `tests/programs/attach/` once per process, with `-O2 -g` as a

@@ -78,14 +78,21 @@ impl Programs {
     }
 }
 
-fn compile(args: &[&str], what: &str) {
+/// Runs a compiler (or assembler, linker) command; panics with its stderr
+/// if it fails. Shared by every harness.
+pub fn compile(args: &[&str]) {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", args[0]));
+        .unwrap_or_else(|e| {
+            panic!(
+                "run {}: {e} (scripts/install-deps.sh installs the tools)",
+                args[0]
+            )
+        });
     assert!(
         out.status.success(),
-        "compiling {what} failed:\n{}",
+        "compiling failed: {args:?}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -111,52 +118,40 @@ pub fn programs() -> &'static Programs {
         ];
         for p in c_progs {
             let (src_f, out_f) = (s(&format!("{p}.c")), o(p));
-            compile(&["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f], p);
+            compile(&["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f]);
         }
         for p in ["dlopen_main", "dlopen_client"] {
             let (src_f, out_f) = (s(&format!("{p}.c")), o(p));
-            compile(
-                &["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f, "-ldl"],
-                p,
-            );
+            compile(&["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f, "-ldl"]);
         }
-        compile(
-            &[
-                "gcc",
-                "-O2",
-                "-g",
-                "-shared",
-                "-fPIC",
-                "-o",
-                &o("libdlalloc.so"),
-                &s("dlalloc.c"),
-            ],
-            "dlalloc",
-        );
-        compile(
-            &[
-                "g++",
-                "-O2",
-                "-g",
-                "-pthread",
-                "-o",
-                &o("cxx"),
-                &s("cxx.cpp"),
-            ],
-            "cxx",
-        );
-        compile(
-            &[
-                "rustc",
-                "-O",
-                "--edition",
-                "2021",
-                "-o",
-                &o("rust_churn"),
-                &s("rust_churn.rs"),
-            ],
-            "rust_churn",
-        );
+        compile(&[
+            "gcc",
+            "-O2",
+            "-g",
+            "-shared",
+            "-fPIC",
+            "-o",
+            &o("libdlalloc.so"),
+            &s("dlalloc.c"),
+        ]);
+        compile(&[
+            "g++",
+            "-O2",
+            "-g",
+            "-pthread",
+            "-o",
+            &o("cxx"),
+            &s("cxx.cpp"),
+        ]);
+        compile(&[
+            "rustc",
+            "-O",
+            "--edition",
+            "2021",
+            "-o",
+            &o("rust_churn"),
+            &s("rust_churn.rs"),
+        ]);
         Programs { dir }
     })
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::client_harness::{Output, run, target_dir, workspace_root};
+use crate::client_harness::{Output, compile, run, target_dir, workspace_root};
 
 /// The binaries of a release build.
 #[derive(Debug, Clone)]
@@ -120,18 +120,6 @@ impl RecordPrograms {
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
-}
-
-fn compile(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", args[0]));
-    assert!(
-        out.status.success(),
-        "compiling failed: {args:?}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Compiles `alloc_truth.cpp` and `tests/programs/record/*.c` (once per
