@@ -36,7 +36,7 @@ use super::bookkeeper::Summary;
 use super::handshake::pidfd_open;
 use super::record::{
     RecordArgs, StatusLine, daemon_options, default_output, find_client_lib, print_self_usage,
-    print_summary,
+    print_summary, sleep_until, tick,
 };
 use super::server::{Daemon, DaemonOptions};
 use super::{Counters, Counters as C};
@@ -134,22 +134,6 @@ async fn exited(pidfd: &Option<AsyncFd<OwnedFd>>) {
     match pidfd {
         Some(fd) => {
             let _ = fd.readable().await;
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn tick(t: &mut Option<tokio::time::Interval>) {
-    match t {
-        Some(t) => {
-            t.tick().await;
         }
         None => std::future::pending().await,
     }

@@ -329,14 +329,16 @@ async fn supervise(
     Ok((summary, code))
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+/// Sleeps until `deadline`, or forever without one (a `select!` arm).
+pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
 }
 
-async fn tick(t: &mut Option<tokio::time::Interval>) {
+/// The next tick of `t`, or never without one (a `select!` arm).
+pub(super) async fn tick(t: &mut Option<tokio::time::Interval>) {
     match t {
         Some(t) => {
             t.tick().await;
