@@ -155,7 +155,15 @@ impl Background {
             if let Some(st) = child.try_wait().expect("try_wait") {
                 break st;
             }
-            assert!(start.elapsed() < WAIT, "record --pid did not stop");
+            if start.elapsed() >= WAIT {
+                while let Ok(l) = self.stderr.try_recv() {
+                    self.seen.push(l);
+                }
+                panic!(
+                    "record --pid did not stop; its stderr so far:\n{}",
+                    self.seen.join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(5));
         };
         while let Ok(l) = self.stderr.recv_timeout(WAIT) {

@@ -80,6 +80,8 @@ struct Session {
     stacks: StackCache,
     closed_at: Option<Instant>,
     stopping: bool,
+    /// When the daemon asked this session to stop.
+    stopped_at: Option<Instant>,
     corrupt_records: u64,
     ring_corrupt: bool,
     hist: UnwindHistogram,
@@ -150,6 +152,7 @@ pub fn run_worker(
                         stacks: StackCache::default(),
                         closed_at: None,
                         stopping: false,
+                        stopped_at: None,
                         corrupt_records: 0,
                         ring_corrupt: false,
                         hist: UnwindHistogram::default(),
@@ -171,6 +174,7 @@ pub fn run_worker(
             Some(WorkerMsg::Stop(id)) => {
                 if let Some(s) = sessions.get_mut(&id) {
                     s.stopping = true;
+                    s.stopped_at.get_or_insert_with(Instant::now);
                     s.reader.ring().set_shutdown();
                     ready.push_back(id);
                 }
@@ -179,6 +183,7 @@ pub fn run_worker(
                 stop_all = true;
                 for s in sessions.values_mut() {
                     s.stopping = true;
+                    s.stopped_at.get_or_insert_with(Instant::now);
                     s.reader.ring().set_shutdown();
                 }
                 ready.extend(sessions.keys().copied());
@@ -289,6 +294,12 @@ fn drain_records(
                     // for a socket close that may never come.
                     return DrainState::Finished;
                 }
+                if s.stopping && pending && writer_gone(s) {
+                    // A record reserved and never committed: its writer
+                    // died with the process, or is stuck. Nothing behind it
+                    // can be read; finish with what was drained.
+                    return DrainState::Finished;
+                }
                 if reader_paused {
                     return DrainState::Idle;
                 }
@@ -309,6 +320,16 @@ fn drain_records(
         s.reader.ring().unpause_reader();
     }
     DrainState::More
+}
+
+/// For a stopping session stuck on an uncommitted record: the process has
+/// exited (even if its socket never reported EOF, e.g. a child still holds
+/// a copy), or the writer had [`PENDING_GRACE`] since the stop to commit.
+fn writer_gone(s: &Session) -> bool {
+    s.stopped_at.is_some_and(|t| t.elapsed() > PENDING_GRACE)
+        || s.pidfd
+            .as_ref()
+            .is_some_and(|fd| has_exited(fd, Duration::ZERO))
 }
 
 /// Turns one record into operations.
