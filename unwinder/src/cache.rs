@@ -71,6 +71,16 @@ impl Module {
             .symbolize(&self.path, &self.bytes, rel_pc, &self.options)
     }
 
+    /// Symbolizes `rel_pc` into the cache without ever making a
+    /// [`Self::symbolize`] caller wait on this thread: for a background
+    /// thread at low priority that warms the cache ahead of need.
+    pub fn warm_symbols(&self, rel_pc: u64) {
+        if self.options.enabled {
+            self.symbolizer
+                .warm(&self.path, &self.bytes, rel_pc, &self.options);
+        }
+    }
+
     /// Which debug files were used (loads symbols if needed).
     pub fn symbol_sources(&self) -> SymbolSources {
         self.symbolizer

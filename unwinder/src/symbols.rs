@@ -202,6 +202,49 @@ impl ModuleSymbolizer {
         frames
     }
 
+    /// Symbolizes `svma` ahead of need, from a low-priority thread: the
+    /// answer lands in the address cache, where [`Self::symbolize`] finds it.
+    ///
+    /// A thread at idle priority can be preempted for seconds on a busy
+    /// machine, so it never does slow work while holding a lock that
+    /// [`Self::symbolize`] waits on: it takes the loaded state out (or loads
+    /// its own), looks up with nobody waiting on it, and puts the state back
+    /// unless a foreground caller, finding the slot empty meanwhile, loaded
+    /// one of its own. The locks are held only to move a value or insert
+    /// one answer.
+    pub(crate) fn warm(
+        &self,
+        module_path: &Path,
+        bytes: &Arc<FileBytes>,
+        svma: u64,
+        options: &SymbolizeOptions,
+    ) {
+        if read(&self.by_addr).contains_key(&svma) {
+            return;
+        }
+        let state = self.check_out(module_path, bytes, options);
+        let frames: Arc<[SymbolFrame]> = lookup(&state, svma).into();
+        write(&self.by_addr).entry(svma).or_insert(frames);
+        self.check_in(state);
+    }
+
+    /// The loaded state, taken out of the slot (or loaded without holding
+    /// the lock): nobody waits on its owner.
+    fn check_out(
+        &self,
+        module_path: &Path,
+        bytes: &Arc<FileBytes>,
+        options: &SymbolizeOptions,
+    ) -> SymState {
+        let taken = lock(&self.state).take();
+        taken.unwrap_or_else(|| load_state(module_path, bytes, options))
+    }
+
+    /// Puts a checked-out state back, unless another was loaded meanwhile.
+    fn check_in(&self, state: SymState) {
+        lock(&self.state).get_or_insert(state);
+    }
+
     /// Which files were used (loads the state if needed).
     pub(crate) fn sources(
         &self,
@@ -427,5 +470,24 @@ mod tests {
             }]
         );
         assert_eq!(s.cached_addresses(), 1);
+    }
+
+    #[test]
+    fn a_warm_up_in_progress_never_blocks_symbolize() {
+        let s = ModuleSymbolizer::new();
+        let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
+        let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
+        // The warming thread is preempted with the state checked out: a
+        // foreground caller (same thread here, so waiting would deadlock)
+        // gets its answer with a state of its own.
+        let st = s.check_out(path, &bytes, &opts);
+        let fg = s.symbolize(path, &bytes, 0x10, &opts);
+        assert!(lock(&s.state).is_some());
+        // The warm-up resumes and gives the state back: one is kept.
+        s.check_in(st);
+        assert!(lock(&s.state).is_some());
+        s.warm(path, &bytes, 0x20, &opts);
+        assert_eq!(s.cached_addresses(), 2);
+        assert_eq!(s.symbolize(path, &bytes, 0x20, &opts), fg);
     }
 }

@@ -14,7 +14,11 @@
 //! To keep that work off the end of a short run, a background thread at
 //! idle priority (`SCHED_IDLE`: it only gets a CPU nobody else wants)
 //! symbolizes each new frame as soon as it is queued, which warms the
-//! modules' own caches; the dump then finds the answers there. It sets no
+//! modules' own caches; the dump then finds the answers there. It never
+//! holds a lock the dump waits on while it works (see
+//! `Module::warm_symbols`): at idle priority on a busy machine it may not
+//! run for seconds, and a dump stuck behind it once made `record --pid` of
+//! a CPU-bound target hang at its end. It sets no
 //! expansion itself, so the dump stays the one place that decides what a
 //! frame is called before a stack is written.
 
@@ -119,7 +123,7 @@ fn start_warmer() -> Option<Sender<WarmRequest>> {
             unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
             while let Ok((mapping, rel_pc)) = rx.recv() {
                 if let Some(module) = mapping.module.as_ref() {
-                    module.symbolize(rel_pc);
+                    module.warm_symbols(rel_pc);
                 }
             }
         })
