@@ -9,5 +9,6 @@
 //! * [`attach_harness`]: the `record --pid` targets and their driving.
 
 pub mod attach_harness;
+pub mod bench_args;
 pub mod client_harness;
 pub mod record_harness;

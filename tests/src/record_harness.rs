@@ -86,11 +86,18 @@ fn warn_if_stale(bins: &ReleaseBins) {
             }
         }
     }
-    let mut src = std::time::SystemTime::UNIX_EPOCH;
-    for c in ["daemon", "client", "unwinder", "shmem", "proto"] {
-        newest(&workspace_root().join(c).join("src"), &mut src);
-    }
-    for b in [&bins.heapprofd, &bins.client_so] {
+    // The client library is built from fewer crates than the daemon (and
+    // cargo leaves it alone when only the others change).
+    let daemon_crates: &[&str] = &["daemon", "client", "unwinder", "shmem", "proto"];
+    let client_crates: &[&str] = &["client", "shmem", "proto"];
+    for (b, crates) in [
+        (&bins.heapprofd, daemon_crates),
+        (&bins.client_so, client_crates),
+    ] {
+        let mut src = std::time::SystemTime::UNIX_EPOCH;
+        for c in crates {
+            newest(&workspace_root().join(c).join("src"), &mut src);
+        }
         if let Ok(m) = std::fs::metadata(b).and_then(|m| m.modified())
             && m < src
         {

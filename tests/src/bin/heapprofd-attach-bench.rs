@@ -323,13 +323,14 @@ fn overhead(reps: usize) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let reps = args
-        .iter()
-        .position(|a| a == "--reps")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let args = heapprofd_tests::bench_args::BenchArgs::parse(
+        "usage: heapprofd-attach-bench [--reps N]\n\n\
+         Times `heapprofd-rs record --pid` (time to the first sample, the target's pause) and\n\
+         the overhead while attached (docs/PERFORMANCE.md, attach). Build the release binaries\n\
+         first (`cargo build --release`).",
+        &["--reps N"],
+    );
+    let reps: usize = args.value("--reps", 5);
     // SAFETY: uname fills the zeroed struct.
     let kernel = unsafe {
         let mut u: libc::utsname = std::mem::zeroed();

@@ -129,19 +129,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let reps = arg("--reps", 7) as usize;
-    let pairs = arg("--pairs", 2_000_000);
-    let stack_pairs = arg("--stack-pairs", 20_000);
+    let args = heapprofd_tests::bench_args::BenchArgs::parse(
+        "usage: heapprofd-client-bench [--reps N] [--pairs N] [--stack-pairs N]\n\n\
+         Times the preloaded client on tests/programs/client/bench.c against the bare program,\n\
+         dormant and at several intervals, and the cost of one sampled malloc and free\n\
+         (docs/PERFORMANCE.md, client). Build the release binaries first.",
+        &["--reps N", "--pairs N", "--stack-pairs N"],
+    );
+    let reps: usize = args.value("--reps", 7);
+    let pairs: u64 = args.value("--pairs", 2_000_000);
+    let stack_pairs: u64 = args.value("--stack-pairs", 20_000);
     println!("client library: {}", client_so().display());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("loadavg at start: {}", load.trim());

@@ -259,27 +259,17 @@ fn compile_bench(dir: &Path) -> PathBuf {
 }
 
 fn main() {
-    let mut reps = 5usize;
-    let mut pairs = 2_000_000u64;
-    let mut threads: Vec<u32> = vec![1, 2];
-    let mut heaptrack = true;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--reps" => reps = args.next().and_then(|v| v.parse().ok()).expect("--reps N"),
-            "--pairs" => pairs = args.next().and_then(|v| v.parse().ok()).expect("--pairs N"),
-            "--threads" => {
-                threads = args
-                    .next()
-                    .expect("--threads 1,2")
-                    .split(',')
-                    .map(|t| t.parse().expect("thread count"))
-                    .collect()
-            }
-            "--no-heaptrack" => heaptrack = false,
-            other => panic!("unknown argument {other}; see the source's docs"),
-        }
-    }
+    let args = heapprofd_tests::bench_args::BenchArgs::parse(
+        "usage: heapprofd-record-bench [--reps N] [--pairs N] [--threads 1,2] [--no-heaptrack]\n\n\
+         Times tests/programs/client/bench.c bare, under `heapprofd-rs record` at 512 KiB, 32 KiB,\n\
+         4 KiB and 1, and under heaptrack (docs/PERFORMANCE.md, record). Build the release\n\
+         binaries first (`cargo build --release`).",
+        &["--reps N", "--pairs N", "--threads 1,2", "--no-heaptrack"],
+    );
+    let reps: usize = args.value("--reps", 5);
+    let pairs: u64 = args.value("--pairs", 2_000_000);
+    let threads: Vec<u32> = args.list("--threads", vec![1, 2]);
+    let heaptrack = !args.flag("--no-heaptrack");
     let dir = std::env::temp_dir().join(format!("heapprofd-record-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let bench = compile_bench(&dir);
