@@ -158,7 +158,9 @@ fn command_exiting_at_once_gives_a_valid_trace() {
     assert!(leaf(&sum.latest(), "alloc_before_crash").is_empty());
     assert_eq!(
         sum.json["summary"]["processes"].as_array().map(Vec::len),
-        Some(1)
+        Some(1),
+        "record's stderr: {}",
+        out.stderr
     );
     // A program that never allocates (coreutils `true`).
     let trace = dir.join("true.pftrace");

@@ -5,19 +5,28 @@
 //! accept loop (a tokio task). Each accepted connection gets its handshake
 //! on a blocking thread, then belongs to one worker (by pid); a small task
 //! per session turns socket activity (wake bytes, EOF) into worker messages.
+//!
+//! [`Daemon::finish`] first closes the door: the accept loop takes the
+//! connections already queued on the socket and stops, every handshake in
+//! flight hands its session to a worker (or fails), and only then are the
+//! workers told to stop. A program that exits right after its handshake
+//! (record's blocking start-up) is in the trace even when `record` sees the
+//! exit before the session reached a worker.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use heapprofd_proto::wire::ClientConfig;
 use heapprofd_unwinder::{ModuleCache, SymbolizeOptions};
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::oneshot;
 
 use super::bookkeeper::{self, BookkeeperOptions, Summary};
 use super::handshake::accept_session_from;
@@ -41,10 +50,16 @@ pub struct DaemonOptions {
     pub book: BookkeeperOptions,
 }
 
+/// How long [`Daemon::finish`] waits for the accept loop to stop and for
+/// handshakes in flight (each bounded by its 2 s socket timeouts).
+const HANDOFF_WAIT: Duration = Duration::from_secs(5);
+
 /// A running daemon.
 #[derive(Debug)]
 pub struct Daemon {
     listener: Option<UnixListener>,
+    /// The running accept loop: how to stop it and learn that it stopped.
+    accepting: Option<(oneshot::Sender<()>, mpsc::Receiver<()>)>,
     socket: PathBuf,
     shared: Arc<Shared>,
     worker_threads: Vec<JoinHandle<()>>,
@@ -61,6 +76,24 @@ struct Shared {
     next_id: AtomicU64,
     /// Another user whose processes may connect (`u32::MAX`: none).
     extra_uid: AtomicU32,
+    /// Connections accepted whose session has not reached a worker yet.
+    in_flight: AtomicUsize,
+}
+
+/// Counts a connection in [`Shared::in_flight`] until dropped.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(shared))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Daemon {
@@ -111,9 +144,11 @@ impl Daemon {
             counters,
             next_id: AtomicU64::new(1),
             extra_uid: AtomicU32::new(u32::MAX),
+            in_flight: AtomicUsize::new(0),
         });
         Ok(Daemon {
             listener: Some(listener),
+            accepting: None,
             socket: options.socket,
             shared,
             worker_threads,
@@ -148,19 +183,31 @@ impl Daemon {
             return;
         };
         let shared = Arc::clone(&self.shared);
+        let (stop_tx, mut stop) = oneshot::channel();
+        let (done, done_rx) = mpsc::channel();
+        self.accepting = Some((stop_tx, done_rx));
         tokio::spawn(async move {
             loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        let shared = Arc::clone(&shared);
-                        tokio::spawn(async move { handle_connection(stream, shared).await });
-                    }
-                    Err(e) => {
-                        eprintln!("heapprofd-rs: accept failed: {e}");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
+                tokio::select! {
+                    r = listener.accept() => match r.and_then(|(s, _)| s.into_std()) {
+                        Ok(stream) => spawn_connection(stream, &shared),
+                        Err(e) => {
+                            eprintln!("heapprofd-rs: accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    },
+                    _ = &mut stop => break,
                 }
             }
+            // Clients whose connect() already returned are served; the
+            // socket then closes and later ones are refused at once.
+            if let Ok(listener) = listener.into_std() {
+                let _ = listener.set_nonblocking(true);
+                while let Ok((stream, _)) = listener.accept() {
+                    spawn_connection(stream, &shared);
+                }
+            }
+            let _ = done.send(());
         });
     }
 
@@ -172,6 +219,14 @@ impl Daemon {
     /// Stops every session (clients stop writing), drains what they wrote,
     /// writes the final dump and closes the trace.
     pub fn finish(mut self) -> Result<Summary> {
+        if let Some((stop, done)) = self.accepting.take() {
+            let _ = stop.send(());
+            let _ = done.recv_timeout(HANDOFF_WAIT);
+        }
+        let deadline = Instant::now() + HANDOFF_WAIT;
+        while self.shared.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         for w in &self.shared.workers {
             let _ = w.send(WorkerMsg::StopAll);
         }
@@ -197,17 +252,23 @@ impl Drop for Daemon {
     }
 }
 
-async fn handle_connection(stream: UnixStream, shared: Arc<Shared>) {
-    let std_stream = match stream
-        .into_std()
-        .and_then(|s| s.set_nonblocking(false).map(|()| s))
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("heapprofd-rs: dropping a connection: {e}");
-            return;
-        }
-    };
+/// Serves one accepted connection on its own task, counted in flight until
+/// its session reaches a worker.
+fn spawn_connection(stream: std::os::unix::net::UnixStream, shared: &Arc<Shared>) {
+    let in_flight = InFlight::new(shared);
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move { handle_connection(stream, shared, in_flight).await });
+}
+
+async fn handle_connection(
+    std_stream: std::os::unix::net::UnixStream,
+    shared: Arc<Shared>,
+    in_flight: InFlight,
+) {
+    if let Err(e) = std_stream.set_nonblocking(false) {
+        eprintln!("heapprofd-rs: dropping a connection: {e}");
+        return;
+    }
     let sh = Arc::clone(&shared);
     let joined = tokio::task::spawn_blocking(move || {
         let extra = Some(sh.extra_uid.load(Ordering::Relaxed)).filter(|&u| u != u32::MAX);
@@ -244,6 +305,7 @@ async fn handle_connection(stream: UnixStream, shared: Arc<Shared>) {
     if worker.send(WorkerMsg::Add(id, Box::new(session))).is_err() {
         return;
     }
+    drop(in_flight);
     watch_socket(watch, id, worker.clone(), &shared.counters).await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
 }
@@ -289,4 +351,85 @@ fn bind_private(path: &Path) -> io::Result<UnixListener> {
     // SAFETY: as above.
     unsafe { libc::umask(old) };
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::unix::net::UnixStream as StdStream;
+
+    use heapprofd_proto::socket::{recv_with_fds, send_with_fds};
+    use heapprofd_proto::wire::{Arch, Handshake, version};
+
+    use super::*;
+
+    /// The client side of a handshake, as the client library does it.
+    fn client_handshake(sock: &StdStream) {
+        let maps = File::open("/proc/self/maps").expect("maps");
+        let mem = File::open("/proc/self/mem").expect("mem");
+        let hs = Handshake {
+            version: version::CURRENT,
+            pid: std::process::id(),
+            arch: Arch::native().expect("supported architecture"),
+            page_size: 4096,
+            flags: 0,
+            client_text_start: 0,
+            client_text_end: 0,
+        };
+        send_with_fds(
+            sock.as_raw_fd(),
+            &hs.encode(),
+            &[maps.as_raw_fd(), mem.as_raw_fd()],
+        )
+        .expect("sending the handshake");
+        let mut buf = [0u8; ClientConfig::ENCODED_LEN];
+        let mut fds: [Option<OwnedFd>; 1] = [None];
+        let n = recv_with_fds(sock.as_raw_fd(), &mut buf, &mut fds).expect("config");
+        assert_eq!(n, 1, "the configuration comes with the ring's memfd");
+    }
+
+    /// A program that connects, completes its handshake and exits while the
+    /// daemon is already finishing is still in the profile (record sees a
+    /// quick program exit before its session reaches a worker).
+    #[test]
+    fn finish_waits_for_a_handshake_in_flight() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = dir.path().join("t.pftrace");
+        let options = DaemonOptions {
+            socket: dir.path().join("s.sock"),
+            client: ClientConfig::new(4096, 1 << 20),
+            workers: 1,
+            symbolize: false,
+            book: BookkeeperOptions {
+                output: File::create(&out).expect("trace file"),
+                output_path: out,
+                interval: 4096,
+                dump_at_max: false,
+            },
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (summary, client) = rt.block_on(async {
+            let mut d = Daemon::start(options, Arc::new(Counters::default())).expect("start");
+            d.serve();
+            // Connected (queued or accepted) before the daemon finishes; the
+            // handshake itself only comes while finish() already runs.
+            let sock = StdStream::connect(d.socket_path()).expect("connect");
+            let client = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                client_handshake(&sock);
+            });
+            let summary = tokio::task::spawn_blocking(move || d.finish())
+                .await
+                .expect("finish thread")
+                .expect("finish");
+            (summary, client)
+        });
+        client.join().expect("client thread");
+        assert_eq!(summary.processes.len(), 1, "{:?}", summary.processes);
+        assert_eq!(summary.processes[0].pid, std::process::id());
+    }
 }
