@@ -12,6 +12,10 @@ use std::ptr::NonNull;
 /// Largest data area we create or accept (1 GiB).
 pub const MAX_DATA_SIZE: usize = 1 << 30;
 
+/// How much of the mirror mapping [`Mapping::prefault`] faults in: records
+/// that cross the end of the data area are rarely larger.
+const MIRROR_PREFAULT: usize = 64 << 10;
+
 /// Error type of this crate's setup functions.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -217,17 +221,20 @@ impl Mapping {
         self.data_size
     }
 
-    /// Faults every page of the mapping in, writable, without changing its
+    /// Faults the pages of the mapping in, writable, without changing their
     /// contents (`MADV_POPULATE_WRITE`, Linux 5.14+). False if unsupported.
+    ///
+    /// The mirror is only written by records that cross the end of the data
+    /// area, so only its first [`MIRROR_PREFAULT`] bytes are faulted in: the
+    /// rest would only cost page-table set-up at start (8 MiB ring: 2.7-3.3
+    /// ms for both halves against 1.8-2.0 ms without the mirror, measured
+    /// with a C program doing the same calls).
     pub(crate) fn prefault(&self) -> bool {
-        // SAFETY: advice on our own mapping; contents are not modified.
-        unsafe {
-            libc::madvise(
-                self.base.as_ptr().cast(),
-                self.total_len,
-                libc::MADV_POPULATE_WRITE,
-            ) == 0
-        }
+        let page = self.total_len - 2 * self.data_size;
+        let len = page + self.data_size + self.data_size.min(MIRROR_PREFAULT);
+        // SAFETY: advice on our own mapping (`len <= total_len`); contents
+        // are not modified.
+        unsafe { libc::madvise(self.base.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) == 0 }
     }
 }
 
