@@ -90,24 +90,29 @@ impl SymbolTable {
             if name.is_empty() {
                 continue;
             }
-            let name = addr2line::demangle_auto(Cow::Borrowed(name), None);
+            // Kept mangled: demangling is done for the names looked up, not
+            // for the whole table (node's 100k+ C++ symbols took seconds).
             self.syms.push(Sym {
                 addr: s.address(),
                 size: s.size(),
-                name: Arc::from(name.as_ref()),
+                name: Arc::from(name),
             });
         }
     }
 
     fn finish(&mut self) {
         // Among symbols at one address, prefer sized, then global-looking
-        // (no leading underscore) names, deterministically.
-        self.syms.sort_by(|a, b| {
+        // names (no leading underscore once demangled: a mangled C++ or
+        // Rust name counts as global), deterministically.
+        fn private(name: &str) -> bool {
+            name.starts_with('_') && !name.starts_with("_Z") && !name.starts_with("_R")
+        }
+        self.syms.sort_unstable_by(|a, b| {
             a.addr
                 .cmp(&b.addr)
-                .then(b.size.cmp(&a.size))
-                .then(a.name.starts_with('_').cmp(&b.name.starts_with('_')))
-                .then(a.name.cmp(&b.name))
+                .then_with(|| b.size.cmp(&a.size))
+                .then_with(|| private(&a.name).cmp(&private(&b.name)))
+                .then_with(|| a.name.cmp(&b.name))
         });
         self.syms.dedup_by_key(|s| s.addr);
     }
@@ -117,8 +122,14 @@ impl SymbolTable {
         self.syms.len()
     }
 
-    /// The function containing `svma`. A symbol of size 0 covers up to the
-    /// next symbol.
+    /// The demangled name of the function containing `svma`.
+    pub fn function_name(&self, svma: u64) -> Option<String> {
+        let name = self.lookup(svma)?;
+        Some(addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned())
+    }
+
+    /// The symbol (as in the file: mangled) of the function containing
+    /// `svma`. A symbol of size 0 covers up to the next symbol.
     pub fn lookup(&self, svma: u64) -> Option<&str> {
         let i = self
             .syms
@@ -304,7 +315,7 @@ fn lookup(state: &SymState, svma: u64) -> Vec<SymbolFrame> {
             }
         }
     }
-    let sym = state.table.lookup(svma).map(str::to_owned);
+    let sym = state.table.function_name(svma);
     match out.last_mut() {
         Some(last) if last.function.is_none() => last.function = sym,
         Some(_) => {}
@@ -449,6 +460,19 @@ mod tests {
         assert_eq!(t.lookup(0x2fff), Some("unsized"));
         assert_eq!(t.lookup(0x3008), None);
         assert_eq!(t.lookup(u64::MAX), None);
+    }
+
+    #[test]
+    fn symbol_names_are_demangled_when_looked_up() {
+        let t = table(&[
+            (0x1000, 0x10, "_ZN3foo3barEv"),
+            (0x2000, 0x10, "_ZN4core3fmt5write17h0123456789abcdefE"),
+            (0x3000, 0x10, "plain_c"),
+        ]);
+        assert_eq!(t.function_name(0x1004).as_deref(), Some("foo::bar()"));
+        assert_eq!(t.function_name(0x2004).as_deref(), Some("core::fmt::write"));
+        assert_eq!(t.function_name(0x3004).as_deref(), Some("plain_c"));
+        assert_eq!(t.function_name(0x4000), None);
     }
 
     #[test]
