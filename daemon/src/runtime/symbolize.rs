@@ -18,13 +18,17 @@
 //! holds a lock the dump waits on while it works (see
 //! `Module::warm_symbols`): at idle priority on a busy machine it may not
 //! run for seconds, and a dump stuck behind it once made `record --pid` of
-//! a CPU-bound target hang at its end. It sets no
+//! a CPU-bound target hang at its end. While a dump runs it takes no new
+//! work: a module's state it checked out would make the dump load the module
+//! again for each frame (node's symbol table took 3 s that way). It sets no
 //! expansion itself, so the dump stays the one place that decides what a
 //! frame is called before a stack is written.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use heapprofd_unwinder::Mapping;
 
@@ -39,6 +43,8 @@ pub struct Symbolizer {
     state: Mutex<State>,
     /// The warm-up thread's queue, started with the first request.
     warm: Mutex<Option<Sender<WarmRequest>>>,
+    /// A dump is symbolizing: the warm-up thread waits.
+    dumping: Arc<AtomicBool>,
 }
 
 #[derive(Debug, Default)]
@@ -64,7 +70,7 @@ impl Symbolizer {
         }
         let mut warm = self.warm.lock().unwrap_or_else(|e| e.into_inner());
         if warm.is_none() {
-            *warm = start_warmer();
+            *warm = start_warmer(Arc::clone(&self.dumping));
         }
         if let Some(tx) = warm.as_ref() {
             if tx.send((Arc::clone(mapping), rel_pc)).is_err() {
@@ -76,6 +82,14 @@ impl Symbolizer {
     /// Symbolizes everything queued and records the results in `interner`.
     /// Returns how many frames were symbolized.
     pub fn resolve_pending(&self, interner: &Interner) -> usize {
+        struct Dumping<'a>(&'a AtomicBool);
+        impl Drop for Dumping<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        self.dumping.store(true, Ordering::Release);
+        let _dumping = Dumping(&self.dumping);
         let queue = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::take(&mut st.queue)
@@ -113,7 +127,7 @@ impl Symbolizer {
 /// Starts the idle-priority thread that symbolizes frames ahead of the dump
 /// (see the module docs). `None` if no thread could be started: the dump
 /// then does all the work, as without it.
-fn start_warmer() -> Option<Sender<WarmRequest>> {
+fn start_warmer(dumping: Arc<AtomicBool>) -> Option<Sender<WarmRequest>> {
     let (tx, rx) = channel::<WarmRequest>();
     std::thread::Builder::new()
         .name("heapprofd-symwarm".into())
@@ -122,6 +136,9 @@ fn start_warmer() -> Option<Sender<WarmRequest>> {
             // SAFETY: changes only this thread's scheduling policy.
             unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
             while let Ok((mapping, rel_pc)) = rx.recv() {
+                while dumping.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 if let Some(module) = mapping.module.as_ref() {
                     module.warm_symbols(rel_pc);
                 }
