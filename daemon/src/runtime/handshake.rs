@@ -133,12 +133,22 @@ pub fn accept_session_from(
 
     let (ring, memfd) =
         RingBuffer::create(config.shmem_size).context("creating the ring buffer")?;
+    // Read while the client waits for our reply, so its maps and files are
+    // known even if it exits right after (see ARCHITECTURE.md, daemon).
+    let t0 = std::time::Instant::now();
     let process = ProcessContext::new(
         peer.pid,
         Box::new(FdMaps::new(File::from(maps_fd))),
         Box::new(FdMemory::new(File::from(mem_fd))),
         Arc::clone(cache),
     );
+    if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
+        eprintln!(
+            "heapprofd-rs: handshake of pid {}: maps and modules read in {:.2} ms",
+            peer.pid,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
     send_with_fds(stream.as_raw_fd(), &config.encode(), &[memfd.as_raw_fd()])
         .with_context(|| format!("sending the configuration to pid {}", peer.pid))?;
     drop(memfd);
