@@ -230,8 +230,7 @@ impl Mapping {
     /// ms for both halves against 1.8-2.0 ms without the mirror, measured
     /// with a C program doing the same calls).
     pub(crate) fn prefault(&self) -> bool {
-        let page = self.total_len - 2 * self.data_size;
-        let len = page + self.data_size + self.data_size.min(MIRROR_PREFAULT);
+        let len = self.page + self.data_size + self.data_size.min(MIRROR_PREFAULT);
         // SAFETY: advice on our own mapping (`len <= total_len`); contents
         // are not modified.
         unsafe { libc::madvise(self.base.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) == 0 }
