@@ -670,30 +670,10 @@ impl Protections {
 /// allocator, which bypasses the hooks). Empty on error.
 fn read_self_maps() -> Vec<u8> {
     let mut out = Vec::new();
-    // SAFETY: open with a valid NUL-terminated path.
-    let fd = unsafe {
-        libc::open(
-            c"/proc/self/maps".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return out;
-    }
-    let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: reading into our own buffer.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 && crate::errno() == libc::EINTR {
-            continue;
-        }
-        if n <= 0 {
-            break;
-        }
-        out.extend_from_slice(buf.get(..n as usize).unwrap_or(&[]));
-    }
-    // SAFETY: closing the descriptor we opened.
-    unsafe { libc::close(fd) };
+    crate::procmaps::read_self_maps(&mut [0u8; 4096], |chunk| {
+        out.extend_from_slice(chunk);
+        true
+    });
     out
 }
 

@@ -89,8 +89,10 @@ impl StackFinder {
     }
 }
 
-/// The main thread's stack mapping, from `/proc/self/maps`.
-pub fn main_stack() -> Option<(u64, u64)> {
+/// Reads `/proc/self/maps` with raw system calls (no allocation), handing
+/// each chunk read to `f` until it returns false or the file ends. False if
+/// the file could not be opened.
+pub(crate) fn read_self_maps(buf: &mut [u8], mut f: impl FnMut(&[u8]) -> bool) -> bool {
     // SAFETY: open with a valid NUL-terminated path.
     let fd = unsafe {
         libc::open(
@@ -99,27 +101,34 @@ pub fn main_stack() -> Option<(u64, u64)> {
         )
     };
     if fd < 0 {
-        return None;
+        return false;
     }
-    let mut finder = StackFinder::default();
-    let mut buf = [0u8; 1024];
     loop {
-        // SAFETY: reading into our own buffer.
+        // SAFETY: reading into the caller's buffer, within its length.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 && crate::errno() == libc::EINTR {
             continue;
         }
-        if n <= 0 {
-            break;
-        }
-        finder.feed(buf.get(..n as usize).unwrap_or(&[]));
-        if finder.found.is_some() {
+        if n <= 0 || !f(buf.get(..n as usize).unwrap_or(&[])) {
             break;
         }
     }
-    finder.finish();
     // SAFETY: closing the descriptor we opened.
     unsafe { libc::close(fd) };
+    true
+}
+
+/// The main thread's stack mapping, from `/proc/self/maps`.
+pub fn main_stack() -> Option<(u64, u64)> {
+    let mut finder = StackFinder::default();
+    let opened = read_self_maps(&mut [0u8; 1024], |chunk| {
+        finder.feed(chunk);
+        finder.found.is_none()
+    });
+    if !opened {
+        return None;
+    }
+    finder.finish();
     finder.found
 }
 
