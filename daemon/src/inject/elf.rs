@@ -352,6 +352,20 @@ pub(crate) fn debug_file_for(build_id: &[u8]) -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// The libc this (test) process has loaded.
+#[cfg(test)]
+pub(crate) fn own_libc() -> LoadedObject {
+    let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let maps = heapprofd_unwinder::parse_maps(&text).entries;
+    LoadedObject::find(std::process::id(), &maps, |p| {
+        p.rsplit('/')
+            .next()
+            .is_some_and(|f| f.starts_with("libc.so"))
+    })
+    .unwrap()
+    .expect("libc is mapped")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,15 +385,7 @@ mod tests {
 
     #[test]
     fn finds_dlopen_in_our_own_libc() {
-        let text = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let maps = heapprofd_unwinder::parse_maps(&text).entries;
-        let libc = LoadedObject::find(std::process::id(), &maps, |p| {
-            p.rsplit('/')
-                .next()
-                .is_some_and(|f| f.starts_with("libc.so"))
-        })
-        .unwrap()
-        .expect("libc is mapped");
+        let libc = own_libc();
         let syms = libc.symbols().unwrap();
         let dlopen = syms.address_of("dlopen").expect("dlopen in libc");
         let here = libc.bias + dlopen;

@@ -345,15 +345,7 @@ mod tests {
 
     #[test]
     fn malloc_span_of_our_libc_covers_its_internals() {
-        let text = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let maps = heapprofd_unwinder::parse_maps(&text).entries;
-        let libc = LoadedObject::find(std::process::id(), &maps, |p| {
-            p.rsplit('/')
-                .next()
-                .is_some_and(|f| f.starts_with("libc.so"))
-        })
-        .unwrap()
-        .unwrap();
+        let libc = crate::inject::elf::own_libc();
         let syms = libc.symbols().unwrap();
         let span = malloc_span(&syms).expect("malloc is exported");
         let malloc = syms.address_of("malloc").unwrap();
