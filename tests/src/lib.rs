@@ -7,6 +7,7 @@
 //!   record test programs, driving `record`, and reading traces back through
 //!   the official-schema checker (`proto/tests/check_trace.py`).
 //! * [`attach_harness`]: the `record --pid` targets and their driving.
+//! * [`bench_args`]: `--help` and usage errors for the bench binaries.
 
 pub mod attach_harness;
 pub mod bench_args;
