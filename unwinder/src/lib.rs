@@ -85,7 +85,7 @@
 //! * At most [`ProcessOptions::max_frames`] (512) frames are walked, client
 //!   frames included.
 //! * A stack that ends early keeps its frames and ends with a synthetic
-//!   frame whose [`Frame::error`] is set; [`ProcessContext::symbolize_frame`]
+//!   frame whose `error` ([`Frame`]) is set; [`ProcessContext::symbolize_frame`]
 //!   names it `ERROR <KIND>` ([`UnwindErrorKind::as_str`]). Errors are
 //!   counted per process in [`ProcessStats`].
 //! * The vDSO is parsed from the process's memory.
