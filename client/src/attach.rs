@@ -19,7 +19,7 @@
 //!   Unlike the activation signal, which only flags a pending activation for
 //!   the next allocation hook (a library that does not interpose never sees
 //!   one), this starts at once.
-//! * **synchronous** ([`ATTACH_SYNC`], the process has a single thread):
+//! * **synchronous** ([`FLAG_SYNC`], the process has a single thread):
 //!   glibc makes a process "multi-threaded" for good at its first
 //!   `pthread_create` (its malloc then takes arena locks and atomic
 //!   operations on every call: measured 1.28x slower malloc/free pairs after
@@ -34,32 +34,17 @@
 //!   then stay redirected to them).
 //!
 //! The result codes are part of the daemon/client contract (the daemon turns
-//! each into an error message): see the `ATTACH_*` constants.
+//! each into an error message): `heapprofd_proto::attach` defines them,
+//! with the entry names and the socket path rule.
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
+use heapprofd_proto::attach::{AttachStatus, FLAG_SYNC};
 use heapprofd_proto::wire::Handshake;
 
 use crate::connect::{self, SocketPath};
 use crate::session::{self, CONNECTING, IDLE, MODE, MODE_PENDING, PENDING, STATE, Session};
 use crate::tls::Guard;
-
-/// `flags` of [`heapprofd_rs_remote_attach`]: connect synchronously, create
-/// no thread.
-pub const ATTACH_SYNC: u32 = 1;
-
-/// The session was started (threaded: the connecting thread was started).
-pub const ATTACH_STARTED: i32 = 0;
-/// A session is already active or connecting (another profiler session).
-pub const ATTACH_BUSY: i32 = 1;
-/// The thread was inside the library (its guard is held).
-pub const ATTACH_REENTERED: i32 = 2;
-/// The program's malloc is not glibc's (another allocator interposes).
-pub const ATTACH_OTHER_ALLOCATOR: i32 = 3;
-/// The connecting thread could not be created.
-pub const ATTACH_NO_THREAD: i32 = 4;
-/// Synchronous mode: the handshake with the daemon failed.
-pub const ATTACH_CONNECT_FAILED: i32 = 5;
 
 /// The session of a synchronous attach (it holds the reference a watcher
 /// thread would hold), released by [`heapprofd_rs_remote_detach`].
@@ -74,17 +59,17 @@ pub(crate) fn keep_entry() {
 }
 
 /// Starts a session with the daemon listening on
-/// `/tmp/heapprofd-rs-<id>.sock`. Returns one of the `ATTACH_*` codes.
+/// `/tmp/heapprofd-rs-<id>.sock`. Returns an [`AttachStatus`] code.
 ///
 /// Called by the daemon through ptrace, on a thread it stopped at a safe
 /// point; never called by the program.
 #[cfg_attr(test, allow(dead_code))]
 pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 {
     let Some(_g) = Guard::enter() else {
-        return ATTACH_REENTERED;
+        return AttachStatus::Reentered.code();
     };
     if crate::got::needs_patching() && !crate::got::glibc_allocator() {
-        return ATTACH_OTHER_ALLOCATOR;
+        return AttachStatus::OtherAllocator.code();
     }
     let claimed = STATE
         .compare_exchange(IDLE, CONNECTING, Ordering::SeqCst, Ordering::SeqCst)
@@ -93,45 +78,46 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
             .compare_exchange(PENDING, CONNECTING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
     if !claimed {
-        return ATTACH_BUSY;
+        return AttachStatus::Busy.code();
     }
     // A signal activation that was still waiting for an allocation is
     // superseded by this one.
     let _ = MODE.compare_exchange(MODE_PENDING, 0, Ordering::SeqCst, Ordering::SeqCst);
     let path = SocketPath::for_id(id);
-    if flags & ATTACH_SYNC == 0 {
+    if flags & FLAG_SYNC == 0 {
         if !connect::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
             STATE.store(IDLE, Ordering::SeqCst);
-            return ATTACH_NO_THREAD;
+            return AttachStatus::NoThread.code();
         }
-        return ATTACH_STARTED;
+        return AttachStatus::Ok.code();
     }
     if crate::got::on_session_start().is_err() {
         STATE.store(IDLE, Ordering::SeqCst);
-        return ATTACH_OTHER_ALLOCATOR;
+        return AttachStatus::OtherAllocator.code();
     }
     match connect::connect(&path, Handshake::FLAG_FROM_SIGNAL) {
         Some(s) => {
             SYNC_SESSION.store(s as *const Session as *mut Session, Ordering::SeqCst);
-            ATTACH_STARTED
+            AttachStatus::Ok.code()
         }
         None => {
             crate::got::on_session_end();
             let _ = STATE.compare_exchange(CONNECTING, IDLE, Ordering::SeqCst, Ordering::SeqCst);
-            ATTACH_CONNECT_FAILED
+            AttachStatus::ConnectFailed.code()
         }
     }
 }
 
 /// Ends a synchronous session: teardown (the hooks pass through, blocked
 /// writers are released, the daemon is told) and the GOT entries restored.
-/// Returns 0, or [`ATTACH_REENTERED`]. Harmless when there is no session.
+/// Returns [`AttachStatus::Ok`], or [`AttachStatus::Reentered`]. Harmless
+/// when there is no session.
 ///
 /// Called by the daemon through ptrace, like the attach entry.
 #[cfg_attr(test, allow(dead_code))]
 pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
     let Some(_g) = Guard::enter() else {
-        return ATTACH_REENTERED;
+        return AttachStatus::Reentered.code();
     };
     let p = SYNC_SESSION.swap(core::ptr::null_mut(), Ordering::SeqCst);
     // SAFETY: sessions are never freed.
@@ -140,5 +126,19 @@ pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
         session::release(s);
     }
     crate::got::on_session_end();
-    0
+    AttachStatus::Ok.code()
+}
+
+#[cfg(test)]
+mod tests {
+    use heapprofd_proto::attach::{ATTACH_ENTRY, DETACH_ENTRY};
+
+    /// The daemon finds the entry points by these names (`.symtab`).
+    #[test]
+    fn entry_points_have_the_abi_names() {
+        let attach = core::any::type_name_of_val(&super::heapprofd_rs_remote_attach);
+        assert!(attach.ends_with(&format!("::{ATTACH_ENTRY}")), "{attach}");
+        let detach = core::any::type_name_of_val(&super::heapprofd_rs_remote_detach);
+        assert!(detach.ends_with(&format!("::{DETACH_ENTRY}")), "{detach}");
+    }
 }

@@ -21,7 +21,8 @@ use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use heapprofd_proto::socket::{self, DEFAULT_SOCKET_PATH};
+use heapprofd_proto::attach::{CLIENT_THREAD_NAME_C, DEFAULT_SOCKET_PATH, socket_path_for_id};
+use heapprofd_proto::socket;
 use heapprofd_proto::wire::{self, ClientConfig, Handshake};
 use heapprofd_shmem::{RingBuffer, WriteMode};
 
@@ -56,35 +57,12 @@ impl SocketPath {
     }
 
     /// `/tmp/heapprofd-rs-<id>.sock`, the path of the daemon with that id
-    /// (its pid) for a `sigqueue` activation.
+    /// (its pid) for a `sigqueue` activation (the attach ABI's rule).
     pub(crate) fn for_id(id: u32) -> SocketPath {
-        let mut buf = [0u8; 108];
-        let mut len = 0;
-        let mut push = |bytes: &[u8]| {
-            for &b in bytes {
-                if let Some(slot) = buf.get_mut(len) {
-                    *slot = b;
-                    len += 1;
-                }
-            }
-        };
-        push(b"/tmp/heapprofd-rs-");
-        let mut digits = [0u8; 10];
-        let mut n = id;
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            if let Some(d) = digits.get_mut(i) {
-                *d = b'0' + (n % 10) as u8;
-            }
-            n /= 10;
-            if n == 0 || i == 0 {
-                break;
-            }
-        }
-        push(digits.get(i..).unwrap_or(&[]));
-        push(b".sock");
-        SocketPath { buf, len }
+        SocketPath::from_bytes(socket_path_for_id(id).as_bytes()).unwrap_or(SocketPath {
+            buf: [0; 108],
+            len: 0,
+        })
     }
 
     /// `$HEAPPROFD_SOCKET` or the default path.
@@ -405,7 +383,7 @@ extern "C" fn thread_main(arg: *mut c_void) -> *mut c_void {
     // SAFETY: `spawn` passed a leaked Box<Job> that we now own.
     let job = unsafe { Box::from_raw(arg.cast::<Job>()) };
     // SAFETY: naming our own thread with a short NUL-terminated name.
-    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"heapprofd-rs".as_ptr()) };
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), CLIENT_THREAD_NAME_C.as_ptr()) };
     // Loaded without interposing (attach): the program's GOT entries are
     // redirected for the session and put back after it. Before connecting
     // (the hooks pass through until the session is active), so that when

@@ -43,9 +43,8 @@ use crate::connect::{self, SOCKET_ENV, SocketPath};
 use crate::session::{self, CONNECTING, IDLE, MODE, MODE_PENDING, PENDING, STATE};
 use crate::tls::Guard;
 
-/// The activation signal: `__SIGRTMIN + 4` (glibc's `SIGRTMIN` is 34, the
-/// kernel's 32), the number Android's heapprofd uses.
-pub const ACTIVATION_SIGNAL: c_int = 36;
+/// The activation signal (36, `__SIGRTMIN + 4`), from the attach ABI.
+pub use heapprofd_proto::attach::ACTIVATION_SIGNAL;
 
 /// `sigqueue` value of the pending activation (0 = none given).
 static PENDING_ID: AtomicI32 = AtomicI32::new(0);

@@ -23,10 +23,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// Byte the client sends to wake a paused reader.
 pub const WAKE_BYTE: u8 = b'w';
-/// Environment variable naming the daemon's socket.
+/// Environment variable naming the daemon's socket (when it is not set,
+/// the client uses [`DEFAULT_SOCKET_PATH`](crate::attach::DEFAULT_SOCKET_PATH)).
 pub const SOCKET_ENV: &str = "HEAPPROFD_SOCKET";
-/// Socket path used when [`SOCKET_ENV`] is not set.
-pub const DEFAULT_SOCKET_PATH: &str = "/tmp/heapprofd-rs.sock";
 /// Most descriptors one message carries.
 pub const MAX_FDS: usize = 4;
 

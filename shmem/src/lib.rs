@@ -32,10 +32,12 @@
 
 mod layout;
 mod mapping;
+mod reader;
 mod ring;
+mod writer;
 
 pub use layout::{ClientError, RECORD_HEADER_LEN, offsets, record_size, used_bytes};
 pub use mapping::{MAX_DATA_SIZE, SetupError, check_data_size, page_size};
-pub use ring::{
-    Corruption, ReadOutcome, Reader, Reservation, RingBuffer, Stats, WriteError, WriteMode,
-};
+pub use reader::{Corruption, ReadOutcome, Reader};
+pub use ring::{RingBuffer, Stats};
+pub use writer::{Reservation, WriteError, WriteMode};

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use heapprofd_unwinder::{
-    Arch, FdMaps, FdMemory, Frame, ModuleCache, ProcessContext, RawUnwind, UnwindResult, WalkTrace,
-    stack_matches, walk_inputs,
+    Arch, FdMaps, FdMemory, Frame, ModuleCache, ProcessContext, RawUnwind, StackSample,
+    UnwindResult, WalkTrace, stack_matches, walk_inputs,
 };
 
 #[path = "../tests/integration_tests/selfcapture.rs"]
@@ -157,26 +157,17 @@ fn main() {
     // 1c. Replaying the walk: the check that a sample would walk like a
     // traced one (what the daemon does instead of a walk on a hit).
     let mut trace = WalkTrace::default();
-    ctx.unwind_raw_traced(
-        Arch::X86_64,
-        &sample.regs,
-        sample.sp,
-        &sample.stack,
-        0..0,
-        &mut raw,
-        &mut trace,
-    );
+    let traced = StackSample {
+        arch: Arch::X86_64,
+        regs: &sample.regs,
+        stack_pointer: sample.sp,
+        stack: &sample.stack,
+        skip: 0..0,
+    };
+    ctx.unwind_raw_traced(&traced, &mut raw, &mut trace);
     assert!(trace.replayable);
     let (n, dt) = time_loop(budget / 10, || {
-        ctx.unwind_raw_traced(
-            Arch::X86_64,
-            &sample.regs,
-            sample.sp,
-            &sample.stack,
-            0..0,
-            &mut raw,
-            &mut trace,
-        );
+        ctx.unwind_raw_traced(&traced, &mut raw, &mut trace);
     });
     println!(
         "traced walk (kept once per new trace): {:.1} us",

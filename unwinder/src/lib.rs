@@ -37,7 +37,8 @@
 //!    with [`UnwindErrorKind::InvalidMap`]. `unwind` is exactly this, with a
 //!    [`Frame`] built per pc. To skip even the walk for samples that repeat
 //!    one, [`ProcessContext::unwind_raw_traced`] also fills a [`WalkTrace`]:
-//!    the walk's inputs and the stack words whose values matter; a later
+//!    the walk's inputs and the stack words whose values matter (the sample
+//!    comes as a [`StackSample`]); a later
 //!    sample for which [`walk_inputs`] and [`stack_matches`] agree with it
 //!    walks identically (for the same mappings), see the `replay` module.
 //! 4. To name a frame call [`ProcessContext::symbolize_frame`] (or
@@ -84,7 +85,7 @@
 //! * At most [`ProcessOptions::max_frames`] (512) frames are walked, client
 //!   frames included.
 //! * A stack that ends early keeps its frames and ends with a synthetic
-//!   frame whose [`Frame::error`] is set; [`ProcessContext::symbolize_frame`]
+//!   frame whose `error` ([`Frame`]) is set; [`ProcessContext::symbolize_frame`]
 //!   names it `ERROR <KIND>` ([`UnwindErrorKind::as_str`]). Errors are
 //!   counted per process in [`ProcessStats`].
 //! * The vDSO is parsed from the process's memory.
@@ -116,6 +117,8 @@
 mod cache;
 mod debuginfo;
 mod elf;
+mod frame;
+mod mapping;
 mod maps;
 mod memory;
 mod perfmap;
@@ -127,14 +130,16 @@ mod unwind;
 pub use cache::{CacheStats, FileKey, Module, ModuleCache};
 pub use debuginfo::{build_id_path, hex as build_id_hex};
 pub use elf::{ElfInfo, LoadSegment, compute_bias};
+pub use frame::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
+pub use mapping::Mapping;
 pub use maps::{MapEntry, ParsedMaps, parse_maps};
 pub use memory::{
     FdMaps, FdMemory, MapsSource, NoMemory, ProcessMemory, SnapshotMemory, StaticMaps,
 };
 pub use perfmap::PerfMap;
-pub use process::{Mapping, ProcessContext, ProcessOptions, ProcessStats};
+pub use process::{ProcessContext, ProcessOptions, ProcessStats};
 pub use replay::{WalkTrace, stack_matches, walk_inputs};
 pub use symbols::{SymbolFrame, SymbolSources, SymbolizeOptions};
-pub use unwind::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
+pub use unwind::StackSample;
 
 pub use heapprofd_proto::wire::{Arch, RegisterFile};

@@ -1,5 +1,14 @@
 //! Per-process state: the mappings of one profiled process, the framehop
-//! unwinder built from them, and counters.
+//! walker built from them, counters, and the unwinding API.
+//!
+//! The walk ([`ProcessContext::unwind_raw`]: addresses only, into a reused
+//! buffer, see `unwind`) and the mapping lookups
+//! ([`ProcessContext::resolve_pc`]) are separate, so a caller that caches
+//! what pcs mean looks up only new ones. When a pc falls in no known mapping,
+//! the maps are read again (rate limited,
+//! [`ProcessContext::refresh_maps_for`]) and, if they changed (a `dlopen`),
+//! the walk is redone once with the new modules
+//! ([`ProcessContext::unwind`] does all of it).
 //!
 //! The maps are parsed when the context is created, so samples of a process
 //! that exited before they were unwound still unwind: the stack is in the
@@ -18,68 +27,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use framehop::Unwinder;
-use framehop::aarch64::{CacheAarch64, UnwinderAarch64};
-use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
+use heapprofd_proto::wire::{Arch, RegisterFile};
 
-use crate::cache::{Module, ModuleCache};
-use crate::elf::{self, SectionBytes};
+use crate::cache::ModuleCache;
+use crate::elf;
+use crate::frame::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
+use crate::mapping::{Mapping, mapping_at};
 use crate::maps::{self, MapEntry};
 use crate::memory::{MapsSource, ProcessMemory};
 use crate::perfmap::{self, PerfMap};
+use crate::replay::{self, WalkTrace};
 use crate::symbols::{SymbolFrame, lock};
-use crate::unwind::{Frame, RawUnwind, UnwindErrorKind};
-
-/// One mapping of the process, with what a Perfetto `Mapping` needs.
-#[derive(Debug, Clone)]
-pub struct Mapping {
-    /// First address (AVMA).
-    pub start: u64,
-    /// One past the last address.
-    pub end: u64,
-    /// File offset of `start` (Perfetto `exact_offset`).
-    pub offset: u64,
-    /// File offset of the first mapping of the same file (Perfetto
-    /// `start_offset`; 0 except for libraries inside an archive such as an APK).
-    pub start_offset: u64,
-    /// Executable mapping.
-    pub exec: bool,
-    /// Path or pseudo-name from the maps line (empty for anonymous memory).
-    pub path: String,
-    /// `p_vaddr - p_offset` of the executable `PT_LOAD` (Perfetto `load_bias`).
-    pub load_bias: u64,
-    /// Build id bytes (raw, not hex), when the module has one.
-    pub build_id: Option<Arc<[u8]>>,
-    /// The parsed ELF, for executable file-backed mappings (and the vDSO).
-    pub module: Option<Arc<Module>>,
-    /// `avma - svma` for this mapping of the module.
-    pub avma_bias: u64,
-    /// Device and inode from the maps line.
-    pub dev_inode: (u32, u32, u64),
-}
-
-impl Mapping {
-    /// ELF virtual address of an address in this mapping (a frame's
-    /// `rel_pc`); without a parsed ELF, the file offset of the address.
-    #[inline]
-    pub fn rel_pc(&self, avma: u64) -> u64 {
-        avma.wrapping_sub(self.avma_bias)
-    }
-
-    /// Whether framehop has DWARF CFI for this mapping.
-    pub fn has_unwind_info(&self) -> bool {
-        self.module.as_ref().is_some_and(|m| m.elf.unwind.has_cfi())
-    }
-
-    fn same_as(&self, e: &MapEntry) -> bool {
-        self.start == e.start
-            && self.end == e.end
-            && self.offset == e.offset
-            && self.exec == e.exec
-            && self.dev_inode == (e.dev_major, e.dev_minor, e.inode)
-            && self.path == e.path
-    }
-}
+use crate::unwind::{ProcessView, StackSample, Walker};
 
 /// Tunables of a [`ProcessContext`].
 #[derive(Debug, Clone)]
@@ -137,33 +96,24 @@ impl ProcessStats {
     }
 }
 
-pub(crate) enum ArchUnwinder {
-    X86_64(UnwinderX86_64<SectionBytes>),
-    Aarch64(UnwinderAarch64<SectionBytes>),
-}
-
 /// Unwinding and symbolization state of one profiled process.
 ///
 /// `Send`, not `Sync`: each process is unwound by one thread at a time (the
 /// module cache behind it is shared).
 pub struct ProcessContext {
-    pub(crate) pid: u32,
-    pub(crate) cache: Arc<ModuleCache>,
+    pid: u32,
+    cache: Arc<ModuleCache>,
     maps_source: Box<dyn MapsSource>,
-    pub(crate) memory: Box<dyn ProcessMemory>,
-    pub(crate) options: ProcessOptions,
-    pub(crate) mappings: Vec<Arc<Mapping>>,
-    modules: Vec<framehop::Module<SectionBytes>>,
-    pub(crate) unwinder: Option<ArchUnwinder>,
-    pub(crate) cache_x86_64: Option<Box<CacheX86_64>>,
-    pub(crate) cache_aarch64: Option<Box<CacheAarch64>>,
+    memory: Box<dyn ProcessMemory>,
+    options: ProcessOptions,
+    mappings: Vec<Arc<Mapping>>,
+    /// framehop over the modules of `mappings`.
+    walker: Walker,
     /// When a re-read of the maps last failed to find the address it was
     /// for (the rate limit runs from there).
     last_fruitless_reparse: Option<Instant>,
-    pub(crate) stats: ProcessStats,
-    pub(crate) raw_scratch: RawUnwind,
-    /// Highest end of an executable mapping (aarch64 pointer-auth mask).
-    pub(crate) max_code: u64,
+    stats: ProcessStats,
+    raw_scratch: RawUnwind,
     perf_map: Mutex<Option<(PerfMap, Instant)>>,
 }
 
@@ -204,16 +154,12 @@ impl ProcessContext {
             cache,
             maps_source: maps,
             memory,
+            walker: Walker::new(options.max_frames),
             options,
             mappings: Vec::new(),
-            modules: Vec::new(),
-            unwinder: None,
-            cache_x86_64: None,
-            cache_aarch64: None,
             last_fruitless_reparse: None,
             stats: ProcessStats::default(),
             raw_scratch: RawUnwind::default(),
-            max_code: 0,
             perf_map: Mutex::new(None),
         };
         ctx.read_maps();
@@ -238,11 +184,7 @@ impl ProcessContext {
     /// framehop's rule-cache counters (hits, and misses by cause) of the
     /// architecture unwound so far, for diagnostics: a miss parses CFI.
     pub fn rule_cache_stats(&self) -> Option<framehop::CacheStats> {
-        match (&self.cache_x86_64, &self.cache_aarch64) {
-            (Some(c), _) => Some(c.stats()),
-            (None, Some(c)) => Some(c.stats()),
-            (None, None) => None,
-        }
+        self.walker.rule_cache_stats()
     }
 
     /// The module cache this process uses.
@@ -252,27 +194,178 @@ impl ProcessContext {
 
     /// The mapping containing `addr`.
     pub fn mapping_for(&self, addr: u64) -> Option<&Arc<Mapping>> {
-        let i = maps::find_entry(&self.mappings, addr, |m| (m.start, m.end))?;
-        self.mappings.get(i)
+        mapping_at(&self.mappings, addr)
+    }
+
+    /// Unwinds one sample.
+    ///
+    /// * `regs`: the captured registers (DWARF numbering, see
+    ///   [`heapprofd_proto::wire::RegisterFile`]);
+    /// * `stack_pointer`, `stack`: the copied stack `[sp, sp + len)`;
+    /// * `skip`: text range of the client library. Leading frames whose pc is
+    ///   inside it (the malloc hook and its helpers) are dropped, so the
+    ///   first frame is the user's call site: the function that called
+    ///   `malloc`/`new` (C++ `operator new` in libstdc++ stays as a frame).
+    ///   An empty range drops nothing.
+    ///
+    /// Built on [`ProcessContext::unwind_raw`] and
+    /// [`ProcessContext::resolve_pc`]: the stack is cut at the first pc in no
+    /// known mapping (after one rate-limited re-read of the maps, see
+    /// [`ProcessContext::refresh_maps_for`], and then a second walk if they
+    /// changed), which ends it in [`UnwindErrorKind::InvalidMap`].
+    pub fn unwind(
+        &mut self,
+        arch: Arch,
+        regs: &RegisterFile,
+        stack_pointer: u64,
+        stack: &[u8],
+        skip: Range<u64>,
+    ) -> UnwindResult {
+        let t0 = Instant::now();
+        let mut raw = std::mem::take(&mut self.raw_scratch);
+        self.unwind_raw(arch, regs, stack_pointer, stack, skip.clone(), &mut raw);
+        let first_unmapped = |ctx: &Self, raw: &RawUnwind| {
+            (0..raw.pcs.len()).find(|&i| ctx.resolve_pc(raw.pcs[i], raw.lookup_pc(i)).is_none())
+        };
+        let mut unmapped = first_unmapped(self, &raw);
+        if let Some(i) = unmapped
+            && self.refresh_maps_for(raw.pcs[i])
+        {
+            self.unwind_raw(arch, regs, stack_pointer, stack, skip, &mut raw);
+            unmapped = first_unmapped(self, &raw);
+        }
+        let mut error = raw.error;
+        if let Some(i) = unmapped {
+            raw.pcs.truncate(i);
+            error = Some(UnwindErrorKind::InvalidMap);
+        }
+        let mut frames = Vec::with_capacity(raw.pcs.len() + 1);
+        for (i, &pc) in raw.pcs.iter().enumerate() {
+            let lookup_pc = raw.lookup_pc(i);
+            let (mapping, rel_pc) = match self.resolve_pc(pc, lookup_pc) {
+                Some((m, rel_pc)) => (Some(Arc::clone(m)), rel_pc),
+                None => (None, lookup_pc),
+            };
+            frames.push(Frame {
+                pc,
+                lookup_pc,
+                rel_pc,
+                mapping,
+                error: None,
+            });
+        }
+        self.raw_scratch = raw;
+        self.stats.unwinds += 1;
+        self.stats.frames += frames.len() as u64;
+        if let Some(kind) = error {
+            self.stats.errors[kind.index()] += 1;
+            frames.push(Frame::error(kind));
+        }
+        let dt = t0.elapsed();
+        self.stats.unwind_time += dt;
+        self.stats.max_unwind_time = self.stats.max_unwind_time.max(dt);
+        UnwindResult { frames, error }
+    }
+
+    /// Unwinds one sample into `out`, addresses only: the hot path of a
+    /// profiler that caches what each pc means.
+    ///
+    /// Same walk as [`ProcessContext::unwind`] (same arguments, client
+    /// frames dropped by address range, at most
+    /// [`ProcessOptions::max_frames`](crate::ProcessOptions::max_frames)
+    /// frames walked, framehop errors classified), but no pc is looked up
+    /// in the mappings, nothing is allocated once `out` has grown, and
+    /// [`ProcessStats`](crate::ProcessStats) are not touched. The caller
+    /// resolves the pcs it has not seen with [`ProcessContext::resolve_pc`];
+    /// when one is in no known mapping it should call
+    /// [`ProcessContext::refresh_maps_for`] and, if that returns true, forget
+    /// what it cached and unwind the sample again; a pc still unmapped cuts
+    /// the stack there with [`UnwindErrorKind::InvalidMap`].
+    pub fn unwind_raw(
+        &mut self,
+        arch: Arch,
+        regs: &RegisterFile,
+        stack_pointer: u64,
+        stack: &[u8],
+        skip: Range<u64>,
+        out: &mut RawUnwind,
+    ) {
+        let sample = StackSample {
+            arch,
+            regs,
+            stack_pointer,
+            stack,
+            skip,
+        };
+        let view = ProcessView {
+            mappings: &self.mappings,
+            memory: &*self.memory,
+        };
+        self.walker.walk(&view, &sample, out, None);
+    }
+
+    /// [`ProcessContext::unwind_raw`] (the sample's arguments as one
+    /// [`StackSample`]) that also records in `trace` what the walk depended on, so that later samples with the same inputs can be
+    /// recognised ([`walk_inputs`](crate::walk_inputs),
+    /// [`stack_matches`](crate::stack_matches)) and given the same result
+    /// without a walk. When the walk is replayable this costs one more walk
+    /// per distinct word read plus two (the relevance checks, see the
+    /// `replay` module): a few microseconds, paid once per kept trace.
+    pub fn unwind_raw_traced(
+        &mut self,
+        sample: &StackSample<'_>,
+        out: &mut RawUnwind,
+        trace: &mut WalkTrace,
+    ) {
+        let view = ProcessView {
+            mappings: &self.mappings,
+            memory: &*self.memory,
+        };
+        replay::walk_traced(&mut self.walker, &view, sample, out, trace);
+    }
+
+    /// The mapping of a frame and the frame's `rel_pc` (ELF virtual address
+    /// of `lookup_pc`), or `None` when `pc` is in no known mapping. One
+    /// binary search over the mappings; no allocation.
+    #[inline]
+    pub fn resolve_pc(&self, pc: u64, lookup_pc: u64) -> Option<(&Arc<Mapping>, u64)> {
+        let m = self.mapping_for(pc)?;
+        Some((m, m.rel_pc(lookup_pc)))
+    }
+
+    /// `pc` is in no known mapping: re-reads the maps (a `dlopen` since the
+    /// last read) unless a re-read that did not find its address happened
+    /// within [`ProcessOptions::reparse_interval`](crate::ProcessOptions).
+    /// Returns whether the mappings changed: then every cached meaning of a
+    /// pc may be stale and the sample should be unwound again. A re-read
+    /// after which `pc` is still unmapped starts the rate limit.
+    pub fn refresh_maps_for(&mut self, pc: u64) -> bool {
+        if !self.may_reparse() {
+            return false;
+        }
+        let changed = self.reparse();
+        let found = changed && self.mapping_for(pc).is_some();
+        self.reparse_result(found);
+        changed
     }
 
     /// Whether the rate limit allows a re-read of the maps now: no re-read
     /// failed to find its address within the last
     /// [`ProcessOptions::reparse_interval`].
-    pub(crate) fn may_reparse(&self) -> bool {
+    fn may_reparse(&self) -> bool {
         self.last_fruitless_reparse
             .is_none_or(|t| t.elapsed() >= self.options.reparse_interval)
     }
 
     /// Re-reads the maps; returns whether the set of mappings changed.
-    pub(crate) fn reparse(&mut self) -> bool {
+    fn reparse(&mut self) -> bool {
         self.stats.map_reparses += 1;
         self.read_maps()
     }
 
     /// After [`ProcessContext::reparse`]: whether the re-read found the
     /// address it was done for; if not, the rate limit starts.
-    pub(crate) fn reparse_result(&mut self, found: bool) {
+    fn reparse_result(&mut self, found: bool) {
         if !found {
             self.last_fruitless_reparse = Some(Instant::now());
         }
@@ -312,19 +405,7 @@ impl ProcessContext {
             new.push(m);
         }
         self.mappings = new;
-        self.max_code = self
-            .mappings
-            .iter()
-            .filter(|m| m.exec)
-            .map(|m| m.end)
-            .max()
-            .unwrap_or(0);
-        self.modules = self
-            .mappings
-            .iter()
-            .filter_map(|m| framehop_module(m))
-            .collect();
-        self.unwinder = None;
+        self.walker.set_mappings(&self.mappings);
         true
     }
 
@@ -368,39 +449,6 @@ impl ProcessContext {
             avma_bias,
             dev_inode: (e.dev_major, e.dev_minor, e.inode),
         }
-    }
-
-    /// The framehop unwinder for `arch`, built on first use.
-    pub(crate) fn ensure_unwinder(&mut self, arch: heapprofd_proto::wire::Arch) {
-        use heapprofd_proto::wire::Arch;
-        let ok = matches!(
-            (&self.unwinder, arch),
-            (Some(ArchUnwinder::X86_64(_)), Arch::X86_64)
-                | (Some(ArchUnwinder::Aarch64(_)), Arch::Aarch64)
-        );
-        if ok {
-            return;
-        }
-        self.unwinder = Some(match arch {
-            Arch::X86_64 => {
-                let mut u = UnwinderX86_64::new();
-                for m in &self.modules {
-                    u.add_module(m.clone());
-                }
-                self.cache_x86_64
-                    .get_or_insert_with(|| Box::new(CacheX86_64::new()));
-                ArchUnwinder::X86_64(u)
-            }
-            Arch::Aarch64 => {
-                let mut u = UnwinderAarch64::new();
-                for m in &self.modules {
-                    u.add_module(m.clone());
-                }
-                self.cache_aarch64
-                    .get_or_insert_with(|| Box::new(CacheAarch64::new()));
-                ArchUnwinder::Aarch64(u)
-            }
-        });
     }
 
     /// Names a frame: its module's symbols, the JIT perf map for code with
@@ -450,26 +498,6 @@ impl ProcessContext {
             .and_then(|(m, _)| m.lookup(pc))
             .map(str::to_owned)
     }
-}
-
-/// framehop's module for an executable mapping with CFI.
-fn framehop_module(m: &Mapping) -> Option<framehop::Module<SectionBytes>> {
-    let module = m.module.as_ref()?;
-    if !m.exec || !module.elf.unwind.has_cfi() {
-        return None;
-    }
-    let base_svma = module.elf.base_svma;
-    let base_avma = base_svma.wrapping_add(m.avma_bias);
-    if base_avma > m.start {
-        return None; // inconsistent headers; fall back to frame pointers
-    }
-    let range: Range<u64> = m.start..m.end;
-    Some(framehop::Module::new(
-        m.path.clone(),
-        range,
-        base_avma,
-        module.elf.unwind.to_framehop(base_svma),
-    ))
 }
 
 #[cfg(test)]

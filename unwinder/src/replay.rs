@@ -36,22 +36,10 @@
 //! word and bp (if unused) are poisoned together and the walk must still be
 //! the same, else nothing is dropped.
 
-use std::ops::Range;
-
 use heapprofd_proto::wire::{Arch, RegisterFile, x86_64};
 
-use crate::process::ProcessContext;
-use crate::unwind::RawUnwind;
-
-/// The reads of one walk (crate-internal: filled by the walk's memory
-/// closure).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ReadLog {
-    /// (address, value) of each read served from the stack copy, in order.
-    pub(crate) reads: Vec<(u64, u64)>,
-    /// Some read was not served from the copy.
-    pub(crate) outside: bool,
-}
+use crate::frame::RawUnwind;
+use crate::unwind::{ProcessView, ReadLog, StackSample, Walker};
 
 /// What a walk depended on; see the module docs.
 #[derive(Debug, Clone, Default)]
@@ -119,165 +107,140 @@ pub fn stack_matches(reads: &[(u64, u64)], stack_pointer: u64, stack: &[u8]) -> 
     })
 }
 
-impl ProcessContext {
-    /// [`ProcessContext::unwind_raw`] that also records in `trace` what the
-    /// walk depended on, so that later samples with the same inputs can be
-    /// recognised ([`walk_inputs`], [`stack_matches`]) and given the same
-    /// result without a walk. When the walk is replayable this costs one
-    /// more walk per distinct word read plus two (the relevance checks, see
-    /// the module docs): a few microseconds, paid once per kept trace.
-    #[allow(clippy::too_many_arguments)]
-    pub fn unwind_raw_traced(
-        &mut self,
-        arch: Arch,
-        regs: &RegisterFile,
-        stack_pointer: u64,
-        stack: &[u8],
-        skip: Range<u64>,
-        out: &mut RawUnwind,
-        trace: &mut WalkTrace,
-    ) {
-        trace.replayable = false;
-        trace.bp = None;
-        let mut log = ReadLog {
-            reads: std::mem::take(&mut trace.reads),
-            outside: false,
-        };
-        log.reads.clear();
-        out.pcs.clear();
-        out.leaf_is_return = false;
-        let (end, last) = self.walk(
-            arch,
-            regs,
-            stack_pointer,
-            stack,
-            skip.clone(),
-            out,
-            Some(&mut log),
-        );
-        out.error = self.walk_error(end, last);
-        trace.reads = log.reads;
-        let Some((pc, sp, bp)) = walk_inputs(arch, regs, stack_pointer, stack) else {
-            return;
-        };
-        if log.outside {
-            return;
-        }
-        (trace.pc, trace.sp) = (pc, sp);
+/// [`Walker::walk`] that also records in `trace` what the walk depended on,
+/// so that later samples with the same inputs can be recognised
+/// ([`walk_inputs`], [`stack_matches`]) and given the same result without a
+/// walk (`ProcessContext::unwind_raw_traced`). When the walk is replayable
+/// this costs one more walk per distinct word read plus two (the relevance
+/// checks, see the module docs): a few microseconds, paid once per kept
+/// trace.
+pub(crate) fn walk_traced(
+    walker: &mut Walker,
+    view: &ProcessView<'_>,
+    sample: &StackSample<'_>,
+    out: &mut RawUnwind,
+    trace: &mut WalkTrace,
+) {
+    trace.replayable = false;
+    trace.bp = None;
+    let mut log = ReadLog {
+        reads: std::mem::take(&mut trace.reads),
+        outside: false,
+    };
+    log.reads.clear();
+    walker.walk(view, sample, out, Some(&mut log));
+    trace.reads = log.reads;
+    let (regs, stack_pointer, stack) = (sample.regs, sample.stack_pointer, sample.stack);
+    let Some((pc, sp, bp)) = walk_inputs(sample.arch, regs, stack_pointer, stack) else {
+        return;
+    };
+    if log.outside {
+        return;
+    }
+    (trace.pc, trace.sp) = (pc, sp);
 
-        let mut check = std::mem::take(&mut trace.check);
-        let mut scratch = std::mem::take(&mut trace.scratch);
-        scratch.clear();
-        scratch.extend_from_slice(stack);
-        // The same walk with bp poisoned: bit 62 flipped makes any address
-        // derived from it non-canonical, so a read there fails.
-        let mut poisoned = *regs;
-        poisoned.0[x86_64::RBP] = bp ^ POISON;
-        let bp_unused = self.same_walk(
-            arch,
-            &poisoned,
-            stack_pointer,
-            &scratch,
-            &skip,
-            out,
-            trace,
-            &mut check,
-        );
-        // Each word read, poisoned alone: a word whose value changes
-        // nothing (a saved register restored into bp and never used
-        // before the next restore) needs no check.
-        let mut unused = std::mem::take(&mut trace.unused);
-        unused.clear();
-        for k in 0..trace.reads.len() {
-            let (addr, _) = trace.reads[k];
-            let off = (addr - stack_pointer) as usize; // in the copy: logged
-            let verdict = if trace.reads[..k].iter().any(|&(a, _)| a == addr) {
-                unused.contains(&addr)
-            } else {
-                flip(&mut scratch, off);
-                let same = self.same_walk(
-                    arch,
-                    regs,
-                    stack_pointer,
-                    &scratch,
-                    &skip,
-                    out,
-                    trace,
-                    &mut check,
-                );
-                flip(&mut scratch, off);
-                same
-            };
-            if verdict && !unused.contains(&addr) {
-                unused.push(addr);
-            }
-        }
-        // All of them (and bp) poisoned at once must still give the same
-        // walk; otherwise keep every word and bp's verdict alone.
-        if !unused.is_empty() {
-            for &addr in &unused {
-                flip(&mut scratch, (addr - stack_pointer) as usize);
-            }
-            let r = if bp_unused { &poisoned } else { regs };
-            if !self.same_walk(
-                arch,
-                r,
-                stack_pointer,
-                &scratch,
-                &skip,
+    let mut check = std::mem::take(&mut trace.check);
+    let mut scratch = std::mem::take(&mut trace.scratch);
+    scratch.clear();
+    scratch.extend_from_slice(stack);
+    // The same walk with bp poisoned: bit 62 flipped makes any address
+    // derived from it non-canonical, so a read there fails.
+    let mut poisoned = *regs;
+    poisoned.0[x86_64::RBP] = bp ^ POISON;
+    let bp_unused = same_walk(
+        walker,
+        view,
+        &StackSample {
+            regs: &poisoned,
+            stack: &scratch,
+            ..sample.clone()
+        },
+        out,
+        trace,
+        &mut check,
+    );
+    // Each word read, poisoned alone: a word whose value changes
+    // nothing (a saved register restored into bp and never used
+    // before the next restore) needs no check.
+    let mut unused = std::mem::take(&mut trace.unused);
+    unused.clear();
+    for k in 0..trace.reads.len() {
+        let (addr, _) = trace.reads[k];
+        let off = (addr - stack_pointer) as usize; // in the copy: logged
+        let verdict = if trace.reads[..k].iter().any(|&(a, _)| a == addr) {
+            unused.contains(&addr)
+        } else {
+            flip(&mut scratch, off);
+            let same = same_walk(
+                walker,
+                view,
+                &StackSample {
+                    stack: &scratch,
+                    ..sample.clone()
+                },
                 out,
                 trace,
                 &mut check,
-            ) {
-                unused.clear();
-            }
+            );
+            flip(&mut scratch, off);
+            same
+        };
+        if verdict && !unused.contains(&addr) {
+            unused.push(addr);
         }
-        trace.reads.retain(|(a, _)| !unused.contains(a));
-        trace.bp = (!bp_unused).then_some(bp);
-        trace.replayable = true;
-        trace.check = check;
-        trace.scratch = scratch;
-        trace.unused = unused;
     }
+    // All of them (and bp) poisoned at once must still give the same
+    // walk; otherwise keep every word and bp's verdict alone.
+    if !unused.is_empty() {
+        for &addr in &unused {
+            flip(&mut scratch, (addr - stack_pointer) as usize);
+        }
+        let r = if bp_unused { &poisoned } else { regs };
+        if !same_walk(
+            walker,
+            view,
+            &StackSample {
+                regs: r,
+                stack: &scratch,
+                ..sample.clone()
+            },
+            out,
+            trace,
+            &mut check,
+        ) {
+            unused.clear();
+        }
+    }
+    trace.reads.retain(|(a, _)| !unused.contains(a));
+    trace.bp = (!bp_unused).then_some(bp);
+    trace.replayable = true;
+    trace.check = check;
+    trace.scratch = scratch;
+    trace.unused = unused;
+}
 
-    /// Whether walking (`regs`, `stack`) gives `out` and reads, all from
-    /// the copy, the addresses `trace.reads` lists, in order.
-    #[allow(clippy::too_many_arguments)]
-    fn same_walk(
-        &mut self,
-        arch: Arch,
-        regs: &RegisterFile,
-        stack_pointer: u64,
-        stack: &[u8],
-        skip: &Range<u64>,
-        out: &RawUnwind,
-        trace: &mut WalkTrace,
-        check: &mut RawUnwind,
-    ) -> bool {
-        let mut log = std::mem::take(&mut trace.check_log);
-        log.reads.clear();
-        log.outside = false;
-        check.pcs.clear();
-        check.leaf_is_return = false;
-        let (end, last) = self.walk(
-            arch,
-            regs,
-            stack_pointer,
-            stack,
-            skip.clone(),
-            check,
-            Some(&mut log),
-        );
-        check.error = self.walk_error(end, last);
-        let same = !log.outside
-            && log.reads.len() == trace.reads.len()
-            && log.reads.iter().zip(&trace.reads).all(|(a, b)| a.0 == b.0)
-            && check.pcs == out.pcs
-            && check.leaf_is_return == out.leaf_is_return
-            && check.error == out.error;
-        trace.check_log = log;
-        same
-    }
+/// Whether walking `sample` gives `out` and reads, all from the copy, the
+/// addresses `trace.reads` lists, in order.
+fn same_walk(
+    walker: &mut Walker,
+    view: &ProcessView<'_>,
+    sample: &StackSample<'_>,
+    out: &RawUnwind,
+    trace: &mut WalkTrace,
+    check: &mut RawUnwind,
+) -> bool {
+    let mut log = std::mem::take(&mut trace.check_log);
+    log.reads.clear();
+    log.outside = false;
+    walker.walk(view, sample, check, Some(&mut log));
+    let same = !log.outside
+        && log.reads.len() == trace.reads.len()
+        && log.reads.iter().zip(&trace.reads).all(|(a, b)| a.0 == b.0)
+        && check.pcs == out.pcs
+        && check.leaf_is_return == out.leaf_is_return
+        && check.error == out.error;
+    trace.check_log = log;
+    same
 }
 
 /// Bit 62: flipping it makes any canonical x86_64 address non-canonical.

@@ -51,7 +51,7 @@ pub struct SymbolSources {
 /// Settings for symbolization, shared by all modules of a cache.
 #[derive(Debug, Clone)]
 pub struct SymbolizeOptions {
-    /// When false, [`crate::ModuleCache::symbolize`] returns nothing and no
+    /// When false, [`crate::Module::symbolize`] returns nothing and no
     /// debug file is ever opened (only build id + rel_pc reach the trace).
     pub enabled: bool,
     /// Global debug directories (default `/usr/lib/debug`).

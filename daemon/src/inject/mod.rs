@@ -52,14 +52,9 @@ use self::elf::LoadedObject;
 
 /// File name of the client library.
 pub const CLIENT_FILE_NAME: &str = "libheapprofd_client.so";
-/// Substring of the (mangled) name of the client's attach entry.
-const ATTACH_ENTRY: &str = "heapprofd_rs_remote_attach";
-/// Substring of the (mangled) name of the client's detach entry.
-const DETACH_ENTRY: &str = "heapprofd_rs_remote_detach";
-/// The client's activation signal (`__SIGRTMIN + 4`).
-pub const ACTIVATION_SIGNAL: i32 = 36;
-/// Thread name of the client's connecting/watcher thread.
-pub const CLIENT_THREAD_NAME: &str = "heapprofd-rs";
+// The attach ABI (entry names, the activation signal, the client's thread name).
+pub use heapprofd_proto::attach::{ACTIVATION_SIGNAL, CLIENT_THREAD_NAME};
+use heapprofd_proto::attach::{ATTACH_ENTRY, DETACH_ENTRY};
 
 const RTLD_NOW: u64 = 2;
 const RTLD_NODELETE: u64 = 0x1000;

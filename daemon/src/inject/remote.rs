@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
+use heapprofd_proto::attach::{AttachStatus, FLAG_SYNC};
 
 use super::elf::{LoadedObject, Symbols};
 use super::ptrace::{CallError, Regs, Stop, Tracee};
@@ -472,11 +473,11 @@ fn detach_call(
     let bias = plan.client_bias.unwrap_or(0);
     let status = tr.call(saved, sp, bias + plan.detach_svma, &[], opts.call_timeout)?;
     steps.done("detach entry");
-    match status as u32 as i32 {
-        0 => Ok(()),
-        s => Err(CallError::Failed(format!(
-            "the profiler's detach entry in process {} returned {s}",
-            target.pid
+    match AttachStatus::from_code(status as u32 as i32) {
+        Some(AttachStatus::Ok) => Ok(()),
+        _ => Err(CallError::Failed(format!(
+            "the profiler's detach entry in process {} returned {}",
+            target.pid, status as u32 as i32
         ))),
     }
 }
@@ -542,28 +543,31 @@ fn calls_after_errno(
         saved,
         sp,
         bias + plan.entry_svma,
-        &[u64::from(opts.id), u64::from(sync)],
+        &[
+            u64::from(opts.id),
+            if sync { u64::from(FLAG_SYNC) } else { 0 },
+        ],
         opts.call_timeout,
     )? as u32 as i32;
     steps.done("attach entry");
-    match status {
-        0 => Ok(()),
-        1 => Err(CallError::Failed(format!(
+    match AttachStatus::from_code(status) {
+        Some(AttachStatus::Ok) => Ok(()),
+        Some(AttachStatus::Busy) => Err(CallError::Failed(format!(
             "process {pid} is already being profiled (its heapprofd-rs client has a session \
              or is connecting); stop that session first"
         ))),
-        3 => Err(CallError::Failed(format!(
+        Some(AttachStatus::OtherAllocator) => Err(CallError::Failed(format!(
             "process {pid} does not use glibc's malloc (another allocator interposes it); \
              heapprofd-rs profiles glibc's allocator only"
         ))),
-        4 => Err(CallError::Failed(format!(
+        Some(AttachStatus::NoThread) => Err(CallError::Failed(format!(
             "the profiler could not create its thread in process {pid}"
         ))),
-        5 => Err(CallError::Failed(format!(
+        Some(AttachStatus::ConnectFailed) => Err(CallError::Failed(format!(
             "the profiler in process {pid} could not connect to this heapprofd-rs"
         ))),
-        s => Err(CallError::Failed(format!(
-            "the profiler's attach entry in process {pid} returned {s}"
+        Some(AttachStatus::Reentered) | None => Err(CallError::Failed(format!(
+            "the profiler's attach entry in process {pid} returned {status}"
         ))),
     }
 }

@@ -96,7 +96,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         .unwrap_or_else(|| default_output(&format!("{}-{pid}", target.comm)));
     let me = std::process::id();
     // The client derives this path from the id (our pid) it is given.
-    let socket = PathBuf::from(format!("/tmp/heapprofd-rs-{me}.sock"));
+    let socket = PathBuf::from(heapprofd_proto::attach::socket_path_for_id(me).as_str());
     let options = daemon_options(&args, socket, &output)?;
     let counters = Arc::new(Counters::default());
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -45,7 +45,7 @@ use std::sync::Arc;
 
 use heapprofd_proto::wire::MallocHeader;
 use heapprofd_unwinder::{
-    Mapping, ProcessContext, RawUnwind, UnwindErrorKind, WalkTrace, walk_inputs,
+    Mapping, ProcessContext, RawUnwind, StackSample, UnwindErrorKind, WalkTrace, walk_inputs,
 };
 use rustc_hash::FxHashMap;
 
@@ -155,15 +155,14 @@ impl StackCache {
         let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack);
         let traced = inputs.is_some() && self.memo.should_trace();
         if traced {
-            process.unwind_raw_traced(
-                h.arch,
-                &h.regs,
-                h.stack_pointer,
+            let sample = StackSample {
+                arch: h.arch,
+                regs: &h.regs,
+                stack_pointer: h.stack_pointer,
                 stack,
-                skip.clone(),
-                &mut self.raw,
-                &mut self.trace,
-            );
+                skip: skip.clone(),
+            };
+            process.unwind_raw_traced(&sample, &mut self.raw, &mut self.trace);
         } else {
             process.unwind_raw(
                 h.arch,

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use heapprofd_unwinder::{
-    Arch, FdMaps, FdMemory, ModuleCache, ProcessContext, RawUnwind, RegisterFile, WalkTrace,
-    stack_matches, walk_inputs,
+    Arch, FdMaps, FdMemory, ModuleCache, ProcessContext, RawUnwind, RegisterFile, StackSample,
+    WalkTrace, stack_matches, walk_inputs,
 };
 
 use crate::selfcapture::{self, SelfSample};
@@ -71,15 +71,14 @@ pub fn check_replay(
     let skip = 0..0;
     let mut base = RawUnwind::default();
     let mut trace = WalkTrace::default();
-    ctx.unwind_raw_traced(
-        Arch::X86_64,
+    let sample = StackSample {
+        arch: Arch::X86_64,
         regs,
-        sp,
+        stack_pointer: sp,
         stack,
-        skip.clone(),
-        &mut base,
-        &mut trace,
-    );
+        skip: skip.clone(),
+    };
+    ctx.unwind_raw_traced(&sample, &mut base, &mut trace);
     // The traced walk agrees with the untraced one.
     let mut plain = RawUnwind::default();
     ctx.unwind_raw(Arch::X86_64, regs, sp, stack, skip.clone(), &mut plain);

@@ -1,0 +1,211 @@
+//! [`ClientConfig`], the daemon's answer on the socket: sampling settings,
+//! ring size, blocking mode, fork policy and the per-heap intervals.
+
+use super::codec::{
+    DecodeError, Get, HEAP_NAME_LEN, Put, encode_name, heap_name_field, heap_name_str,
+};
+use super::{HEAP_LIBC_MALLOC_NAME, MAGIC, MAX_HEAPS, version};
+
+/// What a forked child of a profiled process does with the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u32)]
+pub enum ForkPolicy {
+    /// The child turns its hooks into pass-through and never writes to the
+    /// parent's ring buffer (default).
+    #[default]
+    Teardown = 0,
+}
+
+/// Sampling settings for one named heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapConfig {
+    /// NUL-padded heap name (see [`heap_name_field`]).
+    pub name: [u8; HEAP_NAME_LEN],
+    /// Mean bytes between samples; 0 disables the heap.
+    pub interval: u64,
+}
+
+/// Daemon -> client, the session configuration (Since [`version::V1`]).
+///
+/// Sent with one descriptor attached: the ring-buffer memfd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Protocol version the daemon speaks.
+    pub version: u32,
+    /// Default mean sampling interval in bytes (1 = every allocation).
+    pub sampling_interval: u64,
+    /// With [`ClientConfig::FLAG_BLOCK_CLIENT`]: how long a writer waits for
+    /// space before the session ends with an error; 0 = wait forever.
+    pub block_timeout_us: u64,
+    /// Size in bytes of the ring buffer's data area (the memfd is one page larger).
+    pub shmem_size: u64,
+    /// Seed for the sampler; 0 = pick one at random. Non-zero seeds make
+    /// sampling reproducible (tests).
+    pub seed: u64,
+    /// Largest stack copy per sample in bytes; 0 = the whole stack.
+    pub max_stack_bytes: u64,
+    /// Bit set of `FLAG_*`.
+    pub flags: u32,
+    /// What forked children do.
+    pub fork_policy: ForkPolicy,
+    /// Number of valid entries in `heaps`.
+    pub num_heaps: u32,
+    /// Per-heap settings; only the first `num_heaps` are meaningful.
+    pub heaps: [HeapConfig; MAX_HEAPS],
+}
+
+impl ClientConfig {
+    /// Bytes on the wire.
+    pub const ENCODED_LEN: usize = 72 + MAX_HEAPS * (HEAP_NAME_LEN + 8);
+    /// When the buffer is full, wait (up to `block_timeout_us`) instead of dropping.
+    pub const FLAG_BLOCK_CLIENT: u32 = 1;
+
+    /// A configuration sampling `libc.malloc` every `interval` bytes.
+    pub fn new(sampling_interval: u64, shmem_size: u64) -> ClientConfig {
+        let empty = HeapConfig {
+            name: [0; HEAP_NAME_LEN],
+            interval: 0,
+        };
+        let mut heaps = [empty; MAX_HEAPS];
+        heaps[0] = HeapConfig {
+            name: heap_name_field(HEAP_LIBC_MALLOC_NAME).unwrap_or([0; HEAP_NAME_LEN]),
+            interval: sampling_interval,
+        };
+        ClientConfig {
+            version: version::CURRENT,
+            sampling_interval,
+            block_timeout_us: 0,
+            shmem_size,
+            seed: 0,
+            max_stack_bytes: 0,
+            flags: 0,
+            fork_policy: ForkPolicy::Teardown,
+            num_heaps: 1,
+            heaps,
+        }
+    }
+
+    /// Whether writers block when the buffer is full.
+    pub fn block_client(&self) -> bool {
+        self.flags & Self::FLAG_BLOCK_CLIENT != 0
+    }
+
+    /// Sampling interval for the heap called `name`: its own entry if listed,
+    /// else the default interval.
+    pub fn interval_for(&self, name: &str) -> u64 {
+        self.heaps[..self.num_heaps as usize]
+            .iter()
+            .find(|h| heap_name_str(&h.name) == Ok(name))
+            .map_or(self.sampling_interval, |h| h.interval)
+    }
+
+    /// Encodes into exactly [`Self::ENCODED_LEN`] bytes.
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        let mut p = Put::new(&mut out);
+        p.u32(MAGIC);
+        p.u32(self.version);
+        p.u64(self.sampling_interval);
+        p.u64(self.block_timeout_us);
+        p.u64(self.shmem_size);
+        p.u64(self.seed);
+        p.u64(self.max_stack_bytes);
+        p.u32(self.flags);
+        p.u32(self.fork_policy as u32);
+        p.u32(self.num_heaps);
+        p.u32(0);
+        p.u64(0); // reserved
+        for h in &self.heaps {
+            encode_name(&mut p, &h.name);
+            p.u64(h.interval);
+        }
+        out
+    }
+
+    /// Decodes and validates every field.
+    pub fn decode(buf: &[u8]) -> Result<ClientConfig, DecodeError> {
+        let mut g = Get::new(buf, Self::ENCODED_LEN)?;
+        let magic = g.u32();
+        if magic != MAGIC {
+            return Err(DecodeError::BadMagic(magic));
+        }
+        let version = g.u32();
+        if version != version::CURRENT {
+            return Err(DecodeError::UnsupportedVersion(version));
+        }
+        let sampling_interval = g.u64();
+        if sampling_interval == 0 {
+            return Err(DecodeError::InvalidField("sampling_interval"));
+        }
+        let block_timeout_us = g.u64();
+        let shmem_size = g.u64();
+        let seed = g.u64();
+        let max_stack_bytes = g.u64();
+        let flags = g.u32();
+        let fork_policy = match g.u32() {
+            0 => ForkPolicy::Teardown,
+            _ => return Err(DecodeError::InvalidField("fork_policy")),
+        };
+        let num_heaps = g.u32();
+        if num_heaps as usize > MAX_HEAPS {
+            return Err(DecodeError::TooManyHeaps(num_heaps));
+        }
+        let _pad = g.u32();
+        let _reserved = g.u64();
+        let empty = HeapConfig {
+            name: [0; HEAP_NAME_LEN],
+            interval: 0,
+        };
+        let mut heaps = [empty; MAX_HEAPS];
+        for h in heaps.iter_mut() {
+            h.name = g.array();
+            h.interval = g.u64();
+            heap_name_str(&h.name)?;
+        }
+        Ok(ClientConfig {
+            version,
+            sampling_interval,
+            block_timeout_us,
+            shmem_size,
+            seed,
+            max_stack_bytes,
+            flags,
+            fork_policy,
+            num_heaps,
+            heaps,
+        })
+    }
+}
+
+// Layout pin: a change to the field list must change this number on purpose.
+const _: () = assert!(ClientConfig::ENCODED_LEN == 1224);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_round_trip_and_heap_lookup() {
+        let mut c = ClientConfig::new(4096, 8 << 20);
+        c.seed = 5;
+        c.flags = ClientConfig::FLAG_BLOCK_CLIENT;
+        c.block_timeout_us = 1000;
+        c.heaps[1] = HeapConfig {
+            name: heap_name_field("custom").unwrap(),
+            interval: 0,
+        };
+        c.num_heaps = 2;
+        let d = ClientConfig::decode(&c.encode()).unwrap();
+        assert_eq!(d, c);
+        assert!(d.block_client());
+        assert_eq!(d.interval_for("libc.malloc"), 4096);
+        assert_eq!(d.interval_for("custom"), 0);
+        assert_eq!(d.interval_for("other"), 4096);
+        let mut b = c.encode();
+        b[8..16].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(
+            ClientConfig::decode(&b),
+            Err(DecodeError::InvalidField("sampling_interval"))
+        );
+    }
+}

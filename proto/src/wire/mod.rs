@@ -1,0 +1,60 @@
+//! Client/daemon wire format: fixed, explicit little-endian layouts.
+//!
+//! Two kinds of messages cross the process boundary:
+//!
+//! * **Socket messages**, exchanged once per session over the UNIX socket:
+//!   [`Handshake`] (client -> daemon, together with the client's
+//!   `/proc/self/maps` and `/proc/self/mem` descriptors) and [`ClientConfig`]
+//!   (daemon -> client, together with the ring-buffer memfd).
+//! * **Ring-buffer records**, written by the client into the shared-memory
+//!   ring buffer: [`MallocHeader`] followed by raw stack bytes, [`FreeRecord`]
+//!   and [`HeapNameRecord`]. Every record starts with a `u32` [`RecordKind`]
+//!   and a `u32` of flags.
+//!
+//! Every layout is pinned: each type has an `ENCODED_LEN` constant checked at
+//! compile time against the field list, encoding writes every byte (padding
+//! included) so nothing uninitialised ever reaches shared memory, and decoding
+//! returns a typed [`DecodeError`] for every malformed input instead of
+//! panicking. The daemon decodes bytes the client (or anything else that got
+//! hold of the memfd) wrote, so decoding must treat its input as hostile.
+//!
+//! Layouts are little-endian on every architecture. All 64-bit fields sit at
+//! 8-byte offsets so a 32-bit client would produce the same bytes.
+//!
+//! One concept per file: `codec` (the byte reader/writer, name fields and
+//! [`DecodeError`]), `arch` ([`Arch`] and the [`RegisterFile`]),
+//! `handshake` and `client_config` (the socket messages), `record` (the
+//! ring-buffer records and [`Record`]). This module holds the constants the
+//! whole protocol shares and re-exports every item, so `wire::X` is the one
+//! path to each.
+
+mod arch;
+mod client_config;
+mod codec;
+mod handshake;
+mod record;
+
+pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
+pub use client_config::{ClientConfig, ForkPolicy, HeapConfig};
+pub use codec::{DecodeError, HEAP_NAME_LEN, heap_name_field, heap_name_str};
+pub use handshake::Handshake;
+pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record, RecordKind};
+
+/// `b"HPRS"` read as a little-endian `u32`; first field of the socket messages.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"HPRS");
+
+/// Protocol versions. Bump [`version::CURRENT`] on any layout change; the
+/// daemon refuses clients whose version it does not speak.
+pub mod version {
+    /// The first protocol version.
+    pub const V1: u32 = 1;
+    /// The version this build speaks.
+    pub const CURRENT: u32 = V1;
+}
+
+/// Number of heap slots in [`ClientConfig`].
+pub const MAX_HEAPS: usize = 16;
+/// Heap id of the glibc malloc family.
+pub const HEAP_LIBC_MALLOC: u32 = 0;
+/// Name of heap [`HEAP_LIBC_MALLOC`], as heapprofd and the Perfetto UI call it.
+pub const HEAP_LIBC_MALLOC_NAME: &str = "libc.malloc";

@@ -1,0 +1,416 @@
+//! The ring-buffer records: [`MallocHeader`] + stack bytes, [`FreeRecord`],
+//! [`HeapNameRecord`], each opening with its [`RecordKind`], and [`Record`],
+//! any of them decoded by its kind tag.
+
+use super::arch::{Arch, MAX_REGS, RegisterFile};
+use super::codec::{DecodeError, Get, HEAP_NAME_LEN, Put, encode_name, heap_name_str};
+
+/// Kind tag at the start of every ring-buffer record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RecordKind {
+    /// [`MallocHeader`] + stack bytes.
+    Malloc = 1,
+    /// [`FreeRecord`].
+    Free = 2,
+    /// [`HeapNameRecord`].
+    HeapName = 3,
+}
+
+impl RecordKind {
+    /// Decodes a kind tag.
+    pub fn from_u32(v: u32) -> Result<RecordKind, DecodeError> {
+        match v {
+            1 => Ok(RecordKind::Malloc),
+            2 => Ok(RecordKind::Free),
+            3 => Ok(RecordKind::HeapName),
+            other => Err(DecodeError::UnknownKind(other)),
+        }
+    }
+}
+
+fn check_kind(g: &mut Get<'_>, expected: RecordKind) -> Result<u32, DecodeError> {
+    let kind = g.u32();
+    let kind_ok = RecordKind::from_u32(kind)?;
+    if kind_ok != expected {
+        return Err(DecodeError::WrongKind {
+            expected: expected as u32,
+            found: kind,
+        });
+    }
+    Ok(g.u32())
+}
+
+/// Fixed part of a malloc sample; the raw stack bytes follow it directly.
+///
+/// The stack copy starts at `stack_pointer` and is `stack_len` bytes long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MallocHeader {
+    /// [`MallocHeader::FLAG_STACK_TRUNCATED`] and friends.
+    pub flags: u32,
+    /// Global sequence number shared by mallocs and frees of the process.
+    pub sequence: u64,
+    /// Size the program asked for.
+    pub alloc_size: u64,
+    /// Bytes this sample stands for (>= `alloc_size` when sampled below the interval).
+    pub sample_size: u64,
+    /// Address returned to the program.
+    pub address: u64,
+    /// CLOCK_MONOTONIC_COARSE, nanoseconds.
+    pub timestamp_ns: u64,
+    /// User context label (reserved; 0 = none).
+    pub context_id: u64,
+    /// Kernel thread id of the allocating thread.
+    pub tid: u32,
+    /// Heap the allocation belongs to.
+    pub heap_id: u32,
+    /// How to read `regs`.
+    pub arch: Arch,
+    /// Address of the first stack byte copied.
+    pub stack_pointer: u64,
+    /// Number of stack bytes that follow the header.
+    pub stack_len: u64,
+    /// Registers at the capture point.
+    pub regs: RegisterFile,
+}
+
+impl MallocHeader {
+    /// Bytes of the fixed part on the wire.
+    pub const ENCODED_LEN: usize = 88 + MAX_REGS * 8;
+    /// The stack copy was cut short (cap reached); unwinding may stop early.
+    pub const FLAG_STACK_TRUNCATED: u32 = 1;
+    /// The stack bounds of the thread were unknown; only registers were sent.
+    pub const FLAG_NO_STACK: u32 = 2;
+
+    /// Encodes the fixed part into `out[..ENCODED_LEN]`.
+    #[inline]
+    pub fn encode_into(&self, out: &mut [u8; Self::ENCODED_LEN]) {
+        let mut p = Put::new(out);
+        p.u32(RecordKind::Malloc as u32);
+        p.u32(self.flags);
+        p.u64(self.sequence);
+        p.u64(self.alloc_size);
+        p.u64(self.sample_size);
+        p.u64(self.address);
+        p.u64(self.timestamp_ns);
+        p.u64(self.context_id);
+        p.u32(self.tid);
+        p.u32(self.heap_id);
+        p.u32(self.arch as u32);
+        p.u32(0);
+        p.u64(self.stack_pointer);
+        p.u64(self.stack_len);
+        for r in &self.regs.0 {
+            p.u64(*r);
+        }
+    }
+
+    /// Decodes a whole malloc record: the header and the stack bytes after it.
+    ///
+    /// Trailing bytes beyond `stack_len` (ring-buffer padding) are allowed up
+    /// to 7; anything else is a [`DecodeError::StackLength`].
+    pub fn decode(buf: &[u8]) -> Result<(MallocHeader, &[u8]), DecodeError> {
+        let mut g = Get::new(buf, Self::ENCODED_LEN)?;
+        let flags = check_kind(&mut g, RecordKind::Malloc)?;
+        let sequence = g.u64();
+        let alloc_size = g.u64();
+        let sample_size = g.u64();
+        let address = g.u64();
+        let timestamp_ns = g.u64();
+        let context_id = g.u64();
+        let tid = g.u32();
+        let heap_id = g.u32();
+        let arch = Arch::from_u32(g.u32())?;
+        let _pad = g.u32();
+        let stack_pointer = g.u64();
+        let stack_len = g.u64();
+        let mut regs = RegisterFile::default();
+        for r in regs.0.iter_mut() {
+            *r = g.u64();
+        }
+        let rest = &buf[Self::ENCODED_LEN..];
+        let ok_len = usize::try_from(stack_len)
+            .ok()
+            .filter(|&n| n <= rest.len() && rest.len() - n < 8);
+        let Some(n) = ok_len else {
+            return Err(DecodeError::StackLength {
+                declared: stack_len,
+                available: rest.len(),
+            });
+        };
+        if stack_pointer.checked_add(stack_len).is_none() {
+            return Err(DecodeError::InvalidField("stack_pointer"));
+        }
+        let header = MallocHeader {
+            flags,
+            sequence,
+            alloc_size,
+            sample_size,
+            address,
+            timestamp_ns,
+            context_id,
+            tid,
+            heap_id,
+            arch,
+            stack_pointer,
+            stack_len,
+            regs,
+        };
+        Ok((header, &rest[..n]))
+    }
+}
+
+/// A free (or the free half of a realloc) of a possibly sampled address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeRecord {
+    /// Global sequence number shared with mallocs.
+    pub sequence: u64,
+    /// Address passed to free.
+    pub address: u64,
+    /// Heap the address belongs to.
+    pub heap_id: u32,
+}
+
+impl FreeRecord {
+    /// Bytes on the wire.
+    pub const ENCODED_LEN: usize = 32;
+
+    /// Encodes into exactly [`Self::ENCODED_LEN`] bytes.
+    #[inline]
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        let mut p = Put::new(&mut out);
+        p.u32(RecordKind::Free as u32);
+        p.u32(0);
+        p.u64(self.sequence);
+        p.u64(self.address);
+        p.u32(self.heap_id);
+        p.u32(0);
+        out
+    }
+
+    /// Decodes a free record (trailing padding allowed).
+    pub fn decode(buf: &[u8]) -> Result<FreeRecord, DecodeError> {
+        let mut g = Get::new(buf, Self::ENCODED_LEN)?;
+        let _flags = check_kind(&mut g, RecordKind::Free)?;
+        let sequence = g.u64();
+        let address = g.u64();
+        let heap_id = g.u32();
+        Ok(FreeRecord {
+            sequence,
+            address,
+            heap_id,
+        })
+    }
+}
+
+/// Declares (or re-declares, after an interval change) a heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapNameRecord {
+    /// Heap id used by later records.
+    pub heap_id: u32,
+    /// Current sampling interval of the heap.
+    pub interval: u64,
+    /// NUL-padded name; empty keeps the previous name (interval change only).
+    pub name: [u8; HEAP_NAME_LEN],
+}
+
+impl HeapNameRecord {
+    /// Bytes on the wire.
+    pub const ENCODED_LEN: usize = 24 + HEAP_NAME_LEN;
+
+    /// Encodes into exactly [`Self::ENCODED_LEN`] bytes.
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        let mut p = Put::new(&mut out);
+        p.u32(RecordKind::HeapName as u32);
+        p.u32(0);
+        p.u32(self.heap_id);
+        p.u32(0);
+        p.u64(self.interval);
+        encode_name(&mut p, &self.name);
+        out
+    }
+
+    /// Decodes a heap-name record and validates the name.
+    pub fn decode(buf: &[u8]) -> Result<HeapNameRecord, DecodeError> {
+        let mut g = Get::new(buf, Self::ENCODED_LEN)?;
+        let _flags = check_kind(&mut g, RecordKind::HeapName)?;
+        let heap_id = g.u32();
+        let _pad = g.u32();
+        let interval = g.u64();
+        let name = g.array();
+        heap_name_str(&name)?;
+        Ok(HeapNameRecord {
+            heap_id,
+            interval,
+            name,
+        })
+    }
+
+    /// The heap name as a string (validated by `decode`).
+    pub fn name_str(&self) -> &str {
+        heap_name_str(&self.name).unwrap_or("")
+    }
+}
+
+/// Any ring-buffer record, borrowed from the bytes it was decoded from.
+// Records are decoded one at a time and consumed at once; boxing the malloc
+// header would cost an allocation per sample for no gain.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// A sampled allocation and its raw stack.
+    Malloc(MallocHeader, &'a [u8]),
+    /// A free of a possibly sampled address.
+    Free(FreeRecord),
+    /// A heap declaration.
+    HeapName(HeapNameRecord),
+}
+
+impl<'a> Record<'a> {
+    /// Decodes any record by its kind tag. Never panics, whatever the bytes.
+    pub fn decode(buf: &'a [u8]) -> Result<Record<'a>, DecodeError> {
+        let mut g = Get::new(buf, 8)?;
+        match RecordKind::from_u32(g.u32())? {
+            RecordKind::Malloc => {
+                let (h, stack) = MallocHeader::decode(buf)?;
+                Ok(Record::Malloc(h, stack))
+            }
+            RecordKind::Free => Ok(Record::Free(FreeRecord::decode(buf)?)),
+            RecordKind::HeapName => Ok(Record::HeapName(HeapNameRecord::decode(buf)?)),
+        }
+    }
+
+    /// Encodes the record into a new buffer (tests, fuzzers and tools; the
+    /// client writes records in place instead).
+    pub fn encode_to_vec(&self) -> Vec<u8> {
+        match self {
+            Record::Malloc(h, stack) => {
+                let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
+                let mut h = *h;
+                h.stack_len = stack.len() as u64;
+                h.encode_into(&mut fixed);
+                let mut v = Vec::with_capacity(fixed.len() + stack.len());
+                v.extend_from_slice(&fixed);
+                v.extend_from_slice(stack);
+                v
+            }
+            Record::Free(f) => f.encode().to_vec(),
+            Record::HeapName(n) => n.encode().to_vec(),
+        }
+    }
+}
+
+// Layout pins: a change to any field list must change these numbers on purpose.
+const _: () = assert!(MallocHeader::ENCODED_LEN == 360);
+const _: () = assert!(FreeRecord::ENCODED_LEN == 32);
+const _: () = assert!(HeapNameRecord::ENCODED_LEN == 88);
+const _: () = assert!(MallocHeader::ENCODED_LEN % 8 == 0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::heap_name_field;
+
+    fn sample_header() -> MallocHeader {
+        let mut regs = RegisterFile::default();
+        for (i, r) in regs.0.iter_mut().enumerate() {
+            *r = 0x1000 + i as u64;
+        }
+        MallocHeader {
+            flags: MallocHeader::FLAG_STACK_TRUNCATED,
+            sequence: 42,
+            alloc_size: 100,
+            sample_size: 4096,
+            address: 0xdead_beef,
+            timestamp_ns: 123_456_789,
+            context_id: 7,
+            tid: 99,
+            heap_id: 0,
+            arch: Arch::X86_64,
+            stack_pointer: 0x7fff_0000,
+            stack_len: 16,
+            regs,
+        }
+    }
+
+    #[test]
+    fn malloc_round_trip_with_padding() {
+        let stack: Vec<u8> = (0..16).collect();
+        let mut bytes = Record::Malloc(sample_header(), &stack).encode_to_vec();
+        bytes.extend_from_slice(&[0; 7]);
+        match Record::decode(&bytes).unwrap() {
+            Record::Malloc(h, s) => {
+                assert_eq!(h, sample_header());
+                assert_eq!(s, &stack[..]);
+            }
+            other => panic!("decoded {other:?}"),
+        }
+    }
+
+    #[test]
+    fn malloc_rejects_bad_stack_len() {
+        let stack = [0u8; 16];
+        let mut bytes = Record::Malloc(sample_header(), &stack).encode_to_vec();
+        // Declare more stack than present.
+        bytes[80..88].copy_from_slice(&1000u64.to_le_bytes());
+        assert_eq!(
+            Record::decode(&bytes),
+            Err(DecodeError::StackLength {
+                declared: 1000,
+                available: 16
+            })
+        );
+        // 8 or more trailing bytes are not padding.
+        let mut bytes = Record::Malloc(sample_header(), &stack).encode_to_vec();
+        bytes.extend_from_slice(&[0; 8]);
+        assert!(matches!(
+            Record::decode(&bytes),
+            Err(DecodeError::StackLength { .. })
+        ));
+    }
+
+    #[test]
+    fn every_prefix_of_every_record_is_an_error_not_a_panic() {
+        let stack = [1u8; 24];
+        let name = heap_name_field("libc.malloc").unwrap();
+        let records = [
+            Record::Malloc(sample_header(), &stack).encode_to_vec(),
+            Record::Free(FreeRecord {
+                sequence: 1,
+                address: 2,
+                heap_id: 0,
+            })
+            .encode_to_vec(),
+            Record::HeapName(HeapNameRecord {
+                heap_id: 0,
+                interval: 4096,
+                name,
+            })
+            .encode_to_vec(),
+        ];
+        for bytes in &records {
+            assert!(Record::decode(bytes).is_ok());
+            for n in 0..bytes.len() {
+                assert!(Record::decode(&bytes[..n]).is_err(), "prefix {n} decoded");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_kind_and_arch() {
+        let mut bytes = FreeRecord {
+            sequence: 1,
+            address: 2,
+            heap_id: 0,
+        }
+        .encode()
+        .to_vec();
+        bytes[0] = 77;
+        assert_eq!(Record::decode(&bytes), Err(DecodeError::UnknownKind(77)));
+        let mut bytes = Record::Malloc(sample_header(), &[]).encode_to_vec();
+        bytes[64] = 9;
+        assert_eq!(Record::decode(&bytes), Err(DecodeError::UnknownArch(9)));
+    }
+}

@@ -1,0 +1,293 @@
+//! The reader's side of the ring buffer: the single [`Reader`] copies each
+//! committed record out with atomic loads, skips discarded ones, publishes
+//! its read position in batches, and turns any inconsistency in the shared
+//! memory into a sticky, counted [`Corruption`]. Also the reader's controls
+//! on the buffer: pausing (the wake-up protocol) and shutdown.
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use crate::layout::{
+    HDR_COMMITTED, HDR_DISCARDED, HDR_LEN_MASK, RECORD_HEADER_LEN, record_size, used_bytes,
+};
+use crate::ring::{RingBuffer, Stats};
+
+/// Why the reader considers the buffer corrupt. Corruption is sticky: once
+/// seen, every later read returns it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Corruption {
+    /// The write position is behind the read position, too far ahead, or misaligned.
+    Positions {
+        /// Our read position.
+        read_pos: u64,
+        /// The write position found in shared memory.
+        write_pos: u64,
+    },
+    /// A committed header claims more bytes than were reserved.
+    RecordSize {
+        /// Payload length from the header.
+        len: u64,
+        /// Bytes available between the positions.
+        available: u64,
+    },
+    /// A header has bits set that no writer sets.
+    HeaderBits(u64),
+}
+
+/// Result of one read attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// A record was copied into the caller's buffer; its payload length.
+    Record(usize),
+    /// Nothing was written since the last read.
+    Empty,
+    /// A writer has reserved the next record but not committed it yet.
+    Pending,
+    /// The buffer is corrupt; see [`Corruption`].
+    Corrupt(Corruption),
+}
+
+impl RingBuffer {
+    /// Marks the reader as asleep. After calling this the reader must try one
+    /// more read before sleeping: a writer that committed before seeing the
+    /// flag will not wake it. Even then a writer racing with the pause may
+    /// not wake it (see [`RingBuffer::take_reader_paused`]): a reader must
+    /// also poll now and then.
+    pub fn pause_reader(&self) {
+        self.meta().reader_paused.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Clears the paused flag (the reader found more work after pausing).
+    pub fn unpause_reader(&self) {
+        self.meta().reader_paused.store(0, Ordering::Relaxed);
+    }
+
+    /// Asks all writers to stop.
+    pub fn set_shutdown(&self) {
+        self.meta().shutdown.store(1, Ordering::Relaxed);
+    }
+
+    /// Returns a reader borrowing this buffer. Only one process (the daemon)
+    /// may read, and only through one reader at a time.
+    pub fn reader(&self) -> Reader<&RingBuffer> {
+        Reader::new(self)
+    }
+}
+
+/// The single reader. Keeps its read position privately and only publishes
+/// it; the shared copy is never read back.
+///
+/// `B` is how the reader holds the buffer: `&RingBuffer` from
+/// [`RingBuffer::reader`], or an owning pointer (`Box`, `Arc`) from
+/// [`Reader::new`] when the reader must live alongside other session state.
+#[derive(Debug)]
+pub struct Reader<B: Deref<Target = RingBuffer>> {
+    rb: B,
+    read_pos: u64,
+    /// Last read position stored to shared memory.
+    published_pos: u64,
+    /// Last validated write position seen; records below it need no reload.
+    write_pos: u64,
+    corrupt: Option<Corruption>,
+    reads_ok: u64,
+    reads_corrupt: u64,
+    reads_empty: u64,
+}
+
+impl<B: Deref<Target = RingBuffer>> Reader<B> {
+    /// A reader starting at the beginning of a buffer the caller created.
+    pub fn new(rb: B) -> Self {
+        Reader {
+            rb,
+            read_pos: 0,
+            published_pos: 0,
+            write_pos: 0,
+            corrupt: None,
+            reads_ok: 0,
+            reads_corrupt: 0,
+            reads_empty: 0,
+        }
+    }
+
+    /// The buffer being read.
+    pub fn ring(&self) -> &RingBuffer {
+        &self.rb
+    }
+
+    /// Copies the next record's payload into `out` (replacing its contents).
+    ///
+    /// Discarded records are skipped. Never blocks, never loops more than the
+    /// number of records in the buffer, never reads outside the mapping.
+    ///
+    /// The freed space is published to writers in batches (every quarter of
+    /// the buffer) and whenever the reader runs out of records.
+    pub fn read(&mut self, out: &mut Vec<u8>) -> ReadOutcome {
+        if let Some(c) = self.corrupt {
+            return self.count_corrupt(c);
+        }
+        let size = self.rb.size() as u64;
+        // Each iteration either returns or skips a discarded record (>= 8
+        // bytes), so this bound is never reached by a well-formed buffer.
+        for _ in 0..=(size / 8) {
+            if self.write_pos == self.read_pos {
+                self.publish();
+                let write_pos = self.rb.meta().write_pos.load(Ordering::Acquire);
+                if used_bytes(self.read_pos, write_pos, size).is_none() {
+                    return self.set_corrupt(Corruption::Positions {
+                        read_pos: self.read_pos,
+                        write_pos,
+                    });
+                }
+                if write_pos == self.read_pos {
+                    self.reads_empty += 1;
+                    return ReadOutcome::Empty;
+                }
+                self.write_pos = write_pos;
+            }
+            // The record at read_pos was reserved by a writer that moved the
+            // write position past its end before we loaded it, so a committed
+            // record must fit below self.write_pos.
+            let used = self.write_pos - self.read_pos;
+            let header = self.rb.header_at(self.read_pos).load(Ordering::Acquire);
+            if header == 0 {
+                self.publish();
+                return ReadOutcome::Pending;
+            }
+            if header & !(HDR_LEN_MASK | HDR_COMMITTED | HDR_DISCARDED) != 0
+                || header & HDR_COMMITTED == 0
+            {
+                return self.set_corrupt(Corruption::HeaderBits(header));
+            }
+            let len = header & HDR_LEN_MASK;
+            let total = record_size(len as usize) as u64;
+            if total > used {
+                return self.set_corrupt(Corruption::RecordSize {
+                    len,
+                    available: used,
+                });
+            }
+            let discarded = header & HDR_DISCARDED != 0;
+            if !discarded {
+                let off = ((self.read_pos + RECORD_HEADER_LEN as u64) & self.rb.mask()) as usize;
+                copy_out(self.rb.data_ptr(), off, len as usize, out);
+            }
+            self.read_pos += total;
+            if self.read_pos - self.published_pos >= size / 4 {
+                self.publish();
+            }
+            if !discarded {
+                self.reads_ok += 1;
+                self.prefetch_ahead();
+                return ReadOutcome::Record(len as usize);
+            }
+        }
+        self.set_corrupt(Corruption::Positions {
+            read_pos: self.read_pos,
+            write_pos: self.write_pos,
+        })
+    }
+
+    /// Asks the CPU to start fetching the [`PREFETCH_AHEAD`] bytes past the
+    /// read position, so that the lines a writer on another core filled are
+    /// on their way while the caller handles the record just read. Done
+    /// after every record, even for lines asked for before: a line fetched
+    /// before its writer wrote it must be fetched again, and re-asking
+    /// measured better than asking once per line (daemon CPU at `-i 1`
+    /// 0.575 s against 0.634 s; 0.689 s without prefetching). A hint only:
+    /// nothing is read, nothing can fault.
+    ///
+    /// Never past the last write position seen: lines a writer has not
+    /// reserved yet are the ones it is about to fill, and fetching them here
+    /// would take them away from its core just before it writes them.
+    #[inline]
+    fn prefetch_ahead(&self) {
+        #[cfg(target_arch = "x86_64")]
+        for line in 0..PREFETCH_AHEAD.min(self.write_pos.saturating_sub(self.read_pos)) / 64 {
+            let pos = (self.read_pos + line * 64) & self.rb.mask();
+            // SAFETY: `pos` is inside the data area; a prefetch has no
+            // architectural effect and never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch(
+                    self.rb.data_ptr().wrapping_add(pos as usize).cast::<i8>(),
+                    std::arch::x86_64::_MM_HINT_T0,
+                )
+            };
+        }
+    }
+
+    /// Stores the read position (freeing space for writers) and mirrors the
+    /// reader statistics into shared memory.
+    fn publish(&mut self) {
+        let meta = self.rb.meta();
+        if meta.reader_kicked.load(Ordering::Relaxed) != 0 {
+            meta.reader_kicked.store(0, Ordering::Relaxed);
+        }
+        if self.published_pos != self.read_pos {
+            meta.read_pos.store(self.read_pos, Ordering::Release);
+            self.published_pos = self.read_pos;
+        }
+        meta.reads_ok.store(self.reads_ok, Ordering::Relaxed);
+        meta.reads_empty.store(self.reads_empty, Ordering::Relaxed);
+        meta.reads_corrupt
+            .store(self.reads_corrupt, Ordering::Relaxed);
+    }
+
+    fn set_corrupt(&mut self, c: Corruption) -> ReadOutcome {
+        self.corrupt = Some(c);
+        self.count_corrupt(c)
+    }
+
+    fn count_corrupt(&mut self, c: Corruption) -> ReadOutcome {
+        self.reads_corrupt += 1;
+        self.rb
+            .meta()
+            .reads_corrupt
+            .store(self.reads_corrupt, Ordering::Relaxed);
+        ReadOutcome::Corrupt(c)
+    }
+
+    /// The reader's own statistics merged with the writer's shared ones.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            reads_ok: self.reads_ok,
+            reads_corrupt: self.reads_corrupt,
+            reads_empty: self.reads_empty,
+            ..self.rb.writer_stats()
+        }
+    }
+
+    /// The corruption seen, if any.
+    pub fn corruption(&self) -> Option<Corruption> {
+        self.corrupt
+    }
+
+    /// Bytes currently between the reader and the writers (untrusted).
+    pub fn backlog(&self) -> u64 {
+        let wp = self.rb.meta().write_pos.load(Ordering::Relaxed);
+        wp.saturating_sub(self.read_pos)
+    }
+}
+
+/// How far past the read position the reader prefetches (a malloc record
+/// with a 2 KiB stack is ~2.4 KiB; 1.5, 2.5 and 4 KiB measured 0.612,
+/// 0.595 and 0.582 s of daemon CPU at `-i 1`).
+const PREFETCH_AHEAD: u64 = 4096;
+
+/// Copies `len` bytes at `off` of the data area into `out` with relaxed
+/// atomic loads: the writer may be scribbling on them concurrently (if it is
+/// hostile), and racing plain reads would be undefined behaviour.
+fn copy_out(data: *mut u8, off: usize, len: usize, out: &mut Vec<u8>) {
+    let words = len.div_ceil(8);
+    out.clear();
+    out.resize(words * 8, 0);
+    // `off` is 8-aligned and `off + words * 8 <= 2 * size`, inside the mirror.
+    for (i, dst) in out.chunks_exact_mut(8).enumerate() {
+        // SAFETY: in bounds as above; AtomicU64 needs 8-byte alignment,
+        // which data (page aligned) + off (8-aligned) gives.
+        let w =
+            unsafe { AtomicU64::from_ptr(data.add(off + i * 8).cast()) }.load(Ordering::Relaxed);
+        dst.copy_from_slice(&w.to_ne_bytes());
+    }
+    out.truncate(len);
+}
