@@ -38,11 +38,12 @@
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
+use heapprofd_client_core::session::{self, Session};
+use heapprofd_client_core::socket_path::SocketPath;
+use heapprofd_client_core::state::{CONNECTING, IDLE, PENDING, STATE};
+use heapprofd_client_core::tls::Guard;
+use heapprofd_client_core::{activation, connect, watcher};
 use heapprofd_proto::wire::Handshake;
-
-use crate::connect::{self, SocketPath};
-use crate::session::{self, CONNECTING, IDLE, MODE, MODE_PENDING, PENDING, STATE, Session};
-use crate::tls::Guard;
 
 /// `flags` of [`heapprofd_rs_remote_attach`]: connect synchronously, create
 /// no thread.
@@ -97,10 +98,10 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     }
     // A signal activation that was still waiting for an allocation is
     // superseded by this one.
-    let _ = MODE.compare_exchange(MODE_PENDING, 0, Ordering::SeqCst, Ordering::SeqCst);
+    activation::supersede();
     let path = SocketPath::for_id(id);
     if flags & ATTACH_SYNC == 0 {
-        if !connect::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
+        if !watcher::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
             STATE.store(IDLE, Ordering::SeqCst);
             return ATTACH_NO_THREAD;
         }

@@ -60,11 +60,33 @@ use core::ffi::{CStr, c_char, c_int, c_void};
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
+use heapprofd_client_core::frontend::{self, Frontend};
+use heapprofd_client_core::procmaps;
+use heapprofd_client_core::tls::Guard;
+
 use crate::elfdyn::{Dynamic, Rela, Sym, in_object, is_canonical_plt, read_dynamic};
-use crate::tls::Guard;
+
+/// The glibc front-end, registered by the constructor.
+pub(crate) static GLIBC: Frontend = Frontend {
+    before_connect,
+    after_session: on_session_end,
+    tick_ms,
+    tick: poll_new_objects,
+    after_sample: catch_up,
+};
+
+fn before_connect() -> Result<(), frontend::Refusal> {
+    on_session_start().map_err(|_| frontend::Refusal {
+        message: b"the program's malloc is not glibc's; profiling refused",
+    })
+}
+
+fn tick_ms() -> Option<u16> {
+    is_active().then_some(POLL_MS)
+}
 
 /// How often the watcher looks for newly loaded objects while patched.
-pub(crate) const POLL_MS: i32 = 200;
+pub(crate) const POLL_MS: u16 = 200;
 
 /// [`interposing`]: not decided (the constructor did not run).
 const INTERPOSE_UNKNOWN: u8 = 0;
@@ -388,7 +410,7 @@ pub(crate) fn catch_up() {
 
 #[cold]
 fn catch_up_slow() {
-    let errno = crate::errno();
+    let errno = heapprofd_client_core::errno::get();
     if let Some(mut st) = PATCH.try_lock() {
         if !st.active {
             NEW_OBJECTS.store(false, Ordering::Relaxed);
@@ -406,7 +428,7 @@ fn catch_up_slow() {
 /// someone else is patching (the watcher's poll catches up).
 pub(crate) fn after_dlopen() {
     let Some(_g) = Guard::enter() else { return };
-    let errno = crate::errno();
+    let errno = heapprofd_client_core::errno::get();
     if let Some(mut st) = PATCH.try_lock()
         && st.active
     {
@@ -605,7 +627,7 @@ impl Protections {
         let text = read_self_maps();
         let mut ranges = Vec::new();
         for line in text.split(|&b| b == b'\n') {
-            let Some((start, end)) = crate::procmaps::parse_range(line) else {
+            let Some((start, end)) = procmaps::parse_range(line) else {
                 continue;
             };
             let perms = line
@@ -670,7 +692,7 @@ impl Protections {
 /// allocator, which bypasses the hooks). Empty on error.
 fn read_self_maps() -> Vec<u8> {
     let mut out = Vec::new();
-    crate::procmaps::read_self_maps(&mut [0u8; 4096], |chunk| {
+    procmaps::read_self_maps(&mut [0u8; 4096], |chunk| {
         out.extend_from_slice(chunk);
         true
     });
