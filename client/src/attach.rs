@@ -45,6 +45,8 @@ use heapprofd_client_core::tls::Guard;
 use heapprofd_client_core::{activation, connect, watcher};
 use heapprofd_proto::wire::Handshake;
 
+use crate::patching;
+
 /// `flags` of [`heapprofd_rs_remote_attach`]: connect synchronously, create
 /// no thread.
 pub const ATTACH_SYNC: u32 = 1;
@@ -84,7 +86,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     let Some(_g) = Guard::enter() else {
         return ATTACH_REENTERED;
     };
-    if crate::got::needs_patching() && !crate::got::glibc_allocator() {
+    if !patching::allocator_ok() {
         return ATTACH_OTHER_ALLOCATOR;
     }
     let claimed = STATE
@@ -107,7 +109,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
         }
         return ATTACH_STARTED;
     }
-    if crate::got::on_session_start().is_err() {
+    if patching::start().is_err() {
         STATE.store(IDLE, Ordering::SeqCst);
         return ATTACH_OTHER_ALLOCATOR;
     }
@@ -117,7 +119,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
             ATTACH_STARTED
         }
         None => {
-            crate::got::on_session_end();
+            patching::end();
             let _ = STATE.compare_exchange(CONNECTING, IDLE, Ordering::SeqCst, Ordering::SeqCst);
             ATTACH_CONNECT_FAILED
         }
@@ -140,6 +142,6 @@ pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
         s.teardown(None);
         session::release(s);
     }
-    crate::got::on_session_end();
+    patching::end();
     0
 }

@@ -1,4 +1,5 @@
-//! The exported malloc family: thin shims around glibc's `__libc_*`.
+//! The exported malloc family: thin shims around glibc's `__libc_*`, and
+//! their hook records.
 //!
 //! Every hook starts with one relaxed load of the mode and one branch
 //! (`heapprofd_client_core::hookpath`, which also has the slow paths the
@@ -8,6 +9,9 @@
 //! tail-calls glibc after the sampler's subtraction and compare; only a
 //! sampled one calls glibc and then records; a free does one load from the
 //! free set before it tail-calls glibc.
+//!
+//! Each hook's [`Hook`] record (name, glibc's original, the hook) sits next
+//! to it; `hooktable` lists them for GOT patching.
 //!
 //! The hooks never panic: no indexing, no unwrap, no overflowing arithmetic
 //! on these paths. `#[cfg_attr(not(test), no_mangle)]` keeps the unit-test
@@ -19,10 +23,14 @@ use heapprofd_client_core::errno;
 use heapprofd_client_core::hookpath::{may_be_sampled, mode, on_alloc, on_free, resample, skip};
 use heapprofd_client_core::tls::Guard;
 
+use crate::hook::{Hook, Lookup};
 use crate::real::{
     __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_pvalloc, __libc_realloc,
     __libc_valloc,
 };
+
+/// The record of [`malloc`].
+pub(crate) static MALLOC: Hook = Hook::new(c"malloc", malloc as *const (), Lookup::GlibcOnly);
 
 /// `malloc(3)`.
 ///
@@ -47,6 +55,9 @@ fn malloc_slow(size: usize, m: u64) -> *mut c_void {
     p
 }
 
+/// The record of [`free`].
+pub(crate) static FREE: Hook = Hook::new(c"free", free as *const (), Lookup::GlibcOnly);
+
 /// `free(3)`.
 ///
 /// # Safety
@@ -69,6 +80,9 @@ unsafe fn free_slow(p: *mut c_void, m: u64) {
     // SAFETY: forwarding with the caller's arguments.
     unsafe { __libc_free(p) }
 }
+
+/// The record of [`calloc`].
+pub(crate) static CALLOC: Hook = Hook::new(c"calloc", calloc as *const (), Lookup::GlibcOnly);
 
 /// `calloc(3)`.
 ///
@@ -95,6 +109,9 @@ fn calloc_slow(n: usize, size: usize, m: u64) -> *mut c_void {
     on_alloc(p, n.wrapping_mul(size), m);
     p
 }
+
+/// The record of [`realloc`].
+pub(crate) static REALLOC: Hook = Hook::new(c"realloc", realloc as *const (), Lookup::GlibcOnly);
 
 /// `realloc(3)`.
 ///
@@ -143,6 +160,10 @@ unsafe fn realloc_slow(
     p
 }
 
+/// The record of [`reallocarray`].
+pub(crate) static REALLOCARRAY: Hook =
+    Hook::new(c"reallocarray", reallocarray as *const (), Lookup::Glibc);
+
 /// `reallocarray(3)`: realloc with an overflow check on `n * size`.
 ///
 /// # Safety
@@ -156,6 +177,9 @@ pub unsafe extern "C" fn reallocarray(old: *mut c_void, n: usize, size: usize) -
     // SAFETY: same contract as realloc.
     unsafe { realloc(old, total) }
 }
+
+/// The record of [`memalign`].
+pub(crate) static MEMALIGN: Hook = Hook::new(c"memalign", memalign as *const (), Lookup::Glibc);
 
 /// `memalign(3)` (glibc semantics: a non-power-of-two alignment is rounded up).
 ///
@@ -172,6 +196,10 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     p
 }
 
+/// The record of [`aligned_alloc`].
+pub(crate) static ALIGNED_ALLOC: Hook =
+    Hook::new(c"aligned_alloc", aligned_alloc as *const (), Lookup::Glibc);
+
 /// `aligned_alloc(3)`: `EINVAL` unless the alignment is a power of two
 /// (C17; the check glibc 2.38 added), otherwise memalign.
 ///
@@ -186,6 +214,13 @@ pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void
     // SAFETY: same contract.
     unsafe { memalign(align, size) }
 }
+
+/// The record of [`posix_memalign`].
+pub(crate) static POSIX_MEMALIGN: Hook = Hook::new(
+    c"posix_memalign",
+    posix_memalign as *const (),
+    Lookup::Glibc,
+);
 
 /// `posix_memalign(3)`: `EINVAL` unless the alignment is a power of two
 /// multiple of `sizeof(void *)`, `ENOMEM` on failure; errno is left alone.
@@ -210,6 +245,9 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     0
 }
 
+/// The record of [`valloc`].
+pub(crate) static VALLOC: Hook = Hook::new(c"valloc", valloc as *const (), Lookup::Glibc);
+
 /// `valloc(3)`.
 ///
 /// # Safety
@@ -224,6 +262,9 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     }
     p
 }
+
+/// The record of [`pvalloc`].
+pub(crate) static PVALLOC: Hook = Hook::new(c"pvalloc", pvalloc as *const (), Lookup::Glibc);
 
 /// `pvalloc(3)`.
 ///

@@ -3,7 +3,7 @@
 //! The constructor runs from `.init_array` when the library is loaded
 //! (`LD_PRELOAD`, or a later `dlopen`). With the guard held, so nothing it
 //! does is sampled, it:
-//! 1. registers the glibc front-end with the core (`got`), looks up
+//! 1. registers the glibc front-end with the core (`patching`), looks up
 //!    glibc's `malloc_usable_size` and the size of its static TLS
 //!    area, and reads the main thread's `[stack]` range from
 //!    `/proc/self/maps` (all need allocation-free or guarded contexts, so
@@ -11,7 +11,7 @@
 //! 2. registers a `pthread_atfork` child handler;
 //! 3. decides whether the library interposes the program's malloc (it was
 //!    preloaded) or not (it was `dlopen`ed by an attach: sessions then patch
-//!    the GOTs, see `got`), and, only if it interposes, installs the
+//!    the GOTs, see `patching`), and, only if it interposes, installs the
 //!    activation signal handler (signal 36, `__SIGRTMIN + 4`, as Android's
 //!    heapprofd) unless `HEAPPROFD_NO_SIGNAL=1` or the program already has a
 //!    handler for it (only a `SIG_DFL` disposition is replaced; a program
@@ -38,7 +38,7 @@ use heapprofd_client_core::{
 };
 use heapprofd_proto::wire::Handshake;
 
-use crate::{attach, got, hooks};
+use crate::{attach, hooks, interpose, patching};
 
 /// The activation signal: `__SIGRTMIN + 4` (glibc's `SIGRTMIN` is 34, the
 /// kernel's 32), the number Android's heapprofd uses.
@@ -52,11 +52,11 @@ static CONSTRUCTOR: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) = c
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mut c_char) {
     let Some(_g) = Guard::enter() else { return };
-    frontend::install(&got::GLIBC);
+    frontend::install(&patching::GLIBC);
     crate::real::usable_size(hooks::malloc_usable_size);
     capture::set_main_stack(procmaps::main_stack());
     capture::resolve_tls_static_size();
-    got::decide_interposing();
+    interpose::decide();
     attach::keep_entry();
     // SAFETY: registering a handler that is valid for the process lifetime
     // (the library is never unloaded while a session may run).
@@ -65,7 +65,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     // allocation that would act on a pending activation: the daemon calls
     // `attach::heapprofd_rs_remote_attach` instead, and the program's
     // disposition of the signal is left alone.
-    if got::interposing() && !env::is_1(c"HEAPPROFD_NO_SIGNAL") {
+    if interpose::interposing() && !env::is_1(c"HEAPPROFD_NO_SIGNAL") {
         install_signal_handler();
     }
     if env::get(SOCKET_ENV).is_none() {

@@ -22,13 +22,17 @@
 //! * `HEAPPROFD_NO_SIGNAL=1`: do not install the activation signal handler.
 //!
 //! # Modules
-//! [`hooks`] (the exported functions) forward to [`real`] (glibc's
-//! allocator) around the core's hook paths. `init` (the constructor, the
-//! activation signal) registers the core's `Frontend` (`got::GLIBC`).
-//! `attach` has the entry points the daemon calls in a running process,
-//! `got` the GOT patching when the library was loaded without interposing,
-//! `elfdyn` the reading of loaded objects' dynamic sections and `dlhook`
-//! the `dlopen` hook.
+//! [`hooks`] (the exported functions, each with its `hook` record) forward
+//! to [`real`] (glibc's allocator) around the core's hook paths. `init` (the
+//! constructor, the activation signal) registers `patching` (the core's
+//! `Frontend`: what a session does before it connects and after it ends)
+//! with the core. A library that does not interpose (`interpose`) patches
+//! GOTs: `hooktable` (every hooked function), `originals` (glibc's
+//! definitions, the other-allocator refusal), `got` (the patch and restore
+//! passes), `protections` (page protections, the store into a RELRO slot),
+//! `elfdyn` (reading loaded objects' dynamic sections), `newobjects` and
+//! `dlhook` (objects loaded later, the `dlopen` hook). `attach` has the
+//! entry points the daemon calls in a running process.
 //!
 //! Linking the rlib into a program interposes that program's malloc with
 //! these hooks and installs [`real::LibcAlloc`] as its Rust allocator; the
@@ -38,8 +42,15 @@ mod attach;
 mod dlhook;
 mod elfdyn;
 mod got;
+mod hook;
 pub mod hooks;
+mod hooktable;
 mod init;
+mod interpose;
+mod newobjects;
+mod originals;
+mod patching;
+mod protections;
 pub mod real;
 
 pub use init::ACTIVATION_SIGNAL;
