@@ -6,10 +6,15 @@
 //! receives time out after one second. The thread that connected then stays
 //! as the session's watcher (see `watcher`).
 
-use core::ffi::c_void;
+use core::ffi::{CStr, c_void};
 use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
+
+use nix::fcntl::{OFlag, open};
+use nix::sys::prctl;
+use nix::sys::stat::Mode;
+use nix::unistd::getpid;
 
 use heapprofd_proto::socket;
 use heapprofd_proto::wire::{self, ClientConfig, Handshake};
@@ -42,28 +47,22 @@ fn set_timeouts(sock: RawFd, d: Duration) {
     }
 }
 
-fn open_ro(path: &core::ffi::CStr) -> Option<OwnedFd> {
-    // SAFETY: valid NUL-terminated path.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    // SAFETY: a fresh descriptor we own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+fn open_ro(path: &CStr) -> Option<OwnedFd> {
+    open(path, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).ok()
 }
 
 /// Opens `/proc/self/maps` and `/proc/self/mem`, making the process dumpable
 /// for the moment it takes (as heapprofd does): `/proc/self/mem` of a
 /// non-dumpable process is owned by root.
 fn open_proc_fds() -> Option<(OwnedFd, OwnedFd)> {
-    // SAFETY: prctl with integer arguments.
-    let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE) };
-    if dumpable == 0 {
-        // SAFETY: as above.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
+    let dumpable = prctl::get_dumpable().unwrap_or(true);
+    if !dumpable {
+        let _ = prctl::set_dumpable(true);
     }
     let maps = open_ro(c"/proc/self/maps");
     let mem = open_ro(c"/proc/self/mem");
-    if dumpable == 0 {
-        // SAFETY: as above.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+    if !dumpable {
+        let _ = prctl::set_dumpable(false);
     }
     Some((maps?, mem?))
 }
@@ -168,8 +167,7 @@ fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams
     }
     let (maps, mem) = open_proc_fds()?;
     let (text_start, text_end) = own_text_range();
-    // SAFETY: getpid/sysconf have no preconditions.
-    let pid = unsafe { libc::getpid() };
+    let pid = getpid().as_raw();
     let hs = Handshake {
         version: wire::version::CURRENT,
         pid: pid as u32,
