@@ -11,14 +11,13 @@ use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use heapprofd_proto::socket;
+use heapprofd_proto::wire::{self, ClientConfig, Handshake};
+use heapprofd_shmem::{RingBuffer, WriteMode};
 use nix::fcntl::{OFlag, open};
 use nix::sys::prctl;
 use nix::sys::stat::Mode;
 use nix::unistd::getpid;
-
-use heapprofd_proto::socket;
-use heapprofd_proto::wire::{self, ClientConfig, Handshake};
-use heapprofd_shmem::{RingBuffer, WriteMode};
 
 use crate::session::{self, SessionParams};
 use crate::socket_path::SocketPath;

@@ -22,6 +22,8 @@ impl core::fmt::Debug for SocketPath {
 }
 
 impl SocketPath {
+    /// A path from its bytes; `None` if empty, too long for `sun_path` or
+    /// holding a NUL.
     pub fn from_bytes(b: &[u8]) -> Option<SocketPath> {
         if b.is_empty() || b.len() >= 108 || b.contains(&0) {
             return None;
@@ -74,6 +76,7 @@ impl SocketPath {
             })
     }
 
+    /// The path's bytes (without the NUL).
     pub fn as_bytes(&self) -> &[u8] {
         self.buf.get(..self.len).unwrap_or(&[])
     }
