@@ -34,17 +34,19 @@
 //!   then stay redirected to them).
 //!
 //! The result codes are part of the daemon/client contract (the daemon turns
-//! each into an error message): `heapprofd_proto::attach` defines them,
-//! with the entry names and the socket path rule.
+//! each into an error message): see [`AttachStatus`].
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
+use heapprofd_client_core::session::{self, Session};
+use heapprofd_client_core::socket_path::SocketPath;
+use heapprofd_client_core::state::{CONNECTING, IDLE, PENDING, STATE};
+use heapprofd_client_core::tls::Guard;
+use heapprofd_client_core::{activation, connect, watcher};
 use heapprofd_proto::attach::{AttachStatus, FLAG_SYNC};
 use heapprofd_proto::wire::Handshake;
 
-use crate::connect::{self, SocketPath};
-use crate::session::{self, CONNECTING, IDLE, MODE, MODE_PENDING, PENDING, STATE, Session};
-use crate::tls::Guard;
+use crate::patching;
 
 /// The session of a synchronous attach (it holds the reference a watcher
 /// thread would hold), released by [`heapprofd_rs_remote_detach`].
@@ -68,7 +70,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     let Some(_g) = Guard::enter() else {
         return AttachStatus::Reentered.code();
     };
-    if crate::got::needs_patching() && !crate::got::glibc_allocator() {
+    if !patching::allocator_ok() {
         return AttachStatus::OtherAllocator.code();
     }
     let claimed = STATE
@@ -82,16 +84,16 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     }
     // A signal activation that was still waiting for an allocation is
     // superseded by this one.
-    let _ = MODE.compare_exchange(MODE_PENDING, 0, Ordering::SeqCst, Ordering::SeqCst);
+    activation::supersede();
     let path = SocketPath::for_id(id);
     if flags & FLAG_SYNC == 0 {
-        if !connect::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
+        if !watcher::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
             STATE.store(IDLE, Ordering::SeqCst);
             return AttachStatus::NoThread.code();
         }
         return AttachStatus::Ok.code();
     }
-    if crate::got::on_session_start().is_err() {
+    if patching::start().is_err() {
         STATE.store(IDLE, Ordering::SeqCst);
         return AttachStatus::OtherAllocator.code();
     }
@@ -101,7 +103,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
             AttachStatus::Ok.code()
         }
         None => {
-            crate::got::on_session_end();
+            patching::end();
             let _ = STATE.compare_exchange(CONNECTING, IDLE, Ordering::SeqCst, Ordering::SeqCst);
             AttachStatus::ConnectFailed.code()
         }
@@ -110,8 +112,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
 
 /// Ends a synchronous session: teardown (the hooks pass through, blocked
 /// writers are released, the daemon is told) and the GOT entries restored.
-/// Returns [`AttachStatus::Ok`], or [`AttachStatus::Reentered`]. Harmless
-/// when there is no session.
+/// Returns [`AttachStatus::Ok`], or [`AttachStatus::Reentered`]. Harmless when there is no session.
 ///
 /// Called by the daemon through ptrace, like the attach entry.
 #[cfg_attr(test, allow(dead_code))]
@@ -125,8 +126,8 @@ pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
         s.teardown(None);
         session::release(s);
     }
-    crate::got::on_session_end();
-    AttachStatus::Ok.code()
+    patching::end();
+    0
 }
 
 #[cfg(test)]

@@ -8,19 +8,38 @@
 //! depend on the caller and the call goes to [`dlopen_wrapped`], which calls
 //! glibc's `dlopen` and patches the new objects right away. Every other call
 //! is a tail jump to glibc's `dlopen`, which then sees the caller's own
-//! return address; it sets `got::NEW_OBJECTS`, and the next sampled
-//! allocation (or the watcher's poll of `dlpi_adds`) patches those objects
-//! (see `got::catch_up`).
+//! return address; it sets `newobjects::NEW_OBJECTS`, and the next sampled
+//! allocation (or the watcher's poll of `dlpi_adds`) patches those objects.
+//!
+//! glibc's `dlopen` is the original of the hook's record, [`DLOPEN`]: the
+//! assembly jumps through that field.
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::sync::atomic::Ordering;
 
-use crate::got::REAL_DLOPEN;
+use crate::hook::{Hook, Lookup};
+use crate::newobjects::{NEW_OBJECTS, after_dlopen};
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" {
+    fn heapprofd_rs_dlopen_hook();
+}
+
+/// The record of the `dlopen` hook (no hook where there is none: objects
+/// loaded by `dlopen` are then found by the watcher's poll only).
+#[cfg(target_arch = "x86_64")]
+pub(crate) static DLOPEN: Hook = Hook::new(
+    c"dlopen",
+    heapprofd_rs_dlopen_hook as *const (),
+    Lookup::GlibcOrGlobal,
+);
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) static DLOPEN: Hook = Hook::new(c"dlopen", core::ptr::null(), Lookup::GlibcOrGlobal);
 
 /// Whether the hook should wrap this call (1) or tail-jump to glibc (0):
 /// only names that need no search and no substitution, while patched.
 extern "C" fn dlopen_decide(file: *const c_char) -> u32 {
-    if file.is_null() || REAL_DLOPEN.load(Ordering::Relaxed) == 0 {
+    if file.is_null() || DLOPEN.original.load(Ordering::Relaxed) == 0 {
         return 0;
     }
     // SAFETY: dlopen's argument is a NUL-terminated string.
@@ -29,7 +48,7 @@ extern "C" fn dlopen_decide(file: *const c_char) -> u32 {
     if !wrap {
         // Glibc's dlopen runs on its own: the objects it adds are patched
         // by the next sampled allocation (or the watcher's poll).
-        crate::got::NEW_OBJECTS.store(true, Ordering::Relaxed);
+        NEW_OBJECTS.store(true, Ordering::Relaxed);
     }
     u32::from(wrap)
 }
@@ -38,15 +57,15 @@ type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
 
 /// A wrapped `dlopen`: glibc's, then the new objects are patched.
 extern "C" fn dlopen_wrapped(file: *const c_char, mode: c_int) -> *mut c_void {
-    let real = REAL_DLOPEN.load(Ordering::SeqCst);
+    let real = DLOPEN.original();
     if real == 0 {
         return core::ptr::null_mut();
     }
-    // SAFETY: REAL_DLOPEN is glibc's dlopen (set from dlsym), called with
+    // SAFETY: the original is glibc's dlopen (set from dlsym), called with
     // the caller's arguments.
     let h = unsafe { core::mem::transmute::<usize, DlopenFn>(real)(file, mode) };
     if !h.is_null() {
-        crate::got::after_dlopen();
+        after_dlopen();
     }
     h
 }
@@ -75,35 +94,23 @@ core::arch::global_asm!(
     ".cfi_adjust_cfa_offset -8",
     "test eax, eax",
     "jnz 2f",
-    "jmp qword ptr [rip + {real}]",
+    "jmp qword ptr [rip + {record} + {original}]",
     "2:",
     "jmp {wrapped}",
     ".cfi_endproc",
     ".size heapprofd_rs_dlopen_hook, . - heapprofd_rs_dlopen_hook",
     ".popsection",
     decide = sym dlopen_decide,
-    real = sym REAL_DLOPEN,
+    record = sym DLOPEN,
+    original = const core::mem::offset_of!(Hook, original),
     wrapped = sym dlopen_wrapped,
 );
 
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" {
-    fn heapprofd_rs_dlopen_hook();
-}
-
-/// Address of the `dlopen` hook (0 where there is none: objects loaded by
-/// `dlopen` are then found by the watcher's poll only).
-pub(crate) fn dlopen_hook_addr() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        heapprofd_rs_dlopen_hook as *const () as usize
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (dlopen_decide as *const (), dlopen_wrapped as *const ());
-        0
-    }
-}
+#[cfg(not(target_arch = "x86_64"))]
+const _: (
+    extern "C" fn(*const c_char) -> u32,
+    extern "C" fn(*const c_char, c_int) -> *mut c_void,
+) = (dlopen_decide, dlopen_wrapped);
 
 #[cfg(test)]
 mod tests {
@@ -111,13 +118,13 @@ mod tests {
 
     #[test]
     fn decide_wraps_only_plain_paths() {
-        REAL_DLOPEN.store(1, Ordering::SeqCst);
+        DLOPEN.original.store(1, Ordering::SeqCst);
         assert_eq!(dlopen_decide(c"/usr/lib/libx.so".as_ptr()), 1);
         assert_eq!(dlopen_decide(c"./libx.so".as_ptr()), 1);
         assert_eq!(dlopen_decide(c"libx.so".as_ptr()), 0);
         assert_eq!(dlopen_decide(c"$ORIGIN/libx.so".as_ptr()), 0);
         assert_eq!(dlopen_decide(core::ptr::null()), 0);
-        REAL_DLOPEN.store(0, Ordering::SeqCst);
+        DLOPEN.original.store(0, Ordering::SeqCst);
         assert_eq!(dlopen_decide(c"/usr/lib/libx.so".as_ptr()), 0);
     }
 }

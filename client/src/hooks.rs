@@ -1,97 +1,36 @@
-//! The exported malloc family: thin shims around glibc's `__libc_*`.
+//! The exported malloc family: thin shims around glibc's `__libc_*`, and
+//! their hook records.
 //!
-//! Every hook starts with one relaxed load of `MODE` and one branch. While
-//! the library is dormant (or between sessions) that branch is always taken
-//! and the hook tail-calls glibc. While a session is active:
+//! Every hook starts with one relaxed load of the mode and one branch
+//! (`heapprofd_client_core::hookpath`, which also has the slow paths the
+//! glibc and any other front-end share). While the library is dormant (or
+//! between sessions) that branch is always taken and the hook tail-calls
+//! glibc. While a session is active, an unsampled allocation still
+//! tail-calls glibc after the sampler's subtraction and compare; only a
+//! sampled one calls glibc and then records; a free does one load from the
+//! free set before it tail-calls glibc.
 //!
-//! * allocation: account the size in the thread's sampler first (a TLS
-//!   subtraction and compare); if it is certainly not sampled, tail-call
-//!   glibc (no stack frame of ours). Only a sampled allocation calls glibc
-//!   and then goes further (registers, stack copy, ring buffer, free-set
-//!   insert).
-//! * free: one load from the free set's 32 KiB summary; only a possibly
-//!   sampled address goes further, and its free is recorded *before* glibc
-//!   gets the block back, so the address cannot be handed out again before
-//!   the daemon hears of the free.
-//! * realloc: the free of the old block (before the call), then an
-//!   allocation of the new one.
+//! Each hook's [`Hook`] record (name, glibc's original, the hook) sits next
+//! to it; `hooktable` lists them for GOT patching.
 //!
 //! The hooks never panic: no indexing, no unwrap, no overflowing arithmetic
 //! on these paths. `#[cfg_attr(not(test), no_mangle)]` keeps the unit-test
 //! binary's own malloc uninterposed.
 
 use core::ffi::c_void;
-use core::sync::atomic::Ordering;
 
+use heapprofd_client_core::errno;
+use heapprofd_client_core::hookpath::{may_be_sampled, mode, on_alloc, on_free, resample, skip};
+use heapprofd_client_core::tls::Guard;
+
+use crate::hook::{Hook, Lookup};
 use crate::real::{
     __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_pvalloc, __libc_realloc,
     __libc_valloc,
 };
-use crate::session::{self, MODE, MODE_PENDING, free_set};
-use crate::tls::{self, Guard, ThreadState};
 
-/// The allocation fast path with a session active: true if this
-/// allocation is certainly not sampled (its size is accounted), so the hook
-/// can tail-call glibc. False sends the hook to its slow path, which also
-/// handles a pending activation, a thread not set up for this session, and
-/// a thread inside the client.
-#[inline(always)]
-fn skip(size: usize, m: u64) -> bool {
-    let st = tls::state();
-    // SAFETY: `st` is this thread's TLS block.
-    unsafe { (*st).mode_seen == m && (*st).guard == 0 && (*st).sampler.skip(size) }
-}
-
-/// After an allocation that [`skip`] did not wave through.
-#[cold]
-#[inline(never)]
-fn on_alloc(p: *mut c_void, size: usize, m: u64) {
-    let st = tls::state();
-    // SAFETY: `st` is this thread's TLS block.
-    unsafe {
-        if ((*st).mode_seen != m || (*st).guard != 0) && !thread_slow_path(st, m) {
-            return;
-        }
-        let ss = (*st).sampler.sample_size(size);
-        if ss != 0 && !p.is_null() {
-            sampled(p, size, ss, m);
-        }
-    }
-}
-
-/// The thread's sampler is not set up for this session, the thread is
-/// inside the client, or an activation is pending. True = go on sampling.
-#[cold]
-#[inline(never)]
-fn thread_slow_path(st: *mut ThreadState, m: u64) -> bool {
-    if Guard::held() {
-        return false;
-    }
-    if m == MODE_PENDING {
-        crate::init::start_pending_activation();
-        return false;
-    }
-    session::init_thread(st, m)
-}
-
-#[cold]
-#[inline(never)]
-fn sampled(p: *mut c_void, size: usize, ss: u64, m: u64) {
-    let Some(g) = Guard::enter() else { return };
-    session::sampled_alloc(&g, m, p, size, ss);
-    // Objects a bare-name dlopen added since (attach only; one load).
-    crate::got::catch_up();
-}
-
-#[inline(always)]
-fn mode() -> u64 {
-    MODE.load(Ordering::Relaxed)
-}
-
-fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
-}
+/// The record of [`malloc`].
+pub(crate) static MALLOC: Hook = Hook::new(c"malloc", malloc as *const (), Lookup::GlibcOnly);
 
 /// `malloc(3)`.
 ///
@@ -116,6 +55,9 @@ fn malloc_slow(size: usize, m: u64) -> *mut c_void {
     p
 }
 
+/// The record of [`free`].
+pub(crate) static FREE: Hook = Hook::new(c"free", free as *const (), Lookup::GlibcOnly);
+
 /// `free(3)`.
 ///
 /// # Safety
@@ -123,7 +65,7 @@ fn malloc_slow(size: usize, m: u64) -> *mut c_void {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     let m = mode();
-    if m > MODE_PENDING && !p.is_null() && free_set().may_contain(p as u64) {
+    if may_be_sampled(p, m) {
         // SAFETY: same contract.
         return unsafe { free_slow(p, m) };
     }
@@ -134,10 +76,13 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 #[cold]
 #[inline(never)]
 unsafe fn free_slow(p: *mut c_void, m: u64) {
-    session::sampled_free(m, p as u64);
+    on_free(p, m);
     // SAFETY: forwarding with the caller's arguments.
     unsafe { __libc_free(p) }
 }
+
+/// The record of [`calloc`].
+pub(crate) static CALLOC: Hook = Hook::new(c"calloc", calloc as *const (), Lookup::GlibcOnly);
 
 /// `calloc(3)`.
 ///
@@ -165,6 +110,9 @@ fn calloc_slow(n: usize, size: usize, m: u64) -> *mut c_void {
     p
 }
 
+/// The record of [`realloc`].
+pub(crate) static REALLOC: Hook = Hook::new(c"realloc", realloc as *const (), Lookup::GlibcOnly);
+
 /// `realloc(3)`.
 ///
 /// # Safety
@@ -176,8 +124,7 @@ pub unsafe extern "C" fn realloc(old: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { __libc_realloc(old, size) };
     }
-    let old_maybe_sampled =
-        m > MODE_PENDING && !old.is_null() && free_set().may_contain(old as u64);
+    let old_maybe_sampled = may_be_sampled(old, m);
     if !old_maybe_sampled && skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { __libc_realloc(old, size) };
@@ -194,7 +141,7 @@ unsafe fn realloc_slow(
     m: u64,
     old_maybe_sampled: bool,
 ) -> *mut c_void {
-    let was_sampled = old_maybe_sampled && session::sampled_free(m, old as u64);
+    let was_sampled = old_maybe_sampled && on_free(old, m);
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { __libc_realloc(old, size) };
     if p.is_null() {
@@ -213,12 +160,9 @@ unsafe fn realloc_slow(
     p
 }
 
-#[cold]
-fn resample(p: *mut c_void, size: usize, m: u64) {
-    if let Some(g) = Guard::enter() {
-        session::sampled_alloc(&g, m, p, size, size as u64);
-    }
-}
+/// The record of [`reallocarray`].
+pub(crate) static REALLOCARRAY: Hook =
+    Hook::new(c"reallocarray", reallocarray as *const (), Lookup::Glibc);
 
 /// `reallocarray(3)`: realloc with an overflow check on `n * size`.
 ///
@@ -227,12 +171,15 @@ fn resample(p: *mut c_void, size: usize, m: u64) {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn reallocarray(old: *mut c_void, n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
-        set_errno(libc::ENOMEM);
+        errno::set(libc::ENOMEM);
         return core::ptr::null_mut();
     };
     // SAFETY: same contract as realloc.
     unsafe { realloc(old, total) }
 }
+
+/// The record of [`memalign`].
+pub(crate) static MEMALIGN: Hook = Hook::new(c"memalign", memalign as *const (), Lookup::Glibc);
 
 /// `memalign(3)` (glibc semantics: a non-power-of-two alignment is rounded up).
 ///
@@ -249,6 +196,10 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     p
 }
 
+/// The record of [`aligned_alloc`].
+pub(crate) static ALIGNED_ALLOC: Hook =
+    Hook::new(c"aligned_alloc", aligned_alloc as *const (), Lookup::Glibc);
+
 /// `aligned_alloc(3)`: `EINVAL` unless the alignment is a power of two
 /// (C17; the check glibc 2.38 added), otherwise memalign.
 ///
@@ -257,12 +208,19 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     if !align.is_power_of_two() {
-        set_errno(libc::EINVAL);
+        errno::set(libc::EINVAL);
         return core::ptr::null_mut();
     }
     // SAFETY: same contract.
     unsafe { memalign(align, size) }
 }
+
+/// The record of [`posix_memalign`].
+pub(crate) static POSIX_MEMALIGN: Hook = Hook::new(
+    c"posix_memalign",
+    posix_memalign as *const (),
+    Lookup::Glibc,
+);
 
 /// `posix_memalign(3)`: `EINVAL` unless the alignment is a power of two
 /// multiple of `sizeof(void *)`, `ENOMEM` on failure; errno is left alone.
@@ -275,18 +233,20 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     if align % word != 0 || !(align / word).is_power_of_two() {
         return libc::EINVAL;
     }
-    // SAFETY: reading our own errno slot.
-    let saved = unsafe { *libc::__errno_location() };
+    let saved = errno::get();
     // SAFETY: same contract.
     let p = unsafe { memalign(align, size) };
     if p.is_null() {
-        set_errno(saved);
+        errno::set(saved);
         return libc::ENOMEM;
     }
     // SAFETY: the caller passes a writable pointer.
     unsafe { *out = p };
     0
 }
+
+/// The record of [`valloc`].
+pub(crate) static VALLOC: Hook = Hook::new(c"valloc", valloc as *const (), Lookup::Glibc);
 
 /// `valloc(3)`.
 ///
@@ -302,6 +262,9 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     }
     p
 }
+
+/// The record of [`pvalloc`].
+pub(crate) static PVALLOC: Hook = Hook::new(c"pvalloc", pvalloc as *const (), Lookup::Glibc);
 
 /// `pvalloc(3)`.
 ///
@@ -328,7 +291,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     // (dlsym may allocate).
     let f = {
         let _g = Guard::enter();
-        crate::real::resolve_usable_size()
+        crate::real::usable_size(malloc_usable_size)
     };
     // SAFETY: glibc's function with the caller's argument.
     unsafe { f(p) }
@@ -339,7 +302,7 @@ mod tests {
     use super::*;
 
     // The hooks are plain functions in the test build (not interposed) and
-    // MODE is 0, so they are glibc with our argument checks on top.
+    // the mode is 0, so they are glibc with our argument checks on top.
     #[test]
     fn argument_checks() {
         let mut p: *mut c_void = core::ptr::null_mut();

@@ -3,14 +3,15 @@
 //! The constructor runs from `.init_array` when the library is loaded
 //! (`LD_PRELOAD`, or a later `dlopen`). With the guard held, so nothing it
 //! does is sampled, it:
-//! 1. looks up glibc's `malloc_usable_size` and the size of its static TLS
+//! 1. registers the glibc front-end with the core (`patching`), looks up
+//!    glibc's `malloc_usable_size` and the size of its static TLS
 //!    area, and reads the main thread's `[stack]` range from
 //!    `/proc/self/maps` (all need allocation-free or guarded contexts, so
 //!    they are done once, here);
 //! 2. registers a `pthread_atfork` child handler;
 //! 3. decides whether the library interposes the program's malloc (it was
 //!    preloaded) or not (it was `dlopen`ed by an attach: sessions then patch
-//!    the GOTs, see `got`), and, only if it interposes, installs the
+//!    the GOTs, see `patching`), and, only if it interposes, installs the
 //!    activation signal handler (signal 36, `__SIGRTMIN + 4`, as Android's
 //!    heapprofd) unless `HEAPPROFD_NO_SIGNAL=1` or the program already has a
 //!    handler for it (only a `SIG_DFL` disposition is replaced; a program
@@ -19,35 +20,28 @@
 //!    `HEAPPROFD_BLOCKING_INIT=1` (start-up allocations are not missed),
 //!    otherwise on a new thread.
 //!
-//! The signal handler only records the request: it moves `STATE` from IDLE
-//! to PENDING and sets `MODE` to `MODE_PENDING`. The next allocation (on any
-//! thread, outside the client) sees that, and starts the connecting thread.
-//! A `sigqueue` value `v > 0` selects `/tmp/heapprofd-rs-<v>.sock` (the
-//! daemon passes its pid); otherwise `HEAPPROFD_SOCKET` or the default path.
-//!
-//! fork: the child handler forgets the parent's session without touching it
-//! (no shutdown on the shared socket, no write into the shared ring): it
-//! closes the child's copy of the socket and unmaps the child's view of the
-//! ring. vfork, posix_spawn and `clone(CLONE_VM)` children run no atfork
-//! handler but share our memory, so what they allocate is in our heap and is
-//! recorded in our session. A child forked by a raw `fork` system call (no
-//! atfork handler) sees a zeroed `MADV_WIPEONFORK` page and records nothing
-//! (see `session::owns_session`). exec replaces the image.
+//! The signal handler only records the request
+//! (`heapprofd_client_core::activation`): the next allocation outside the
+//! client starts the connecting thread. A `sigqueue` value `v > 0` selects
+//! `/tmp/heapprofd-rs-<v>.sock` (the daemon passes its pid); otherwise
+//! `HEAPPROFD_SOCKET` or the default path. fork: the core's child handler
+//! (`heapprofd_client_core::fork`) forgets the parent's session.
 
-use core::ffi::{CStr, c_char, c_int, c_void};
-use core::sync::atomic::{AtomicI32, Ordering};
+use core::ffi::{c_char, c_int, c_void};
+use core::sync::atomic::Ordering;
 
+use heapprofd_client_core::socket_path::{SOCKET_ENV, SocketPath};
+use heapprofd_client_core::state::{CONNECTING, IDLE, STATE};
+use heapprofd_client_core::tls::Guard;
+use heapprofd_client_core::{
+    activation, capture, connect, env, fork, frontend, procmaps, session, watcher,
+};
 use heapprofd_proto::wire::Handshake;
 
-use crate::connect::{self, SOCKET_ENV, SocketPath};
-use crate::session::{self, CONNECTING, IDLE, MODE, MODE_PENDING, PENDING, STATE};
-use crate::tls::Guard;
+use crate::{attach, hooks, interpose, patching};
 
 /// The activation signal (36, `__SIGRTMIN + 4`), from the attach ABI.
 pub use heapprofd_proto::attach::ACTIVATION_SIGNAL;
-
-/// `sigqueue` value of the pending activation (0 = none given).
-static PENDING_ID: AtomicI32 = AtomicI32::new(0);
 
 #[cfg(not(test))]
 #[used]
@@ -57,22 +51,23 @@ static CONSTRUCTOR: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) = c
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mut c_char) {
     let Some(_g) = Guard::enter() else { return };
-    crate::real::resolve_usable_size();
-    crate::capture::set_main_stack(crate::procmaps::main_stack());
-    crate::capture::resolve_tls_static_size();
-    crate::got::decide_interposing();
-    crate::attach::keep_entry();
+    frontend::install(&patching::GLIBC);
+    crate::real::usable_size(hooks::malloc_usable_size);
+    capture::set_main_stack(procmaps::main_stack());
+    capture::resolve_tls_static_size();
+    interpose::decide();
+    attach::keep_entry();
     // SAFETY: registering a handler that is valid for the process lifetime
     // (the library is never unloaded while a session may run).
-    unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+    unsafe { libc::pthread_atfork(None, None, Some(fork::atfork_child)) };
     // A library that does not interpose (loaded by an attach) never sees the
     // allocation that would act on a pending activation: the daemon calls
     // `attach::heapprofd_rs_remote_attach` instead, and the program's
     // disposition of the signal is left alone.
-    if crate::got::interposing() && !crate::env_is_1(c"HEAPPROFD_NO_SIGNAL") {
+    if interpose::interposing() && !env::is_1(c"HEAPPROFD_NO_SIGNAL") {
         install_signal_handler();
     }
-    if crate::getenv_bytes(SOCKET_ENV).is_none() {
+    if env::get(SOCKET_ENV).is_none() {
         return;
     }
     if STATE
@@ -83,16 +78,16 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     }
     let path = SocketPath::from_env_or_default();
     let flags = Handshake::FLAG_FROM_STARTUP;
-    if crate::env_is_1(c"HEAPPROFD_BLOCKING_INIT") {
+    if env::is_1(c"HEAPPROFD_BLOCKING_INIT") {
         match connect::connect(&path, flags) {
             Some(s) => {
-                if !connect::spawn(path, flags, Some(s)) {
+                if !watcher::spawn(path, flags, Some(s)) {
                     session::release(s);
                 }
             }
             None => STATE.store(IDLE, Ordering::SeqCst),
         }
-    } else if !connect::spawn(path, flags, None) {
+    } else if !watcher::spawn(path, flags, None) {
         STATE.store(IDLE, Ordering::SeqCst);
     }
 }
@@ -124,55 +119,5 @@ extern "C" fn on_activation_signal(_sig: c_int, info: *mut libc::siginfo_t, _ctx
             id = (*info).si_value().sival_ptr as usize as u32 as i32;
         }
     }
-    if STATE
-        .compare_exchange(IDLE, PENDING, Ordering::SeqCst, Ordering::SeqCst)
-        .is_ok()
-    {
-        PENDING_ID.store(id, Ordering::SeqCst);
-        MODE.store(MODE_PENDING, Ordering::SeqCst);
-    }
-}
-
-/// Called by an allocation hook that saw `MODE_PENDING` (guard not held).
-pub(crate) fn start_pending_activation() {
-    if STATE
-        .compare_exchange(PENDING, CONNECTING, Ordering::SeqCst, Ordering::SeqCst)
-        .is_err()
-    {
-        return;
-    }
-    let _ = MODE.compare_exchange(MODE_PENDING, 0, Ordering::SeqCst, Ordering::SeqCst);
-    let Some(_g) = Guard::enter() else {
-        STATE.store(IDLE, Ordering::SeqCst);
-        return;
-    };
-    let id = PENDING_ID.swap(0, Ordering::SeqCst);
-    let path = if id > 0 {
-        SocketPath::for_id(id as u32)
-    } else {
-        SocketPath::from_env_or_default()
-    };
-    if !connect::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
-        STATE.store(IDLE, Ordering::SeqCst);
-    }
-}
-
-extern "C" fn atfork_child() {
-    let fd = connect::CONNECTING_FD.swap(-1, Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: the child's copy of a handshake socket of the parent.
-        unsafe { libc::close(fd) };
-    }
-    PENDING_ID.store(0, Ordering::SeqCst);
-    session::forget_in_child();
-}
-
-/// Reads an environment variable without allocating.
-pub(crate) fn getenv_bytes(name: &CStr) -> Option<&'static [u8]> {
-    // SAFETY: getenv with a valid name; the environment string lives on
-    // (we never modify the environment).
-    unsafe {
-        let p = libc::getenv(name.as_ptr());
-        (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes())
-    }
+    activation::request(id);
 }

@@ -9,6 +9,9 @@
 //! `__libc_memalign` and `__libc_realloc`. `malloc_usable_size` has no
 //! `__libc_` twin; it is looked up once with `dlsym(RTLD_NEXT)`.
 //!
+//! Which allocator is "real" is the front-end's choice: the core never
+//! names these functions.
+//!
 //! [`LibcAlloc`] is the library's `#[global_allocator]`: every Rust
 //! allocation the client makes goes straight to glibc and never enters the
 //! hooks.
@@ -89,14 +92,16 @@ unsafe impl GlobalAlloc for LibcAlloc {
     }
 }
 
-type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
+/// The type of `malloc_usable_size`.
+pub(crate) type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
 
-/// glibc's `malloc_usable_size`, resolved by [`resolve_usable_size`].
+/// glibc's `malloc_usable_size`, resolved by [`usable_size`].
 static USABLE_SIZE: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
 
-/// Looks up glibc's `malloc_usable_size` behind ours. Called from the
-/// constructor with the guard held (`dlsym` may call `calloc`).
-pub(crate) fn resolve_usable_size() -> UsableSizeFn {
+/// glibc's `malloc_usable_size` behind `ours` (our hook, never returned),
+/// looked up on the first call. The constructor makes that call, with the
+/// guard held (`dlsym` may call `calloc`).
+pub(crate) fn usable_size(ours: UsableSizeFn) -> UsableSizeFn {
     let cur = USABLE_SIZE.load(Ordering::Acquire);
     if !cur.is_null() {
         // SAFETY: only ever set to the address of glibc's function.
@@ -104,7 +109,7 @@ pub(crate) fn resolve_usable_size() -> UsableSizeFn {
     }
     // SAFETY: dlsym with a valid NUL-terminated name.
     let mut p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
-    if p.is_null() || p == crate::hooks::malloc_usable_size as *mut c_void {
+    if p.is_null() || p == ours as *mut c_void {
         p = usable_size_unknown as *mut c_void;
     }
     USABLE_SIZE.store(p, Ordering::Release);

@@ -35,7 +35,7 @@ unsafe extern "C" {
 /// stack pointer, where argc sits) rather than at the end of the mapping:
 /// everything above it is argv, the environment and the aux vector, never a
 /// frame, and can be many KiB.
-pub(crate) fn set_main_stack(range: Option<(u64, u64)>) {
+pub fn set_main_stack(range: Option<(u64, u64)>) {
     let Some((lo, mut hi)) = range else { return };
     // SAFETY: reading a pointer-sized variable ld.so initialises before any
     // constructor runs.
@@ -67,7 +67,7 @@ static TLS_STATIC_SIZE: AtomicU64 = AtomicU64::new(0);
 /// sample: the TLS surplus reserved for `dlopen`). The function is
 /// `GLIBC_PRIVATE` but long-lived (the sanitizers use it the same way); if
 /// it is missing, copies stop at our own TLS block instead.
-pub(crate) fn resolve_tls_static_size() {
+pub fn resolve_tls_static_size() {
     #[cfg(target_env = "gnu")]
     // SAFETY: dlvsym with valid NUL-terminated strings; the function, if
     // found, has this signature in every glibc that exports it.

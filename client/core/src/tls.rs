@@ -12,7 +12,7 @@
 //! ```text
 //! offset  field                      written by
 //!   0     sampler (32 bytes)         the thread's own hooks
-//!  32     mode_seen: u64             MODE word the sampler was set up for
+//!  32     mode_seen: u64             mode word the sampler was set up for
 //!  40     stack_lo:  u64             cached stack bounds (computed once,
 //!  48     stack_hi:  u64               under the guard)
 //!  56     tid: u32, guard: u8, stack_state: u8, 2 bytes padding
@@ -33,7 +33,7 @@ pub(crate) const STACK_FAILED: u8 = 2;
 pub(crate) struct ThreadState {
     /// This thread's Poisson sampler.
     pub sampler: Sampler,
-    /// The `MODE` word the sampler was initialised for (0 = never).
+    /// The mode word the sampler was initialised for (0 = never).
     pub mode_seen: u64,
     /// Lowest address of the thread's stack.
     pub stack_lo: u64,
@@ -124,14 +124,14 @@ pub(crate) fn state() -> *mut ThreadState {
 /// does (including glibc functions that allocate, such as
 /// `pthread_getattr_np`) can re-enter the sampling code.
 #[derive(Debug)]
-pub(crate) struct Guard {
+pub struct Guard {
     st: *mut ThreadState,
 }
 
 impl Guard {
     /// Enters the client, or returns `None` if this thread already is inside.
     #[inline(always)]
-    pub(crate) fn enter() -> Option<Guard> {
+    pub fn enter() -> Option<Guard> {
         let st = state();
         // SAFETY: `st` is this thread's TLS block; only this thread (and its
         // signal handlers, which run to completion on top of us) touches it.
@@ -148,7 +148,7 @@ impl Guard {
 
     /// Whether this thread is inside the client.
     #[inline(always)]
-    pub(crate) fn held() -> bool {
+    pub fn held() -> bool {
         // SAFETY: as in `enter`.
         unsafe { core::ptr::addr_of!((*state()).guard).read_volatile() != 0 }
     }

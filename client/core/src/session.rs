@@ -1,19 +1,8 @@
-//! The session state machine, and writing samples and frees into the ring.
+//! A session: the ring buffer and socket the handshake produced, and
+//! writing samples and frees into the ring.
 //!
-//! ```text
-//!            signal 36            next allocation           handshake ok
-//!   IDLE ---------------> PENDING ---------------> CONNECTING ------------> ACTIVE
-//!    ^  \______________________________________________/  |  failed           |
-//!    |          HEAPPROFD_SOCKET set (constructor)         v                   |
-//!    +------------------------------------------------- IDLE <----------------+
-//!        teardown: daemon closed the socket or set shutdown, a write failed,
-//!        block-mode timeout, fork (in the child)
-//! ```
-//!
-//! The hooks only read [`MODE`]: 0 = pass through (idle, connecting, torn
-//! down), [`MODE_PENDING`] = an activation is pending, anything else = the
-//! `mode_word` of the active session (even, unique per session), which the
-//! per-thread sampler compares against to know it belongs to this session.
+//! [`activate`] publishes a session and turns the hooks on (see
+//! `state` for the switches); [`Session::teardown`] turns them off again.
 //!
 //! # Teardown and memory safety
 //! A [`Session`] struct is allocated once per session and never freed (a few
@@ -30,7 +19,7 @@
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::mem::ManuallyDrop;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::os::fd::RawFd;
 
 use heapprofd_proto::socket::WAKE_BYTE;
@@ -38,59 +27,22 @@ use heapprofd_proto::wire::{self, FreeRecord, MAX_REGS, MallocHeader, RegisterFi
 use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 
 use crate::capture;
-use crate::freeset::{FreeSet, Removal};
+use crate::freeset::Removal;
+use crate::state::{ACTIVE, IDLE, STATE, free_set, mode};
 use crate::tls::{Guard, ThreadState};
-
-/// What every hook reads, alone on its cache line so that no write to a
-/// neighbouring variable (a statistics counter, the session pointer) ever
-/// invalidates it in the other cores' caches.
-#[repr(C, align(64))]
-#[derive(Debug)]
-pub(crate) struct Hot {
-    /// The hooks' switch: 0 = pass through; [`MODE_PENDING`]; else a
-    /// session's word.
-    pub mode: AtomicU64,
-    /// The set of live sampled addresses, mapped on the first activation.
-    pub free_set: FreeSet,
-}
-
-pub(crate) static HOT: Hot = Hot {
-    mode: AtomicU64::new(0),
-    free_set: FreeSet::new(),
-};
-
-/// The hooks' switch (see [`Hot::mode`]).
-pub(crate) static MODE: &AtomicU64 = &HOT.mode;
-/// `MODE` while an activation signal waits for the next allocation.
-pub(crate) const MODE_PENDING: u64 = 1;
-
-/// Connection states (see the module diagram).
-pub(crate) const IDLE: u32 = 0;
-pub(crate) const PENDING: u32 = 1;
-pub(crate) const CONNECTING: u32 = 2;
-pub(crate) const ACTIVE: u32 = 3;
-pub(crate) static STATE: AtomicU32 = AtomicU32::new(IDLE);
 
 /// The active session, or null.
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
 /// Source of unique session mode words (even, >= 2).
 static NEXT_MODE_WORD: AtomicU64 = AtomicU64::new(2);
 
-static FREE_SET: &FreeSet = &HOT.free_set;
-
 /// Counters for tests and debugging (never shared with the daemon).
 pub(crate) static SAMPLES_DROPPED: AtomicU64 = AtomicU64::new(0);
-
-/// The free set (empty and unmapped until a session starts).
-#[inline(always)]
-pub(crate) fn free_set() -> &'static FreeSet {
-    FREE_SET
-}
 
 /// Everything a writer needs, hot shared counters on their own cache line.
 #[repr(C, align(64))]
 #[derive(Debug)]
-pub(crate) struct Session {
+pub struct Session {
     // Line 0, written by every record.
     seq: AtomicU64,
     writers: AtomicU64,
@@ -130,12 +82,12 @@ pub(crate) struct SessionParams {
 /// Publishes a new session and turns the hooks on. The caller (the watcher)
 /// holds one writer reference, released with [`release`].
 pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
-    if !FREE_SET.map() {
+    if !free_set().map() {
         // SAFETY: the socket is ours; nothing else has seen it.
         unsafe { libc::close(p.sock) };
         return None;
     }
-    FREE_SET.clear();
+    free_set().clear();
     let mode_word = NEXT_MODE_WORD.fetch_add(2, Ordering::Relaxed);
     let seed_base = if p.seed != 0 { p.seed } else { random_seed() };
     // Cap a record at half the ring so one sample can never be refused as too large.
@@ -162,7 +114,7 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
     }));
     SESSION.store(s as *const Session as *mut Session, Ordering::SeqCst);
     STATE.store(ACTIVE, Ordering::SeqCst);
-    MODE.store(mode_word, Ordering::SeqCst);
+    mode().store(mode_word, Ordering::SeqCst);
     Some(s)
 }
 
@@ -199,7 +151,7 @@ pub(crate) fn acquire(mode_word: u64) -> Option<&'static Session> {
 
 /// Leaves a session entered with [`acquire`] (or the watcher's reference).
 #[inline]
-pub(crate) fn release(s: &Session) {
+pub fn release(s: &Session) {
     if s.writers.fetch_sub(1, Ordering::SeqCst) == 1 && s.retired.load(Ordering::SeqCst) {
         s.reclaim();
     }
@@ -214,7 +166,7 @@ impl Session {
 
     /// Ends the session: hooks back to pass-through, writers released, the
     /// daemon told (shutdown flag + socket shutdown). Idempotent.
-    pub(crate) fn teardown(&self, error: Option<ClientError>) {
+    pub fn teardown(&self, error: Option<ClientError>) {
         let me = self as *const Session as *mut Session;
         if SESSION
             .compare_exchange(
@@ -227,7 +179,7 @@ impl Session {
         {
             return;
         }
-        MODE.store(0, Ordering::SeqCst);
+        mode().store(0, Ordering::SeqCst);
         STATE.store(IDLE, Ordering::SeqCst);
         if let Some(e) = error {
             self.rb().set_client_error(e);
@@ -279,7 +231,7 @@ impl Session {
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
         };
-        n == 1 || matches!(crate::errno(), libc::EAGAIN | libc::EINTR)
+        n == 1 || matches!(crate::errno::get(), libc::EAGAIN | libc::EINTR)
     }
 
     /// Handles a failed reservation. Returns nothing; counts or tears down.
@@ -479,7 +431,7 @@ fn init_fork_page() -> *mut u8 {
 pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: usize, ss: u64) {
     let Some(s) = acquire(mode_word) else { return };
     if owns_session(s) && s.record_malloc(g.thread(), addr, size, ss) {
-        FREE_SET.insert(addr as u64);
+        free_set().insert(addr as u64);
     }
     release(s);
 }
@@ -490,7 +442,7 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
     let Some(_g) = Guard::enter() else {
         return false;
     };
-    let set = FREE_SET;
+    let set = free_set();
     let Some(s) = acquire(mode_word) else {
         return false;
     };
@@ -531,7 +483,7 @@ pub(crate) fn init_thread(st: *mut ThreadState, mode_word: u64) -> bool {
 /// In a forked child: forget the parent's session without touching it.
 pub(crate) fn forget_in_child() {
     let p = SESSION.swap(core::ptr::null_mut(), Ordering::SeqCst);
-    MODE.store(0, Ordering::SeqCst);
+    mode().store(0, Ordering::SeqCst);
     STATE.store(IDLE, Ordering::SeqCst);
     // SAFETY: sessions are never freed.
     if let Some(s) = unsafe { p.as_ref() } {

@@ -92,7 +92,7 @@ impl StackFinder {
 /// Reads `/proc/self/maps` with raw system calls (no allocation), handing
 /// each chunk read to `f` until it returns false or the file ends. False if
 /// the file could not be opened.
-pub(crate) fn read_self_maps(buf: &mut [u8], mut f: impl FnMut(&[u8]) -> bool) -> bool {
+pub fn read_self_maps(buf: &mut [u8], mut f: impl FnMut(&[u8]) -> bool) -> bool {
     // SAFETY: open with a valid NUL-terminated path.
     let fd = unsafe {
         libc::open(
@@ -106,7 +106,7 @@ pub(crate) fn read_self_maps(buf: &mut [u8], mut f: impl FnMut(&[u8]) -> bool) -
     loop {
         // SAFETY: reading into the caller's buffer, within its length.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 && crate::errno() == libc::EINTR {
+        if n < 0 && crate::errno::get() == libc::EINTR {
             continue;
         }
         if n <= 0 || !f(buf.get(..n as usize).unwrap_or(&[])) {

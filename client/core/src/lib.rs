@@ -1,0 +1,57 @@
+//! heapprofd-rs client core (`heapprofd-client-core`): everything the
+//! client does inside the profiled process that does not depend on how its
+//! hooks are reached or which allocator they forward to.
+//!
+//! A front-end links this rlib into the library that gets loaded: the glibc
+//! interposer in `client/` (`libheapprofd_client.so`: `LD_PRELOAD`, GOT
+//! patching, attach), later the bionic one in `android/`. The core exports
+//! no symbol of its own; the front-end decides what the library exports.
+//! The core reaches its front-end only through [`frontend::Frontend`],
+//! registered once by the front-end's constructor; the front-end also
+//! provides the real allocator (its hooks forward to it, and its
+//! `#[global_allocator]` calls it directly, so the core's own allocations
+//! never enter the hooks).
+//!
+//! # Design constraints
+//! * **Never the reason the program crashes or hangs.** No panics on hook
+//!   paths (`panic = "abort"` is only the last line of defence), no locks
+//!   the program could hold, bounded waits, teardown to pass-through on any
+//!   failure.
+//! * **No allocation through the hooks.** glibc code that allocates on our
+//!   behalf (`pthread_getattr_np`, `pthread_create`, `dlsym`) runs under
+//!   the reentrancy guard ([`tls::Guard`]), which makes nested hooks pass
+//!   straight through.
+//! * **No global-dynamic TLS.** Per-thread state lives in one 64-byte
+//!   initial-exec TLS block (see [`tls`]); nothing from std that uses
+//!   `thread_local!` (`std::thread`, `std::env`) is used.
+//! * **Invisible when idle.** Dormant hooks cost one load and one branch.
+//!
+//! # Modules
+//! A front-end's hooks call [`hookpath`] (the checks and slow paths) →
+//! [`sampler`] (the decision) → [`session`] (ring writing, teardown) →
+//! [`capture`] (registers, stack bounds) and [`freeset`] (live sampled
+//! addresses). [`state`] holds the hooks' switch and the connection state
+//! machine; [`activation`] (a signal's request, started by the next
+//! allocation), [`watcher`] (the connecting and watching thread),
+//! [`connect`] (the handshake) and [`socket_path`] start sessions; [`fork`]
+//! is the atfork child handler. [`tls`] (per-thread state, the guard),
+//! [`procmaps`] (raw `/proc/self/maps` reading), [`env`], [`errno`] and
+//! [`log`] are the allocation-free plumbing.
+
+pub mod activation;
+pub mod capture;
+pub mod connect;
+pub mod env;
+pub mod errno;
+pub mod fork;
+pub mod freeset;
+pub mod frontend;
+pub mod hookpath;
+pub mod log;
+pub mod procmaps;
+pub mod sampler;
+pub mod session;
+pub mod socket_path;
+pub mod state;
+pub mod tls;
+pub mod watcher;

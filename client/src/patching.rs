@@ -1,0 +1,49 @@
+//! How a session reaches the program's malloc calls, and the core's
+//! `Frontend` for glibc.
+//!
+//! A preloaded library interposes: its exported hooks already are the
+//! program's malloc, and a session needs nothing more. A library loaded
+//! later (attach) does not (see `interpose`): before it connects, a session
+//! looks up the originals of the hook table (refusing another allocator),
+//! then patches every loaded object's GOT (`got`), keeps patching objects
+//! loaded meanwhile (`newobjects`), and restores every slot at the end.
+
+use heapprofd_client_core::frontend::{Frontend, Refusal};
+
+use crate::hooktable::HOOKS;
+use crate::{got, interpose, newobjects, originals};
+
+/// The glibc front-end, registered by the constructor.
+pub(crate) static GLIBC: Frontend = Frontend {
+    before_connect: start,
+    after_session: end,
+    tick_ms,
+    tick: newobjects::poll,
+    after_sample: newobjects::catch_up,
+};
+
+/// Whether the program's malloc is glibc's, as far as patching is
+/// concerned (always true when the library interposes). Call with the
+/// guard held.
+pub(crate) fn allocator_ok() -> bool {
+    !interpose::needs_patching() || originals::find(&HOOKS).is_ok()
+}
+
+/// Before a session connects: patch, if the library does not interpose.
+pub(crate) fn start() -> Result<(), Refusal> {
+    if !interpose::needs_patching() {
+        return Ok(());
+    }
+    originals::resolve(&HOOKS)?;
+    got::lock().start(&HOOKS);
+    Ok(())
+}
+
+/// After a session: put every patched slot back.
+pub(crate) fn end() {
+    got::lock().end();
+}
+
+fn tick_ms() -> Option<u16> {
+    got::is_active().then_some(newobjects::POLL_MS)
+}
