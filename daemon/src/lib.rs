@@ -13,7 +13,5 @@
 
 pub mod cli;
 pub mod inject;
-pub mod profile;
 pub mod report;
 pub mod runtime;
-pub mod trace;

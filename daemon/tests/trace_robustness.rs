@@ -2,12 +2,13 @@
 //! middle of a dump, files that are not traces, and random corruption of a
 //! valid trace fed to the reader and the reports (none may panic).
 
+#[path = "../model/tests/core_support/mod.rs"]
 mod core_support;
 
 use std::io::{self, Write};
 
 use core_support::{CLOCKS, Program, at_ms, big_profile, check_trace, sample_profile, write_trace};
-use heapprofd_daemon::trace::{TraceError, TraceWriter, WriterConfig, read_trace};
+use heapprofd_model::trace::{TraceError, TraceWriter, WriterConfig, read_trace};
 use serde_json::Value;
 
 /// Fails every write once `limit` bytes have been accepted, after taking

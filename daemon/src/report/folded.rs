@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use super::{Filter, ValueKind};
-use crate::trace::{CallstackValues, TraceData};
+use heapprofd_model::trace::{CallstackValues, TraceData};
 
 fn clean(name: &str) -> String {
     name.chars()

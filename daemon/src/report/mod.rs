@@ -1,5 +1,5 @@
 //! `heapprofd-rs report` and `heapprofd-rs convert`: offline tools on a
-//! trace file (ours or heapprofd's), built on [`crate::trace::read_trace`].
+//! trace file (ours or heapprofd's), built on [`heapprofd_model::trace::read_trace`].
 //!
 //! * [`run_report`]: totals and top allocation sites per process and heap,
 //!   as text (heaptrack_print style) or JSON.
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::trace::{HeapProfile, TraceData, TraceError, read_trace_file};
+use heapprofd_model::trace::{HeapProfile, TraceData, TraceError, read_trace_file};
 
 pub use folded::{folded_lines, write_flamegraph};
 pub use pprof::{to_pprof, write_pprof_gz};

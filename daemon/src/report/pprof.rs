@@ -17,7 +17,7 @@ use prost::Message;
 use rustc_hash::FxHashMap;
 
 use super::Filter;
-use crate::trace::{ResolvedFrame, TraceData};
+use heapprofd_model::trace::{ResolvedFrame, TraceData};
 
 /// `perftools.profiles.Profile`.
 #[derive(Clone, PartialEq, Message)]

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::Filter;
 use crate::cli::human_bytes;
-use crate::trace::{CallstackValues, HeapProfile, ResolvedFrame, TraceData};
+use heapprofd_model::trace::{CallstackValues, HeapProfile, ResolvedFrame, TraceData};
 
 /// Summed values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

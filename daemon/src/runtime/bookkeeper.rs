@@ -22,8 +22,8 @@ use heapprofd_shmem::ClientError as RingClientError;
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters, Op, SessionId, SessionStats};
 use crate::cli::human_bytes;
-use crate::profile::{CallsiteId, ClientError, Interner, Profile};
-use crate::trace::{ClockReadings, TraceWriter, WriterConfig};
+use heapprofd_model::profile::{CallsiteId, ClientError, Interner, Profile};
+use heapprofd_model::trace::{TraceWriter, WriterConfig};
 
 /// What the bookkeeping thread needs to know.
 #[derive(Debug)]
@@ -170,7 +170,7 @@ pub fn run(
     counters: Arc<Counters>,
     options: BookkeeperOptions,
 ) {
-    let clocks = ClockReadings::now();
+    let clocks = super::clock::read_clocks();
     let file = match options.output.try_clone() {
         Ok(f) => f,
         Err(e) => {
@@ -407,7 +407,7 @@ impl Book {
         let Some(w) = self.writer.as_mut() else {
             return;
         };
-        let now = ClockReadings::now().monotonic_coarse_ns;
+        let now = super::clock::read_clocks().monotonic_coarse_ns;
         if let Err(e) = w.dump(&mut self.profile, &self.interner, now) {
             self.fail(e.to_string());
         }

@@ -15,13 +15,15 @@
 //!                               ops, dumps on request, writes the trace
 //! ```
 //!
-//! Shared between threads: the [`Interner`](crate::profile::Interner)
+//! Shared between threads: the [`Interner`](heapprofd_model::profile::Interner)
 //! (internally locked; workers add frames, the dump reads them), the
 //! unwinder's module cache, and the relaxed [`Counters`] behind the status line.
 
 pub mod attach;
 pub mod bookkeeper;
+pub mod clock;
 pub mod handshake;
+pub mod mapping;
 pub mod memo;
 pub mod record;
 pub mod server;
@@ -34,7 +36,7 @@ use std::time::Duration;
 
 use heapprofd_shmem::{ClientError, Stats as RingStats};
 
-use crate::profile::FrameId;
+use heapprofd_model::profile::FrameId;
 
 /// Identifies one client connection for its whole life (pids can be reused).
 pub type SessionId = u64;

@@ -33,7 +33,7 @@ use super::handshake::accept_session_from;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
 use super::{BookMsg, Counters, SessionId};
-use crate::profile::Interner;
+use heapprofd_model::profile::Interner;
 
 /// Everything the daemon needs to know to serve clients.
 #[derive(Debug, Clone)]

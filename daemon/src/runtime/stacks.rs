@@ -53,7 +53,7 @@ use super::Op;
 use super::memo::WalkMemo;
 use super::symbolize::Symbolizer;
 use super::worker::WorkerOptions;
-use crate::profile::{FrameId, Interner};
+use heapprofd_model::profile::{FrameId, Interner};
 
 /// The stack id redefined before every use, for stacks that are not cached.
 pub const SCRATCH_STACK: u32 = 0;
@@ -334,7 +334,7 @@ fn intern_pc(
     out: &mut Vec<FrameId>,
 ) {
     let interner = cx.interner;
-    let mapping_id = Some(interner.intern_mapping(mapping));
+    let mapping_id = Some(super::mapping::intern_mapping(interner, mapping));
     let bare = interner.intern_frame(mapping_id, rel_pc, None, None, None);
     if cx.options.symbolize {
         if mapping.module.is_some() {

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use heapprofd_unwinder::Mapping;
 
-use crate::profile::{FrameId, Interner};
+use heapprofd_model::profile::{FrameId, Interner};
 
 /// A frame to symbolize ahead of the dump: its mapping and rel_pc.
 type WarmRequest = (Arc<Mapping>, u64);
@@ -102,7 +102,7 @@ impl Symbolizer {
             if chain.is_empty() {
                 continue;
             }
-            let mapping_id = Some(interner.intern_mapping(mapping));
+            let mapping_id = Some(super::mapping::intern_mapping(interner, mapping));
             // The unwinder gives the inline chain innermost first; stacks
             // are written outermost caller first.
             let named: Box<[FrameId]> = chain

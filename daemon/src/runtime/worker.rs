@@ -34,7 +34,7 @@ use super::handshake::{NewSession, has_exited};
 use super::stacks::{InternCtx, StackCache};
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats, UnwindHistogram};
-use crate::profile::Interner;
+use heapprofd_model::profile::Interner;
 
 /// Records read from one session before the others get a turn.
 pub const BATCH: usize = 1000;

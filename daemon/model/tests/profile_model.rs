@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use heapprofd_daemon::profile::{CallsiteId, FrameId, Interner, Profile};
+use heapprofd_model::profile::{CallsiteId, FrameId, Interner, Profile};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone, Copy)]

@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 
 pub use heap::{CallsiteTotals, HeapState};
 pub use interner::{
-    FrameData, FrameId, Interner, InternerView, MappingData, MappingId, MappingSpec, StringId,
+    FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
 };
 pub use process::{
     ClientError, OrderStats, ProcessFlags, ProcessState, ProcessStats, UNWIND_HISTOGRAM_BUCKETS,

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use heapprofd_daemon::profile::{FrameId, Interner, MappingSpec, Profile};
-use heapprofd_daemon::trace::{ClockReadings, TraceError, TraceWriter, WriterConfig};
+use heapprofd_model::profile::{FrameId, Interner, Mapping, Profile};
+use heapprofd_model::trace::{ClockReadings, TraceError, TraceWriter, WriterConfig};
 use serde_json::Value;
 
 /// Fixed clock readings: BOOTTIME is 1 s ahead of MONOTONIC_COARSE.
@@ -38,7 +38,7 @@ pub struct Program {
 impl Program {
     pub fn new() -> Self {
         let interner = Interner::new();
-        let app = interner.intern_mapping_spec(&MappingSpec {
+        let app = interner.intern_mapping(&Mapping {
             path: b"/usr/bin/app",
             build_id: Some(&[0xde, 0xad, 0xbe, 0xef]),
             start: 0x5555_0000_0000,
@@ -47,7 +47,7 @@ impl Program {
             start_offset: 0,
             load_bias: 0,
         });
-        let libc = interner.intern_mapping_spec(&MappingSpec {
+        let libc = interner.intern_mapping(&Mapping {
             path: b"/lib/x86_64-linux-gnu/libc.so.6",
             build_id: None,
             start: 0x7f00_0000_0000,
@@ -105,7 +105,12 @@ impl Seq {
 
 /// Path of check_trace.py (the proto crate's official-schema checker).
 pub fn check_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/tests/check_trace.py")
+    // This file is shared by the tests of several crates of the workspace.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|d| d.join("proto/tests/check_trace.py"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("proto/tests/check_trace.py"))
 }
 
 /// Runs `check_trace.py --strict` on `trace`; returns (exit code, JSON).

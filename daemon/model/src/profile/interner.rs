@@ -120,9 +120,10 @@ pub struct FrameData {
 }
 
 /// A mapping to intern, described by borrowed parts (see
-/// [`Interner::intern_mapping_spec`]).
+/// [`Interner::intern_mapping`]). The model's own description of a mapping:
+/// the daemon converts the unwinder's mappings into it.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct MappingSpec<'a> {
+pub struct Mapping<'a> {
     /// Path or pseudo-name (`[vdso]`); empty for anonymous memory.
     pub path: &'a [u8],
     /// Raw build id bytes.
@@ -258,21 +259,8 @@ impl Interner {
         self.write_tables().string(s)
     }
 
-    /// Interns a mapping of the unwinder's process model.
-    pub fn intern_mapping(&self, m: &heapprofd_unwinder::Mapping) -> MappingId {
-        self.intern_mapping_spec(&MappingSpec {
-            path: m.path.as_bytes(),
-            build_id: m.build_id.as_deref(),
-            start: m.start,
-            end: m.end,
-            exact_offset: m.offset,
-            start_offset: m.start_offset,
-            load_bias: m.load_bias,
-        })
-    }
-
     /// Interns a mapping described by its parts.
-    pub fn intern_mapping_spec(&self, spec: &MappingSpec<'_>) -> MappingId {
+    pub fn intern_mapping(&self, spec: &Mapping<'_>) -> MappingId {
         {
             // Fast path under the read lock: every part already interned.
             let t = self.read_tables();
@@ -490,7 +478,7 @@ mod tests {
     #[test]
     fn mappings_split_paths_and_dedupe() {
         let i = Interner::new();
-        let spec = MappingSpec {
+        let spec = Mapping {
             path: b"/usr/lib/libc.so.6",
             build_id: Some(&[0xab, 0xcd]),
             start: 0x1000,
@@ -499,10 +487,10 @@ mod tests {
             start_offset: 0,
             load_bias: 0,
         };
-        let m = i.intern_mapping_spec(&spec);
+        let m = i.intern_mapping(&spec);
         assert_eq!(m.get(), 1);
-        assert_eq!(i.intern_mapping_spec(&spec), m);
-        let other = i.intern_mapping_spec(&MappingSpec {
+        assert_eq!(i.intern_mapping(&spec), m);
+        let other = i.intern_mapping(&Mapping {
             start: 0x3000,
             ..spec
         });
@@ -517,7 +505,7 @@ mod tests {
     #[test]
     fn frames_dedupe_on_every_field() {
         let i = Interner::new();
-        let m = i.intern_mapping_spec(&MappingSpec {
+        let m = i.intern_mapping(&Mapping {
             path: b"/bin/x",
             ..Default::default()
         });

@@ -26,12 +26,18 @@
 //! # Example: a session from the bookkeeping thread's point of view
 //!
 //! ```
-//! use heapprofd_daemon::profile::{Interner, Profile};
-//! use heapprofd_daemon::trace::{ClockReadings, TraceWriter, read_trace};
+//! use heapprofd_model::profile::{Interner, Profile};
+//! use heapprofd_model::trace::{ClockReadings, TraceWriter, read_trace};
 //!
 //! let interner = Interner::new(); // in an Arc, shared with the workers
 //! let mut profile = Profile::new(&interner);
-//! let clocks = ClockReadings::now();
+//! // Read together at the start (the daemon reads the real clocks).
+//! let clocks = ClockReadings {
+//!     boottime_ns: 2_000_000_000,
+//!     monotonic_coarse_ns: 1_000_000_000,
+//!     monotonic_ns: 1_000_000_100,
+//!     realtime_ns: 1_700_000_000_000_000_000,
+//! };
 //! let mut writer = TraceWriter::new(Vec::new(), clocks)?; // a File in practice
 //!
 //! profile.add_process(1234, vec!["./app".into()], true);
@@ -52,7 +58,7 @@
 //!
 //! let data = read_trace(bytes.as_slice())?;
 //! assert_eq!(data.heaps[0].callstacks[0].self_freed, 4096);
-//! # Ok::<(), heapprofd_daemon::trace::TraceError>(())
+//! # Ok::<(), heapprofd_model::trace::TraceError>(())
 //! ```
 //!
 //! # Threads

@@ -2,7 +2,7 @@
 //! order, and with every free arriving before its malloc) and the cost of
 //! dumping a million live callsites.
 //!
-//! `cargo bench -p heapprofd-daemon --bench bookkeeping`
+//! `cargo bench -p heapprofd-model --bench bookkeeping`
 
 #[path = "../tests/core_support/mod.rs"]
 mod core_support;
@@ -10,8 +10,8 @@ mod core_support;
 use std::io;
 
 use core_support::{CLOCKS, Program, at_ms, big_profile};
-use heapprofd_daemon::profile::Profile;
-use heapprofd_daemon::trace::TraceWriter;
+use heapprofd_model::profile::Profile;
+use heapprofd_model::trace::TraceWriter;
 
 fn main() {
     use std::time::Instant;

@@ -23,7 +23,8 @@ pub const DEFAULT_SEQUENCE_ID: u32 = 1;
 pub const PACKET_SIZE_THRESHOLD: usize = 400_000;
 
 /// Readings of the clocks at one instant, in nanoseconds. Heap dump
-/// timestamps are MONOTONIC_COARSE; packet timestamps are BOOTTIME.
+/// timestamps are MONOTONIC_COARSE; packet timestamps are BOOTTIME. The
+/// daemon reads them (the model does no system calls).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClockReadings {
     /// `CLOCK_BOOTTIME`: the trace clock.
@@ -37,30 +38,6 @@ pub struct ClockReadings {
 }
 
 impl ClockReadings {
-    /// Reads the clocks now.
-    pub fn now() -> Self {
-        fn read(id: libc::clockid_t) -> u64 {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: `ts` is a valid, writable timespec.
-            let rc = unsafe { libc::clock_gettime(id, &mut ts) };
-            if rc != 0 {
-                return 0;
-            }
-            (ts.tv_sec as u64)
-                .saturating_mul(1_000_000_000)
-                .saturating_add(ts.tv_nsec as u64)
-        }
-        ClockReadings {
-            boottime_ns: read(libc::CLOCK_BOOTTIME),
-            monotonic_coarse_ns: read(libc::CLOCK_MONOTONIC_COARSE),
-            monotonic_ns: read(libc::CLOCK_MONOTONIC),
-            realtime_ns: read(libc::CLOCK_REALTIME),
-        }
-    }
-
     /// A MONOTONIC_COARSE time as BOOTTIME (same rate; they differ by the
     /// time suspended, taken from these readings).
     pub fn coarse_to_boottime(&self, coarse_ns: u64) -> u64 {

@@ -12,8 +12,8 @@ use std::io::Write;
 use core_support::{
     CLOCKS, Program, Seq, at_ms, big_profile, check_trace, sample_profile, write_trace,
 };
-use heapprofd_daemon::profile::{ClientError, Profile};
-use heapprofd_daemon::trace::{CallstackValues, HeapProfile, TraceData, WriterConfig, read_trace};
+use heapprofd_model::profile::{ClientError, Profile};
+use heapprofd_model::trace::{CallstackValues, HeapProfile, TraceData, WriterConfig, read_trace};
 use heapprofd_proto::perfetto::{Message, Trace, TracePacket, trace_packet};
 use serde_json::Value;
 
