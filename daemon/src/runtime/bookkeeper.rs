@@ -363,7 +363,7 @@ impl Book {
             p.stats.unwinding_errors = s.unwinding_errors;
             p.stats.heap_samples = s.heap_samples;
             p.stats.map_reparses = s.map_reparses;
-            p.stats.unwinding_time_us = s.unwinding_time_us.0;
+            p.stats.unwinding_time_us = s.unwinding_time_us.clone();
             p.stats.total_unwinding_time_us = s.total_unwinding_time_us;
             p.stats.client_spinlock_blocked_us = s.ring.blocked_us;
             let f = &mut p.flags;

@@ -32,11 +32,10 @@ pub mod symbolize;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use heapprofd_shmem::{ClientError, Stats as RingStats};
 
-use heapprofd_model::profile::FrameId;
+use heapprofd_model::profile::{FrameId, UnwindHistogram};
 
 /// Identifies one client connection for its whole life (pids can be reused).
 pub type SessionId = u64;
@@ -89,30 +88,6 @@ pub enum Op {
         /// Current sampling interval.
         interval: u64,
     },
-}
-
-/// Counts of unwinding times in heapprofd's 20 log2 buckets (microseconds):
-/// bucket i < 19 counts times up to 2^i us, the last one everything longer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnwindHistogram(pub [u64; 20]);
-
-impl UnwindHistogram {
-    /// Adds one measurement.
-    pub fn add(&mut self, d: Duration) {
-        self.add_n(d, 1);
-    }
-
-    /// Adds `n` measurements of `d` (one timed sample standing for `n`).
-    pub fn add_n(&mut self, d: Duration, n: u64) {
-        let us = d.as_micros() as u64;
-        let bucket = (0..19).find(|&i| us <= 1u64 << i).unwrap_or(19);
-        self.0[bucket] += n;
-    }
-
-    /// Upper limit in microseconds of bucket `i`, or `None` for the last (unbounded) one.
-    pub fn upper_limit(i: usize) -> Option<u64> {
-        (i < 19).then(|| 1u64 << i)
-    }
 }
 
 /// What a worker knows about a session, sent with every batch.

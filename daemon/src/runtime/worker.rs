@@ -33,8 +33,8 @@ use heapprofd_unwinder::ProcessContext;
 use super::handshake::{NewSession, has_exited};
 use super::stacks::{InternCtx, StackCache};
 use super::symbolize::Symbolizer;
-use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats, UnwindHistogram};
-use heapprofd_model::profile::Interner;
+use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats};
+use heapprofd_model::profile::{Interner, UnwindHistogram};
 
 /// Records read from one session before the others get a turn.
 pub const BATCH: usize = 1000;
@@ -355,7 +355,7 @@ fn handle_record(s: &mut Session, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCt
                 Some(entry) => {
                     if let Some(t0) = t0 {
                         let d = t0.elapsed();
-                        s.hist.add_n(d, HIT_TIMING);
+                        s.hist.add_us(d.as_micros() as u64, HIT_TIMING);
                         s.unwind_time += d * HIT_TIMING as u32;
                     }
                     entry
@@ -371,7 +371,7 @@ fn handle_record(s: &mut Session, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCt
                         ops,
                     );
                     let d = t0.elapsed();
-                    s.hist.add(d);
+                    s.hist.add_us(d.as_micros() as u64, 1);
                     s.unwind_time += d;
                     entry
                 }

@@ -29,6 +29,7 @@
 //! a sequence number has been delivered.
 
 pub mod heap;
+pub mod histogram;
 pub mod interner;
 pub mod order;
 pub mod process;
@@ -37,12 +38,11 @@ pub mod tree;
 use std::collections::BTreeMap;
 
 pub use heap::{CallsiteTotals, HeapState};
+pub use histogram::{UNWIND_HISTOGRAM_BUCKETS, UnwindHistogram};
 pub use interner::{
     FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
 };
-pub use process::{
-    ClientError, OrderStats, ProcessFlags, ProcessState, ProcessStats, UNWIND_HISTOGRAM_BUCKETS,
-};
+pub use process::{ClientError, OrderStats, ProcessFlags, ProcessState, ProcessStats};
 pub use tree::{CallsiteId, CallsiteTree};
 
 use process::PendingOp;

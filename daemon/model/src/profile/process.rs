@@ -3,31 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::heap::HeapState;
+use super::histogram::UnwindHistogram;
 use super::order::{Release, Reorder};
 use super::tree::CallsiteId;
-
-/// Number of buckets of the unwinding time histogram (heapprofd's layout).
-pub const UNWIND_HISTOGRAM_BUCKETS: usize = 20;
-
-/// Upper limit in microseconds of histogram bucket `i`: `1 << i` for the
-/// first 19 buckets; the last one has no limit (`None`).
-pub const fn unwind_bucket_limit(i: usize) -> Option<u64> {
-    if i + 1 < UNWIND_HISTOGRAM_BUCKETS {
-        Some(1 << i)
-    } else {
-        None
-    }
-}
-
-/// Bucket of a duration: the first whose limit is >= `us`.
-pub fn unwind_bucket(us: u64) -> usize {
-    if us <= 1 {
-        return 0;
-    }
-    // ceil(log2(us)) for us >= 2.
-    let b = (64 - (us - 1).leading_zeros()) as usize;
-    b.min(UNWIND_HISTOGRAM_BUCKETS - 1)
-}
 
 /// Unwinding statistics of a process (Perfetto's `ProcessStats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,8 +16,8 @@ pub struct ProcessStats {
     pub heap_samples: u64,
     /// Times `/proc/PID/maps` was read again.
     pub map_reparses: u64,
-    /// Unwinding times, see [`unwind_bucket`].
-    pub unwinding_time_us: [u64; UNWIND_HISTOGRAM_BUCKETS],
+    /// Unwinding times.
+    pub unwinding_time_us: UnwindHistogram,
     /// Sum of unwinding times.
     pub total_unwinding_time_us: u64,
     /// Time the client spent waiting for the ring buffer's lock.
@@ -53,7 +31,7 @@ impl ProcessStats {
         if error {
             self.unwinding_errors += 1;
         }
-        self.unwinding_time_us[unwind_bucket(time_us)] += 1;
+        self.unwinding_time_us.add_us(time_us, 1);
         self.total_unwinding_time_us = self.total_unwinding_time_us.saturating_add(time_us);
     }
 }
@@ -285,24 +263,6 @@ pub fn default_heap_name(heap_id: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn histogram_buckets() {
-        assert_eq!(unwind_bucket(0), 0);
-        assert_eq!(unwind_bucket(1), 0);
-        assert_eq!(unwind_bucket(2), 1);
-        assert_eq!(unwind_bucket(3), 2);
-        assert_eq!(unwind_bucket(4), 2);
-        assert_eq!(unwind_bucket(5), 3);
-        assert_eq!(unwind_bucket(1 << 18), 18);
-        assert_eq!(unwind_bucket((1 << 18) + 1), 19);
-        assert_eq!(unwind_bucket(u64::MAX), 19);
-        assert_eq!(unwind_bucket_limit(18), Some(1 << 18));
-        assert_eq!(unwind_bucket_limit(19), None);
-        for us in [0, 1, 2, 3, 100, 1 << 18] {
-            assert!(us <= unwind_bucket_limit(unwind_bucket(us)).unwrap());
-        }
-    }
 
     #[test]
     fn record_unwind_counts() {

@@ -9,7 +9,7 @@ use heapprofd_proto::perfetto::{
 use rustc_hash::FxHashMap;
 
 use super::TraceError;
-use crate::profile::process::{UNWIND_HISTOGRAM_BUCKETS, unwind_bucket_limit};
+use crate::profile::histogram::{UNWIND_HISTOGRAM_BUCKETS, unwind_bucket_limit};
 use crate::profile::{
     CallsiteId, CallsiteTree, ClientError, FrameId, HeapState, Interner, InternerView, MappingId,
     ProcessState, Profile, StringId,
