@@ -11,7 +11,7 @@ use std::process::Command;
 use core_support::{CLOCKS, Program, at_ms, sample_profile};
 use heapprofd_daemon::report::pprof::{Profile as Pprof, SAMPLE_TYPES};
 use heapprofd_daemon::report::{ConvertArgs, Format, ReportArgs, ValueKind, convert, report_to};
-use heapprofd_model::profile::Profile;
+use heapprofd_model::profile::{Alloc, Profile};
 use heapprofd_model::trace::{TraceWriter, WriterConfig};
 use prost::Message;
 use serde_json::Value;
@@ -323,8 +323,28 @@ fn dump_at_max_traces_report_the_peak() {
     let p = Program::new();
     let mut prof = Profile::new(&p.interner);
     prof.set_heap(5, 0, None, 1);
-    prof.malloc(5, 0, 1, 0x10, 100, 100, at_ms(1), &p.stack_a());
-    prof.malloc(5, 0, 2, 0x20, 200, 200, at_ms(2), &p.stack_b());
+    prof.malloc(
+        5,
+        Alloc {
+            heap: 0,
+            seq: 1,
+            address: 0x10,
+            sample_size: 100,
+            timestamp_ns: at_ms(1),
+        },
+        &p.stack_a(),
+    );
+    prof.malloc(
+        5,
+        Alloc {
+            heap: 0,
+            seq: 2,
+            address: 0x20,
+            sample_size: 200,
+            timestamp_ns: at_ms(2),
+        },
+        &p.stack_b(),
+    );
     prof.free(5, 0, 3, 0x10);
     prof.free(5, 0, 4, 0x20);
     let cfg = WriterConfig {

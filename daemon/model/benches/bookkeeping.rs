@@ -10,7 +10,7 @@ mod core_support;
 use std::io;
 
 use core_support::{CLOCKS, Program, at_ms, big_profile};
-use heapprofd_model::profile::Profile;
+use heapprofd_model::profile::{Alloc, Profile};
 use heapprofd_model::trace::TraceWriter;
 
 fn main() {
@@ -33,12 +33,13 @@ fn main() {
         let addr = 0x1000 + (i % 4096) * 64;
         prof.malloc(
             1,
-            0,
-            2 * i + 1,
-            addr,
-            64,
-            4096,
-            at_ms(1),
+            Alloc {
+                heap: 0,
+                seq: 2 * i + 1,
+                address: addr,
+                sample_size: 4096,
+                timestamp_ns: at_ms(1),
+            },
             &stacks[(i % 64) as usize],
         );
         prof.free(1, 0, 2 * i + 2, addr);
@@ -59,12 +60,13 @@ fn main() {
         prof.free(1, 0, 2 * i + 2, addr);
         prof.malloc(
             1,
-            0,
-            2 * i + 1,
-            addr,
-            64,
-            4096,
-            at_ms(1),
+            Alloc {
+                heap: 0,
+                seq: 2 * i + 1,
+                address: addr,
+                sample_size: 4096,
+                timestamp_ns: at_ms(1),
+            },
             &stacks[(i % 64) as usize],
         );
     }

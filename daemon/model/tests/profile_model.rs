@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use heapprofd_model::profile::{CallsiteId, FrameId, Interner, Profile};
+use heapprofd_model::profile::{Alloc, CallsiteId, FrameId, Interner, Profile};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone, Copy)]
@@ -132,7 +132,17 @@ fn run_profile(s: &Setup, ops: &[Op], order: &[usize], window: u64) -> Profile {
                 addr,
                 size,
                 site,
-            } => p.malloc(42, heap, seq, addr, size, size, seq, &s.stacks[site]),
+            } => p.malloc(
+                42,
+                Alloc {
+                    heap,
+                    seq,
+                    address: addr,
+                    sample_size: size,
+                    timestamp_ns: seq,
+                },
+                &s.stacks[site],
+            ),
             Op::Free { heap, addr } => p.free(42, heap, seq, addr),
         }
     }

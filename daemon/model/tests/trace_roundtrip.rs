@@ -12,7 +12,7 @@ use std::io::Write;
 use core_support::{
     CLOCKS, Program, Seq, at_ms, big_profile, check_trace, sample_profile, write_trace,
 };
-use heapprofd_model::profile::{ClientError, Profile};
+use heapprofd_model::profile::{Alloc, ClientError, Profile};
 use heapprofd_model::trace::{CallstackValues, HeapProfile, TraceData, WriterConfig, read_trace};
 use heapprofd_proto::perfetto::{Message, Trace, TracePacket, trace_packet};
 use serde_json::Value;
@@ -320,12 +320,32 @@ fn continuous_dumps_are_cumulative_and_leave_idle_callsites_out() {
         w.dump(&mut prof, &p.interner, at_ms(10))?;
         // More work: stack_b allocates again and frees; a process appears.
         let s = seq.next(100);
-        prof.malloc(100, 0, s, 0x9000, 1000, 1000, at_ms(11), &p.stack_b());
+        prof.malloc(
+            100,
+            Alloc {
+                heap: 0,
+                seq: s,
+                address: 0x9000,
+                sample_size: 1000,
+                timestamp_ns: at_ms(11),
+            },
+            &p.stack_b(),
+        );
         let s = seq.next(100);
         prof.free(100, 0, s, 0x9000);
         prof.add_process(300, vec!["late".into()], true);
         prof.set_heap(300, 0, None, 4096);
-        prof.malloc(300, 0, 1, 0x10, 8, 4096, at_ms(12), &p.stack_a());
+        prof.malloc(
+            300,
+            Alloc {
+                heap: 0,
+                seq: 1,
+                address: 0x10,
+                sample_size: 4096,
+                timestamp_ns: at_ms(12),
+            },
+            &p.stack_a(),
+        );
         prof.process_mut(100).unwrap().flags.disconnected = true;
         prof.process_mut(100).unwrap().flags.client_error = ClientError::HitTimeout;
         w.dump(&mut prof, &p.interner, at_ms(20))?;
@@ -444,12 +464,52 @@ fn dump_at_max_writes_the_peak() {
     let mut prof = Profile::new(&p.interner);
     prof.add_process(5, vec!["peaky".into()], true);
     prof.set_heap(5, 0, None, 1);
-    prof.malloc(5, 0, 1, 0x10, 100, 100, at_ms(1), &p.stack_a());
-    prof.malloc(5, 0, 2, 0x20, 200, 200, at_ms(2), &p.stack_b()); // peak 300
+    prof.malloc(
+        5,
+        Alloc {
+            heap: 0,
+            seq: 1,
+            address: 0x10,
+            sample_size: 100,
+            timestamp_ns: at_ms(1),
+        },
+        &p.stack_a(),
+    );
+    prof.malloc(
+        5,
+        Alloc {
+            heap: 0,
+            seq: 2,
+            address: 0x20,
+            sample_size: 200,
+            timestamp_ns: at_ms(2),
+        },
+        &p.stack_b(),
+    ); // peak 300
     prof.free(5, 0, 3, 0x10);
     prof.free(5, 0, 4, 0x20);
-    prof.malloc(5, 0, 5, 0x30, 50, 50, at_ms(3), &p.stack_err());
-    prof.malloc(5, 0, 6, 0x40, 60, 60, at_ms(4), &p.stack_err());
+    prof.malloc(
+        5,
+        Alloc {
+            heap: 0,
+            seq: 5,
+            address: 0x30,
+            sample_size: 50,
+            timestamp_ns: at_ms(3),
+        },
+        &p.stack_err(),
+    );
+    prof.malloc(
+        5,
+        Alloc {
+            heap: 0,
+            seq: 6,
+            address: 0x40,
+            sample_size: 60,
+            timestamp_ns: at_ms(4),
+        },
+        &p.stack_err(),
+    );
     let cfg = WriterConfig {
         dump_at_max: true,
         ..Default::default()

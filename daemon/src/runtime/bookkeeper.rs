@@ -22,7 +22,7 @@ use heapprofd_shmem::ClientError as RingClientError;
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters, Op, SessionId, SessionStats};
 use crate::cli::human_bytes;
-use heapprofd_model::profile::{CallsiteId, ClientError, Interner, Profile};
+use heapprofd_model::profile::{Alloc, CallsiteId, ClientError, Interner, Profile};
 use heapprofd_model::trace::{TraceWriter, WriterConfig};
 
 /// What the bookkeeping thread needs to know.
@@ -323,7 +323,6 @@ impl Book {
                     heap,
                     seq,
                     address,
-                    alloc_size,
                     sample_size,
                     timestamp_ns,
                     stack,
@@ -334,16 +333,14 @@ impl Book {
                         Some(&Some(c)) => c,
                         _ => self.profile.intern_callsite(&[]),
                     };
-                    self.profile.malloc_at(
-                        pid,
+                    let alloc = Alloc {
                         heap,
                         seq,
                         address,
-                        alloc_size,
                         sample_size,
                         timestamp_ns,
-                        callsite,
-                    )
+                    };
+                    self.profile.malloc_at(pid, alloc, callsite)
                 }
                 Op::Free { heap, seq, address } => self.profile.free(pid, heap, seq, address),
                 Op::HeapName {

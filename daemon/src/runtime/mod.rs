@@ -51,8 +51,6 @@ pub enum Op {
         seq: u64,
         /// Address returned to the program.
         address: u64,
-        /// Size the program asked for.
-        alloc_size: u64,
         /// Bytes the sample stands for.
         sample_size: u64,
         /// CLOCK_MONOTONIC_COARSE of the allocation.

@@ -384,7 +384,6 @@ fn handle_record(s: &mut Session, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCt
                 heap: h.heap_id,
                 seq: h.sequence,
                 address: h.address,
-                alloc_size: h.alloc_size,
                 sample_size: h.sample_size,
                 timestamp_ns: h.timestamp_ns,
                 stack: entry.id,

@@ -11,9 +11,9 @@
 //!   unwinding workers, which turn pcs into [`FrameId`]s, and the
 //!   bookkeeping thread, which reads frames back when writing dumps.
 //! * [`Profile`] is owned by one bookkeeping thread and takes `&mut self`;
-//!   it has no locks. Workers send it (pid, heap, seq, address, sizes,
-//!   timestamp, `Vec<FrameId>`) and the record reader sends it frees; the
-//!   trace writer borrows it between operations to dump.
+//!   it has no locks. It is given each sampled allocation (pid, [`Alloc`],
+//!   stack) and each free; the trace writer borrows it between operations
+//!   to dump.
 //!
 //! # Ordering
 //!
@@ -28,6 +28,7 @@
 //! [`Profile::commit_through`] when the caller knows every operation up to
 //! a sequence number has been delivered.
 
+pub mod alloc;
 pub mod heap;
 pub mod histogram;
 pub mod interner;
@@ -37,6 +38,7 @@ pub mod tree;
 
 use std::collections::BTreeMap;
 
+pub use alloc::Alloc;
 pub use heap::{CallsiteTotals, HeapState};
 pub use histogram::{UNWIND_HISTOGRAM_BUCKETS, UnwindHistogram};
 pub use interner::{
@@ -119,55 +121,23 @@ impl Profile {
         self.tree.intern(stack)
     }
 
-    /// Records a sampled allocation. `stack` is outermost caller first;
-    /// `sample_size` is the bytes the sample stands for; `timestamp_ns` is
-    /// CLOCK_MONOTONIC_COARSE. Unknown processes and heaps are created.
-    #[allow(clippy::too_many_arguments)]
-    pub fn malloc(
-        &mut self,
-        pid: u32,
-        heap_id: u32,
-        seq: u64,
-        address: u64,
-        alloc_size: u64,
-        sample_size: u64,
-        timestamp_ns: u64,
-        stack: &[FrameId],
-    ) {
+    /// Records a sampled allocation of `pid`. `stack` is outermost caller
+    /// first. Unknown processes and heaps are created.
+    pub fn malloc(&mut self, pid: u32, alloc: Alloc, stack: &[FrameId]) {
         let callsite = self.intern_callsite(stack);
-        self.malloc_at(
-            pid,
-            heap_id,
-            seq,
-            address,
-            alloc_size,
-            sample_size,
-            timestamp_ns,
-            callsite,
-        );
+        self.malloc_at(pid, alloc, callsite);
     }
 
     /// [`Profile::malloc`] with a callsite from [`Profile::intern_callsite`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn malloc_at(
-        &mut self,
-        pid: u32,
-        heap_id: u32,
-        seq: u64,
-        address: u64,
-        _alloc_size: u64,
-        sample_size: u64,
-        timestamp_ns: u64,
-        callsite: CallsiteId,
-    ) {
+    pub fn malloc_at(&mut self, pid: u32, alloc: Alloc, callsite: CallsiteId) {
         let op = PendingOp::Malloc {
-            heap_id,
-            address,
-            sample_size,
-            timestamp: timestamp_ns,
+            heap_id: alloc.heap,
+            address: alloc.address,
+            sample_size: alloc.sample_size,
+            timestamp: alloc.timestamp_ns,
             callsite,
         };
-        self.push(pid, seq, op);
+        self.push(pid, alloc.seq, op);
     }
 
     /// Records a free (or the free half of a realloc).
@@ -271,7 +241,17 @@ mod tests {
         let st = frames(&i, &["main", "f"]);
         p.set_heap(7, 0, Some("libc.malloc"), 1);
         p.free(7, 0, 2, 0x100); // arrives first
-        p.malloc(7, 0, 1, 0x100, 10, 10, 5, &st);
+        p.malloc(
+            7,
+            Alloc {
+                heap: 0,
+                seq: 1,
+                address: 0x100,
+                sample_size: 10,
+                timestamp_ns: 5,
+            },
+            &st,
+        );
         let h = p.heap(7, 0).unwrap();
         let t = h.callsite(p.tree().find(&st).unwrap()).unwrap();
         assert_eq!((t.allocated, t.freed, t.live_count), (10, 10, 0));
@@ -285,13 +265,43 @@ mod tests {
         let shell = frames(&i, &["main", "sh_alloc"]);
         let prog = frames(&i, &["main", "prog_alloc"]);
         p.set_heap(5, 0, Some("libc.malloc"), 1);
-        p.malloc(5, 0, 1, 0x100, 10, 10, 1, &shell);
-        p.malloc(5, 0, 2, 0x200, 20, 20, 1, &shell);
+        p.malloc(
+            5,
+            Alloc {
+                heap: 0,
+                seq: 1,
+                address: 0x100,
+                sample_size: 10,
+                timestamp_ns: 1,
+            },
+            &shell,
+        );
+        p.malloc(
+            5,
+            Alloc {
+                heap: 0,
+                seq: 2,
+                address: 0x200,
+                sample_size: 20,
+                timestamp_ns: 1,
+            },
+            &shell,
+        );
         p.free(5, 0, 3, 0x200);
         p.process_mut(5).unwrap().flags.disconnected = true;
         // exec: the new image's client numbers from 1 again, and reuses 0x100.
         p.new_session(5);
-        p.malloc(5, 0, 1, 0x100, 30, 30, 2, &prog);
+        p.malloc(
+            5,
+            Alloc {
+                heap: 0,
+                seq: 1,
+                address: 0x100,
+                sample_size: 30,
+                timestamp_ns: 2,
+            },
+            &prog,
+        );
         p.free(5, 0, 2, 0x100);
         let h = p.heap(5, 0).unwrap();
         let sh = h.callsite(p.tree().find(&shell).unwrap()).unwrap();
@@ -356,12 +366,32 @@ mod tests {
         let i = Interner::new();
         let mut p = Profile::new(&i);
         let st = frames(&i, &["a"]);
-        p.malloc(1, 0, 2, 0x10, 8, 8, 1, &st); // seq 1 never comes
+        p.malloc(
+            1,
+            Alloc {
+                heap: 0,
+                seq: 2,
+                address: 0x10,
+                sample_size: 8,
+                timestamp_ns: 1,
+            },
+            &st,
+        ); // seq 1 never comes
         assert_eq!(p.live_bytes(), 0);
         p.flush(1);
         assert_eq!(p.live_bytes(), 8);
         p.commit_through(1, 10);
-        p.malloc(1, 0, 11, 0x20, 8, 8, 1, &st);
+        p.malloc(
+            1,
+            Alloc {
+                heap: 0,
+                seq: 11,
+                address: 0x20,
+                sample_size: 8,
+                timestamp_ns: 1,
+            },
+            &st,
+        );
         assert_eq!(p.live_bytes(), 16);
     }
 }

@@ -26,7 +26,7 @@
 //! # Example: a session from the bookkeeping thread's point of view
 //!
 //! ```
-//! use heapprofd_model::profile::{Interner, Profile};
+//! use heapprofd_model::profile::{Alloc, Interner, Profile};
 //! use heapprofd_model::trace::{ClockReadings, TraceWriter, read_trace};
 //!
 //! let interner = Interner::new(); // in an Arc, shared with the workers
@@ -46,7 +46,8 @@
 //! let main = interner.intern_frame(None, 0x1100, Some("main"), None, None);
 //! let leaf = interner.intern_frame(None, 0x1200, Some("make_buffer"), None, None);
 //! let t = clocks.monotonic_coarse_ns;
-//! profile.malloc(1234, 0, 1, 0x5000, 100, 4096, t, &[main, leaf]);
+//! let alloc = Alloc { heap: 0, seq: 1, address: 0x5000, sample_size: 4096, timestamp_ns: t };
+//! profile.malloc(1234, alloc, &[main, leaf]);
 //! profile.free(1234, 0, 2, 0x5000);
 //!
 //! // Continuous-dump tick or SIGUSR1: dump what is committed.

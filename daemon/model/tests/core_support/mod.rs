@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use heapprofd_model::profile::{FrameId, Interner, Mapping, Profile};
+use heapprofd_model::profile::{Alloc, FrameId, Interner, Mapping, Profile};
 use heapprofd_model::trace::{ClockReadings, TraceError, TraceWriter, WriterConfig};
 use serde_json::Value;
 
@@ -158,12 +158,13 @@ pub fn sample_profile(p: &Program) -> Profile {
         let s = seq.next(100);
         prof.malloc(
             100,
-            0,
-            s,
-            0x1000 + i * 0x100,
-            100,
-            100,
-            at_ms(1),
+            Alloc {
+                heap: 0,
+                seq: s,
+                address: 0x1000 + i * 0x100,
+                sample_size: 100,
+                timestamp_ns: at_ms(1),
+            },
             &p.stack_a(),
         );
     }
@@ -173,12 +174,13 @@ pub fn sample_profile(p: &Program) -> Profile {
         let s = seq.next(100);
         prof.malloc(
             100,
-            0,
-            s,
-            0x9000 + i * 0x1000,
-            1000,
-            1000,
-            at_ms(2),
+            Alloc {
+                heap: 0,
+                seq: s,
+                address: 0x9000 + i * 0x1000,
+                sample_size: 1000,
+                timestamp_ns: at_ms(2),
+            },
             &p.stack_b(),
         );
     }
@@ -187,12 +189,42 @@ pub fn sample_profile(p: &Program) -> Profile {
         prof.free(100, 0, s, 0x9000 + i * 0x1000);
     }
     let s = seq.next(100);
-    prof.malloc(100, 0, s, 0x20000, 7, 7, at_ms(3), &p.stack_err());
+    prof.malloc(
+        100,
+        Alloc {
+            heap: 0,
+            seq: s,
+            address: 0x20000,
+            sample_size: 7,
+            timestamp_ns: at_ms(3),
+        },
+        &p.stack_err(),
+    );
     let s = seq.next(100);
-    prof.malloc(100, 1, s, 0x30000, 64, 64, at_ms(3), &p.stack_a());
+    prof.malloc(
+        100,
+        Alloc {
+            heap: 1,
+            seq: s,
+            address: 0x30000,
+            sample_size: 64,
+            timestamp_ns: at_ms(3),
+        },
+        &p.stack_a(),
+    );
     for i in 0..5u64 {
         let s = seq.next(200);
-        prof.malloc(200, 0, s, 0x40000 + i * 16, 10, 10, at_ms(4), &p.stack_b());
+        prof.malloc(
+            200,
+            Alloc {
+                heap: 0,
+                seq: s,
+                address: 0x40000 + i * 16,
+                sample_size: 10,
+                timestamp_ns: at_ms(4),
+            },
+            &p.stack_b(),
+        );
     }
     for i in 0..4u64 {
         let s = seq.next(200);
@@ -231,7 +263,17 @@ pub fn big_profile(p: &Program, n: u64) -> Profile {
             .interner
             .intern_frame(None, 0x1000 + i, Some(&format!("fn_{i}")), None, None);
         let stack = [p.start, p.main, leaf];
-        prof.malloc(7, 0, i + 1, 0x100000 + i * 64, 64, 4096, at_ms(1), &stack);
+        prof.malloc(
+            7,
+            Alloc {
+                heap: 0,
+                seq: i + 1,
+                address: 0x100000 + i * 64,
+                sample_size: 4096,
+                timestamp_ns: at_ms(1),
+            },
+            &stack,
+        );
     }
     prof
 }
