@@ -11,6 +11,20 @@
 //!   totals, sequence-number ordering.
 //! * [`trace`]: writing a Perfetto trace to any `io::Write`, and reading
 //!   one (ours or heapprofd's) back.
+//! * [`messages`]: what the unwinding workers send: per session its start,
+//!   batches of [`messages::Op`]s with statistics, its end.
+//! * [`bookkeeping`]: the state machine that applies them to the profile
+//!   (sessions, stack ids, exec hold-back, flags), and [`summary`]: the data
+//!   of the end-of-run summary.
+//!
+//! ```text
+//!  workers --SessionEvent (Op batches)--> Bookkeeping --> Profile --dump--> TraceWriter
+//!                                                                               |
+//!                                   report / convert <-- TraceData <-- read_trace
+//! ```
 
+pub mod bookkeeping;
+pub mod messages;
 pub mod profile;
+pub mod summary;
 pub mod trace;

@@ -32,13 +32,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tokio::io::unix::AsyncFd;
 
-use super::bookkeeper::Summary;
 use super::handshake::pidfd_open;
 use super::record::{
     RecordArgs, StatusLine, daemon_options, default_output, find_client_lib, print_self_usage,
     print_summary, sleep_until, tick,
 };
 use super::server::{Daemon, DaemonOptions};
+use super::summary::Summary;
 use super::{Counters, Counters as C};
 use crate::inject::{self, InjectOptions, Target};
 

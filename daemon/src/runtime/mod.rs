@@ -28,136 +28,23 @@ pub mod memo;
 pub mod record;
 pub mod server;
 pub mod stacks;
+pub mod summary;
 pub mod symbolize;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use heapprofd_shmem::{ClientError, Stats as RingStats};
-
-use heapprofd_model::profile::{FrameId, UnwindHistogram};
-
-/// Identifies one client connection for its whole life (pids can be reused).
-pub type SessionId = u64;
-
-/// One record of a client, after unwinding.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
-    /// A sampled allocation.
-    Malloc {
-        /// Heap id (0 = libc.malloc).
-        heap: u32,
-        /// Client sequence number.
-        seq: u64,
-        /// Address returned to the program.
-        address: u64,
-        /// Bytes the sample stands for.
-        sample_size: u64,
-        /// CLOCK_MONOTONIC_COARSE of the allocation.
-        timestamp_ns: u64,
-        /// The session's stack id, defined by an earlier [`Op::Stack`]
-        /// (see [`stacks`]).
-        stack: u32,
-    },
-    /// Defines (or redefines) a stack id of the session for the
-    /// operations that follow.
-    Stack {
-        /// The session's stack id ([`stacks::SCRATCH_STACK`] is redefined
-        /// before each use).
-        id: u32,
-        /// Interned frames, outermost caller first.
-        frames: Box<[FrameId]>,
-    },
-    /// A free of a possibly sampled address.
-    Free {
-        /// Heap id.
-        heap: u32,
-        /// Client sequence number.
-        seq: u64,
-        /// Address freed.
-        address: u64,
-    },
-    /// A heap declaration or sampling-interval change.
-    HeapName {
-        /// Heap id.
-        heap: u32,
-        /// Heap name (empty: keep the previous name).
-        name: String,
-        /// Current sampling interval.
-        interval: u64,
-    },
-}
-
-/// What a worker knows about a session, sent with every batch.
-#[derive(Debug, Clone, Default)]
-pub struct SessionStats {
-    /// Unwinds that ended in an error.
-    pub unwinding_errors: u64,
-    /// Malloc samples unwound.
-    pub heap_samples: u64,
-    /// Times the process's maps were read again.
-    pub map_reparses: u64,
-    /// Total time spent unwinding.
-    pub total_unwinding_time_us: u64,
-    /// Distribution of unwinding times.
-    pub unwinding_time_us: UnwindHistogram,
-    /// Ring-buffer statistics (writer side from shared memory, untrusted).
-    pub ring: RingStats,
-    /// Error the client recorded in the ring buffer.
-    pub client_error: ClientError,
-    /// Records that did not decode.
-    pub corrupt_records: u64,
-    /// The ring buffer itself was found corrupt (session ended).
-    pub ring_corrupt: bool,
-}
-
-/// How a session ended.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SessionEnd {
-    /// The client went away on its own (exit, teardown) before the daemon stopped it.
-    pub disconnected: bool,
-    /// The daemon ended the session (duration over, Ctrl-C, stop).
-    pub stopped_by_daemon: bool,
-}
+use heapprofd_model::messages::SessionEvent;
 
 /// Messages to the bookkeeping thread.
 #[derive(Debug)]
 pub enum BookMsg {
-    /// A client completed its handshake.
-    ProcessStarted {
-        /// Session.
-        id: SessionId,
-        /// Process id.
-        pid: u32,
-        /// Command line.
-        cmdline: Vec<String>,
-        /// Connected from its constructor (profiled from process start).
-        from_startup: bool,
-    },
-    /// A batch of unwound records of one session, with its current stats.
-    Ops {
-        /// Session.
-        id: SessionId,
-        /// The records, in ring-buffer order.
-        ops: Vec<Op>,
-        /// Stats snapshot.
-        stats: SessionStats,
-    },
-    /// A session is over and fully drained.
-    ProcessEnded {
-        /// Session.
-        id: SessionId,
-        /// Process id.
-        pid: u32,
-        /// Final stats.
-        stats: SessionStats,
-        /// How it ended.
-        end: SessionEnd,
-    },
+    /// Something happened to a session (started, a batch of records, ended).
+    Session(Box<SessionEvent>),
     /// Write a dump of every process now.
     Dump,
     /// Write the final dump, close the trace and report back.
-    Finish(std::sync::mpsc::Sender<anyhow::Result<bookkeeper::Summary>>),
+    Finish(std::sync::mpsc::Sender<anyhow::Result<summary::Summary>>),
 }
 
 /// Relaxed counters for the status line (approximate by design).

@@ -22,8 +22,9 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use heapprofd_proto::wire::ClientConfig;
 
-use super::bookkeeper::{BookkeeperOptions, Summary};
+use super::bookkeeper::BookkeeperOptions;
 use super::server::{Daemon, DaemonOptions};
+use super::summary::Summary;
 use super::{Counters, Counters as C};
 use crate::cli::{UsageError, human_bytes, parse_duration, parse_size};
 

@@ -28,15 +28,17 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
-use super::bookkeeper::{self, BookkeeperOptions, Summary};
+use super::bookkeeper::{self, BookkeeperOptions, BookkeeperShared};
 use super::handshake::accept_session_from;
+use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
-use super::{BookMsg, Counters, SessionId};
+use super::{BookMsg, Counters};
+use heapprofd_model::messages::SessionId;
 use heapprofd_model::profile::Interner;
 
 /// Everything the daemon needs to know to serve clients.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DaemonOptions {
     /// Where to listen.
     pub socket: PathBuf,
@@ -110,13 +112,15 @@ impl Daemon {
         let cache = Arc::new(ModuleCache::new(symbolize));
         let (book_tx, book_rx) = mpsc::channel();
         let book_thread = {
-            let interner = Arc::clone(&interner);
-            let symbolizer = Arc::clone(&symbolizer);
-            let counters = Arc::clone(&counters);
-            let opts = options.book.clone();
+            let shared = BookkeeperShared {
+                interner: Arc::clone(&interner),
+                symbolizer: Arc::clone(&symbolizer),
+                counters: Arc::clone(&counters),
+            };
+            let opts = options.book;
             std::thread::Builder::new()
                 .name("heapprofd-book".into())
-                .spawn(move || bookkeeper::run(book_rx, interner, symbolizer, counters, opts))
+                .spawn(move || bookkeeper::run(book_rx, shared, opts))
                 .context("starting the bookkeeping thread")?
         };
         let mut workers = Vec::new();

@@ -49,14 +49,12 @@ use heapprofd_unwinder::{
 };
 use rustc_hash::FxHashMap;
 
-use super::Op;
 use super::memo::WalkMemo;
 use super::symbolize::Symbolizer;
 use super::worker::WorkerOptions;
+use heapprofd_model::messages::{Op, SCRATCH_STACK};
 use heapprofd_model::profile::{FrameId, Interner};
 
-/// The stack id redefined before every use, for stacks that are not cached.
-pub const SCRATCH_STACK: u32 = 0;
 /// Distinct stacks remembered per session before the cache starts over.
 pub const MAX_STACKS: usize = 1 << 16;
 /// Interned frames remembered for pcs before the pc cache starts over.

@@ -33,8 +33,9 @@ use heapprofd_unwinder::ProcessContext;
 use super::handshake::{NewSession, has_exited};
 use super::stacks::{InternCtx, StackCache};
 use super::symbolize::Symbolizer;
-use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats};
-use heapprofd_model::profile::{Interner, UnwindHistogram};
+use super::{BookMsg, Counters};
+use heapprofd_model::messages::{Op, RingStats, SessionEnd, SessionEvent, SessionId, SessionStats};
+use heapprofd_model::profile::{ClientError, Interner, UnwindHistogram};
 
 /// Records read from one session before the others get a turn.
 pub const BATCH: usize = 1000;
@@ -131,14 +132,14 @@ pub fn run_worker(
                 let s = *s;
                 let pid = s.peer.pid;
                 let client_text = s.handshake.client_text_start..s.handshake.client_text_end;
-                let _ = book.send(BookMsg::ProcessStarted {
+                let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Started {
                     id,
                     pid,
                     cmdline: s.cmdline,
                     from_startup: s.handshake.flags
                         & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP
                         != 0,
-                });
+                })));
                 sessions.insert(
                     id,
                     Session {
@@ -208,11 +209,11 @@ pub fn run_worker(
             let state = drain_batch(session, &mut buf, &mut ops, &cx, &counters);
             if !ops.is_empty() {
                 let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
-                let _ = book.send(BookMsg::Ops {
+                let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ops {
                     id,
                     ops: batch,
                     stats: session_stats(session),
-                });
+                })));
             }
             match state {
                 DrainState::More => ready.push_back(id),
@@ -411,10 +412,29 @@ fn session_stats(s: &Session) -> SessionStats {
         map_reparses: st.map_reparses,
         total_unwinding_time_us: s.unwind_time.as_micros() as u64,
         unwinding_time_us: s.hist.clone(),
-        ring: s.reader.stats(),
-        client_error: s.reader.ring().client_error(),
+        ring: ring_stats(&s.reader.stats()),
+        client_error: client_error(s.reader.ring().client_error()),
         corrupt_records: s.corrupt_records,
         ring_corrupt: s.ring_corrupt,
+    }
+}
+
+/// The ring buffer's counters the model uses.
+fn ring_stats(r: &heapprofd_shmem::Stats) -> RingStats {
+    RingStats {
+        writes_overflow: r.writes_overflow,
+        writes_corrupt: r.writes_corrupt,
+        blocked_us: r.blocked_us,
+        reads_corrupt: r.reads_corrupt,
+    }
+}
+
+/// The error the client recorded in the ring buffer, as the model's.
+fn client_error(e: heapprofd_shmem::ClientError) -> ClientError {
+    match e {
+        heapprofd_shmem::ClientError::None => ClientError::None,
+        heapprofd_shmem::ClientError::HitTimeout => ClientError::HitTimeout,
+        heapprofd_shmem::ClientError::InvalidStackBounds => ClientError::InvalidStackBounds,
     }
 }
 
@@ -425,7 +445,7 @@ fn finish(s: Session, book: &Sender<BookMsg>) {
             "heapprofd-rs: session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
             s.id,
             s.pid,
-            stats.ring,
+            s.reader.stats(),
             s.stacks.len(),
             s.stacks.memo.hits,
             s.stacks.memo.misses,
@@ -444,10 +464,10 @@ fn finish(s: Session, book: &Sender<BookMsg>) {
         disconnected: s.closed_at.is_some() && !s.stopping && !exited(),
         stopped_by_daemon: s.stopping,
     };
-    let _ = book.send(BookMsg::ProcessEnded {
+    let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ended {
         id: s.id,
         pid: s.pid,
         stats,
         end,
-    });
+    })));
 }
