@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use heapprofd_model::trace::{HeapProfile, TraceData, TraceError, read_trace_file};
+use heapprofd_model::trace::{HeapProfile, TraceData, TraceError, read_trace};
 
 pub use folded::{folded_lines, write_flamegraph};
 pub use pprof::{to_pprof, write_pprof_gz};
@@ -124,7 +124,10 @@ pub struct ConvertArgs {
 
 /// Reads a trace with errors that name the file and say what to do.
 pub fn load_trace(path: &Path) -> anyhow::Result<TraceData> {
-    read_trace_file(path).map_err(|e| {
+    let read = std::fs::File::open(path)
+        .map_err(TraceError::from)
+        .and_then(read_trace);
+    read.map_err(|e| {
         let hint = match &e {
             TraceError::Io(io) if io.kind() == io::ErrorKind::NotFound => {
                 "check the path (record writes the trace where -o says)"

@@ -68,13 +68,13 @@
 //! borrows the [`Profile`](crate::profile::Profile) mutably and reads the
 //! shared [`Interner`](crate::profile::Interner) under short read locks.
 
+mod data;
+mod interned;
 mod reader;
 mod writer;
 
-pub use reader::{
-    CallstackValues, HeapProfile, ProcessInfo, ResolvedFrame, TraceData, read_trace,
-    read_trace_file,
-};
+pub use data::{CallstackValues, HeapProfile, ProcessInfo, ResolvedFrame, TraceData};
+pub use reader::read_trace;
 pub use writer::{
     ClockReadings, DEFAULT_SEQUENCE_ID, DumpSummary, PACKET_SIZE_THRESHOLD, TraceWriter,
     WriterConfig,

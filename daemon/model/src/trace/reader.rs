@@ -9,163 +9,16 @@
 //! Values are cumulative, and a dump may leave out callsites that did not
 //! change; the result keeps, per (process, heap), the latest values of
 //! every callstack seen in any dump.
-
 use std::collections::BTreeMap;
 use std::io::{self, Read};
-use std::path::Path;
 
 use heapprofd_proto::perfetto::{self as pf, Message, TracePacket, profile_packet, trace_packet};
 use rustc_hash::FxHashMap;
 
 use super::TraceError;
-use crate::profile::{ClientError, ProcessFlags, ProcessStats, UNWIND_HISTOGRAM_BUCKETS};
-
-/// A frame with its names resolved.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ResolvedFrame {
-    /// Function name, if symbolized.
-    pub function: Option<String>,
-    /// Mapping path as trace processor shows it (`/` + components), if any.
-    pub mapping: Option<String>,
-    /// Raw build id of the mapping (empty if none).
-    pub build_id: Vec<u8>,
-    /// ELF virtual address in the module.
-    pub rel_pc: u64,
-    /// Source file, if known.
-    pub source_file: Option<String>,
-    /// Source line, if known.
-    pub line: Option<u32>,
-}
-
-impl ResolvedFrame {
-    /// A short human name: the function, else `module+0xpc`.
-    pub fn display_name(&self) -> String {
-        if let Some(f) = self.function.as_deref().filter(|f| !f.is_empty()) {
-            return f.to_owned();
-        }
-        let module = self
-            .mapping
-            .as_deref()
-            .and_then(|m| m.rsplit('/').find(|c| !c.is_empty()))
-            .unwrap_or("unknown");
-        format!("{module}+{:#x}", self.rel_pc)
-    }
-}
-
-/// Latest values of one callstack in one heap.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CallstackValues {
-    /// Frames, outermost caller first, allocating function last.
-    pub frames: Vec<ResolvedFrame>,
-    /// Sampled bytes allocated, cumulative.
-    pub self_allocated: u64,
-    /// Sampled bytes freed, cumulative.
-    pub self_freed: u64,
-    /// Allocations, cumulative.
-    pub alloc_count: u64,
-    /// Frees, cumulative.
-    pub free_count: u64,
-    /// Live sampled bytes at the peak (dump_at_max traces).
-    pub self_max: u64,
-    /// Live allocations at the peak (dump_at_max traces).
-    pub self_max_count: u64,
-}
-
-impl CallstackValues {
-    /// Bytes allocated and not freed.
-    pub fn unreleased(&self) -> u64 {
-        self.self_allocated.saturating_sub(self.self_freed)
-    }
-
-    /// Allocations not freed.
-    pub fn unreleased_count(&self) -> u64 {
-        self.alloc_count.saturating_sub(self.free_count)
-    }
-}
-
-/// Everything known about one heap of one process.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeapProfile {
-    /// Process id.
-    pub pid: u32,
-    /// Heap name (`unknown` when the trace has none, like trace processor).
-    pub heap_name: String,
-    /// Latest sampling interval.
-    pub sampling_interval_bytes: u64,
-    /// Original sampling interval.
-    pub orig_sampling_interval_bytes: u64,
-    /// Dumps of this heap in the trace.
-    pub dumps: u64,
-    /// Start of the first dump's window (MONOTONIC_COARSE ns).
-    pub start_timestamp: Option<u64>,
-    /// End of the last dump's window (MONOTONIC_COARSE ns).
-    pub timestamp: Option<u64>,
-    /// Whether the dumps carry dump_at_max values.
-    pub dump_at_max: bool,
-    /// Latest per-process stats.
-    pub stats: Option<ProcessStats>,
-    /// Flags, set if set in any dump.
-    pub flags: ProcessFlags,
-    /// Profiled from process start.
-    pub from_startup: bool,
-    /// Latest values per distinct stack.
-    pub callstacks: Vec<CallstackValues>,
-}
-
-/// A process of the `ProcessTree`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcessInfo {
-    /// Process id.
-    pub pid: u32,
-    /// Command line.
-    pub cmdline: Vec<String>,
-}
-
-/// The heap profiles in a trace.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TraceData {
-    /// Processes named by `ProcessTree` packets.
-    pub processes: BTreeMap<u32, ProcessInfo>,
-    /// Heap profiles, by (pid, heap name).
-    pub heaps: Vec<HeapProfile>,
-    /// Trace packets read.
-    pub packets: u64,
-    /// Problems that did not stop the reading (dangling ids, index gaps,
-    /// a partial last packet…).
-    pub warnings: Vec<String>,
-}
-
-/// Interned tables of one sequence generation (or one ProfilePacket group).
-#[derive(Debug, Default)]
-struct Tables {
-    function_names: FxHashMap<u64, Vec<u8>>,
-    build_ids: FxHashMap<u64, Vec<u8>>,
-    mapping_paths: FxHashMap<u64, Vec<u8>>,
-    source_paths: FxHashMap<u64, Vec<u8>>,
-    /// ProfilePacket.strings: one table for every role.
-    strings: FxHashMap<u64, Vec<u8>>,
-    mappings: FxHashMap<u64, pf::Mapping>,
-    frames: FxHashMap<u64, pf::Frame>,
-    callstacks: FxHashMap<u64, Vec<u64>>,
-}
-
-impl Tables {
-    fn add_interned(&mut self, d: pf::InternedData) {
-        let put = |t: &mut FxHashMap<u64, Vec<u8>>, v: Vec<pf::InternedString>| {
-            t.extend(v.into_iter().map(|s| (s.iid(), s.str.unwrap_or_default())));
-        };
-        put(&mut self.function_names, d.function_names);
-        put(&mut self.build_ids, d.build_ids);
-        put(&mut self.mapping_paths, d.mapping_paths);
-        put(&mut self.source_paths, d.source_paths);
-        self.mappings
-            .extend(d.mappings.into_iter().map(|m| (m.iid(), m)));
-        self.frames
-            .extend(d.frames.into_iter().map(|f| (f.iid(), f)));
-        self.callstacks
-            .extend(d.callstacks.into_iter().map(|c| (c.iid(), c.frame_ids)));
-    }
-}
+use super::data::{CallstackValues, HeapProfile, ProcessInfo, ResolvedFrame, TraceData};
+use super::interned::{Resolver, Tables};
+use crate::profile::{ClientError, ProcessStats, UNWIND_HISTOGRAM_BUCKETS};
 
 #[derive(Debug, Default)]
 struct Sequence {
@@ -189,10 +42,6 @@ struct Reader {
     seqs: FxHashMap<u32, Sequence>,
     heaps: BTreeMap<(u32, String), HeapAcc>,
     data: TraceData,
-}
-
-fn lossy(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 impl Reader {
@@ -428,129 +277,6 @@ fn convert_stats(s: &profile_packet::ProcessStats) -> ProcessStats {
     out
 }
 
-struct Resolver<'a> {
-    interned: &'a Tables,
-    local: &'a Tables,
-    cache: FxHashMap<u64, ResolvedFrame>,
-    warnings: &'a mut Vec<String>,
-}
-
-impl Resolver<'_> {
-    fn string(
-        &mut self,
-        iid: u64,
-        table: fn(&Tables) -> &FxHashMap<u64, Vec<u8>>,
-    ) -> Option<String> {
-        if iid == 0 {
-            return None;
-        }
-        if let Some(s) = self.local.strings.get(&iid) {
-            return Some(lossy(s));
-        }
-        match table(self.interned).get(&iid) {
-            Some(s) => Some(lossy(s)),
-            None => {
-                self.warnings.push(format!("string {iid} is not interned"));
-                None
-            }
-        }
-    }
-
-    fn frame(&mut self, iid: u64) -> ResolvedFrame {
-        if let Some(f) = self.cache.get(&iid) {
-            return f.clone();
-        }
-        let frame = self
-            .local
-            .frames
-            .get(&iid)
-            .or_else(|| self.interned.frames.get(&iid))
-            .cloned();
-        let Some(frame) = frame else {
-            self.warnings.push(format!("frame {iid} is not interned"));
-            return ResolvedFrame {
-                function: Some(format!("<frame {iid}>")),
-                ..Default::default()
-            };
-        };
-        let function = self
-            .string(frame.function_name_id(), |t| &t.function_names)
-            .filter(|s| !s.is_empty());
-        let source_file = self.string(frame.source_path_iid(), |t| &t.source_paths);
-        let mut mapping = None;
-        let mut build_id = Vec::new();
-        let mid = frame.mapping_id();
-        let m = self
-            .local
-            .mappings
-            .get(&mid)
-            .or_else(|| self.interned.mappings.get(&mid))
-            .cloned();
-        match m {
-            Some(m) => {
-                let comps: Vec<String> = m
-                    .path_string_ids
-                    .iter()
-                    .filter_map(|&s| self.string(s, |t| &t.mapping_paths))
-                    .collect();
-                if !comps.is_empty() {
-                    let path = format!("/{}", comps.join("/"));
-                    mapping = Some(
-                        path.strip_prefix('/')
-                            .filter(|p| p.starts_with('/'))
-                            .map_or(path.clone(), str::to_owned),
-                    );
-                }
-                let b = m.build_id();
-                if b != 0 {
-                    build_id = match self.local.strings.get(&b) {
-                        Some(s) => s.clone(),
-                        None => match self.interned.build_ids.get(&b) {
-                            Some(s) => s.clone(),
-                            None => {
-                                self.warnings.push(format!("build id {b} is not interned"));
-                                Vec::new()
-                            }
-                        },
-                    };
-                }
-            }
-            None if mid != 0 => self.warnings.push(format!("mapping {mid} is not interned")),
-            None => {}
-        }
-        let r = ResolvedFrame {
-            function,
-            mapping,
-            build_id,
-            rel_pc: frame.rel_pc(),
-            source_file,
-            line: frame.line_number.filter(|&l| l != 0),
-        };
-        self.cache.insert(iid, r.clone());
-        r
-    }
-
-    fn callstack(&mut self, iid: u64) -> Vec<ResolvedFrame> {
-        let ids = self
-            .local
-            .callstacks
-            .get(&iid)
-            .or_else(|| self.interned.callstacks.get(&iid))
-            .cloned();
-        match ids {
-            Some(ids) => ids.into_iter().map(|f| self.frame(f)).collect(),
-            None => {
-                self.warnings
-                    .push(format!("callstack {iid} is not interned"));
-                vec![ResolvedFrame {
-                    function: Some(format!("<callstack {iid}>")),
-                    ..Default::default()
-                }]
-            }
-        }
-    }
-}
-
 /// Largest packet accepted (trace processor's limit is similar).
 const MAX_PACKET: u64 = 256 << 20;
 
@@ -657,10 +383,4 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
         return Err(malformed(0, "no trace packets (empty file?)".into()));
     }
     Ok(reader.finish())
-}
-
-/// Reads the trace file at `path`.
-pub fn read_trace_file(path: &Path) -> Result<TraceData, TraceError> {
-    let f = std::fs::File::open(path)?;
-    read_trace(f)
 }
