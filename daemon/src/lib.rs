@@ -13,5 +13,4 @@
 
 pub mod cli;
 pub mod inject;
-pub mod report;
 pub mod runtime;

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use heapprofd_daemon::cli::UsageError;
-use heapprofd_daemon::report::{ConvertArgs, ReportArgs, run_convert, run_report};
 use heapprofd_daemon::runtime::record::{self, RecordArgs};
+use heapprofd_report::{ConvertArgs, ReportArgs, convert, run_report};
 
 /// A native heap profiler: samples malloc/free in a program with a tiny
 /// preloaded client, unwinds out of process, writes Perfetto traces.
@@ -41,7 +41,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Report(args) => run_report(args).map(|()| 0),
-        Command::Convert(args) => run_convert(args).map(|()| 0),
+        Command::Convert(args) => convert(&args).map(|written| {
+            for (path, what) in written {
+                eprintln!("wrote {what} to {}", path.display());
+            }
+            0
+        }),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -26,7 +26,7 @@ use super::clock::read_clocks;
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters};
-use crate::cli::human_bytes;
+use heapprofd_report::human_bytes;
 
 /// What the bookkeeping thread needs to know.
 #[derive(Debug)]

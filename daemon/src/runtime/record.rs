@@ -26,7 +26,9 @@ use super::bookkeeper::BookkeeperOptions;
 use super::server::{Daemon, DaemonOptions};
 use super::summary::Summary;
 use super::{Counters, Counters as C};
-use crate::cli::{UsageError, human_bytes, parse_duration, parse_size};
+use heapprofd_report::human_bytes;
+
+use crate::cli::{UsageError, parse_duration, parse_size};
 
 /// Options of `heapprofd-rs record`.
 #[derive(Debug, Clone, Args)]

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use heapprofd_model::summary::{ProcessSummary, ProcessWarning};
 
-use crate::cli::human_bytes;
+use heapprofd_report::human_bytes;
 
 /// What `record` prints at the end.
 #[derive(Debug, Clone, Default)]

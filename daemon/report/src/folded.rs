@@ -3,8 +3,35 @@
 
 use std::io::Write;
 
-use super::{Filter, ValueKind};
 use heapprofd_model::trace::{CallstackValues, TraceData};
+
+use crate::filter::Filter;
+
+/// The value a folded stack or flame graph shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ValueKind {
+    /// Bytes allocated (cumulative).
+    AllocSpace,
+    /// Allocations (cumulative).
+    AllocObjects,
+    /// Bytes allocated and not freed at the end (or at the peak, for
+    /// dump-at-max traces).
+    UnreleasedSpace,
+    /// Allocations not freed.
+    UnreleasedObjects,
+}
+
+impl ValueKind {
+    /// One-line description.
+    pub fn description(self) -> &'static str {
+        match self {
+            ValueKind::AllocSpace => "allocated bytes",
+            ValueKind::AllocObjects => "number of allocations",
+            ValueKind::UnreleasedSpace => "bytes not freed",
+            ValueKind::UnreleasedObjects => "allocations not freed",
+        }
+    }
+}
 
 fn clean(name: &str) -> String {
     name.chars()

@@ -16,8 +16,9 @@ use flate2::write::GzEncoder;
 use prost::Message;
 use rustc_hash::FxHashMap;
 
-use super::Filter;
 use heapprofd_model::trace::{ResolvedFrame, TraceData};
+
+use crate::filter::Filter;
 
 /// `perftools.profiles.Profile`.
 #[derive(Clone, PartialEq, Message)]

@@ -2,7 +2,7 @@
 //! middle of a dump, files that are not traces, and random corruption of a
 //! valid trace fed to the reader and the reports (none may panic).
 
-#[path = "../model/tests/core_support/mod.rs"]
+#[path = "../../model/tests/core_support/mod.rs"]
 mod core_support;
 
 use std::io::{self, Write};
@@ -100,7 +100,7 @@ fn the_reader_rejects_what_is_not_a_trace() {
     }
 }
 
-use heapprofd_daemon::report::{Filter, ValueKind, build_report, folded_lines, to_pprof};
+use heapprofd_report::{Filter, ValueKind, build_report, folded_lines, to_pprof};
 use proptest::prelude::*;
 
 fn valid_trace() -> Vec<u8> {

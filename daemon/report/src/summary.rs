@@ -18,9 +18,10 @@ use std::io::{self, Write};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::Filter;
-use crate::cli::human_bytes;
 use heapprofd_model::trace::{CallstackValues, HeapProfile, ResolvedFrame, TraceData};
+
+use crate::filter::Filter;
+use crate::units::human_bytes;
 
 /// Summed values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -1,7 +1,7 @@
 //! `report` and `convert` on traces written from synthetic profiles with
 //! known values: assertions on content (not whole-file snapshots).
 
-#[path = "../model/tests/core_support/mod.rs"]
+#[path = "../../model/tests/core_support/mod.rs"]
 mod core_support;
 
 use std::io::Read;
@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use core_support::{CLOCKS, Program, at_ms, sample_profile};
-use heapprofd_daemon::report::pprof::{Profile as Pprof, SAMPLE_TYPES};
-use heapprofd_daemon::report::{ConvertArgs, Format, ReportArgs, ValueKind, convert, report_to};
 use heapprofd_model::profile::{Alloc, Profile};
 use heapprofd_model::trace::{TraceWriter, WriterConfig};
+use heapprofd_report::pprof::{Profile as Pprof, SAMPLE_TYPES};
+use heapprofd_report::{ConvertArgs, Format, ReportArgs, ValueKind, convert, report_to};
 use prost::Message;
 use serde_json::Value;
 

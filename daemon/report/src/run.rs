@@ -1,126 +1,19 @@
-//! `heapprofd-rs report` and `heapprofd-rs convert`: offline tools on a
-//! trace file (ours or heapprofd's), built on [`heapprofd_model::trace::read_trace`].
-//!
-//! * [`run_report`]: totals and top allocation sites per process and heap,
-//!   as text (heaptrack_print style) or JSON.
-//! * [`run_convert`]: pprof (`.pb.gz`), folded stacks, flame graph SVG.
-//!
-//! The `*Args` structs derive [`clap::Args`] for the main command line.
-
-pub mod folded;
-pub mod pprof;
-pub mod summary;
+//! Running `report` and `convert`: reading the trace (with errors that
+//! name the file and say what to do), checking the selection, writing the
+//! outputs.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use heapprofd_model::trace::{TraceData, TraceError, read_trace};
 
-use heapprofd_model::trace::{HeapProfile, TraceData, TraceError, read_trace};
-
-pub use folded::{folded_lines, write_flamegraph};
-pub use pprof::{to_pprof, write_pprof_gz};
-pub use summary::{Report, build_report, write_text};
-
-/// Which heaps to include.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filter {
-    /// Only this process.
-    pub pid: Option<u32>,
-    /// Only this heap.
-    pub heap: Option<String>,
-}
-
-impl Filter {
-    /// Whether `h` is selected.
-    pub fn matches(&self, h: &HeapProfile) -> bool {
-        self.pid.is_none_or(|p| p == h.pid) && self.heap.as_deref().is_none_or(|n| n == h.heap_name)
-    }
-}
-
-/// The value a folded stack or flame graph shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ValueKind {
-    /// Bytes allocated (cumulative).
-    AllocSpace,
-    /// Allocations (cumulative).
-    AllocObjects,
-    /// Bytes allocated and not freed at the end (or at the peak, for
-    /// dump-at-max traces).
-    UnreleasedSpace,
-    /// Allocations not freed.
-    UnreleasedObjects,
-}
-
-impl ValueKind {
-    /// One-line description.
-    pub fn description(self) -> &'static str {
-        match self {
-            ValueKind::AllocSpace => "allocated bytes",
-            ValueKind::AllocObjects => "number of allocations",
-            ValueKind::UnreleasedSpace => "bytes not freed",
-            ValueKind::UnreleasedObjects => "allocations not freed",
-        }
-    }
-}
-
-/// Output format of `report`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    /// Human-readable text.
-    #[default]
-    Text,
-    /// JSON (one object).
-    Json,
-}
-
-/// `heapprofd-rs report`: summarize a heap profile trace.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ReportArgs {
-    /// Trace file written by `heapprofd-rs record` (or by Perfetto's heapprofd).
-    #[arg(value_name = "TRACE")]
-    pub trace: PathBuf,
-    /// Allocation sites to list per table.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    pub top: usize,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-    /// Only this process.
-    #[arg(long, value_name = "PID")]
-    pub pid: Option<u32>,
-    /// Only this heap (e.g. libc.malloc).
-    #[arg(long, value_name = "NAME")]
-    pub heap: Option<String>,
-}
-
-/// `heapprofd-rs convert`: turn a heap profile trace into other formats.
-#[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("output").required(true).multiple(true)))]
-pub struct ConvertArgs {
-    /// Trace file written by `heapprofd-rs record` (or by Perfetto's heapprofd).
-    #[arg(value_name = "TRACE")]
-    pub trace: PathBuf,
-    /// Write a gzipped pprof profile (for `pprof`, speedscope…).
-    #[arg(long, value_name = "OUT.pb.gz", group = "output")]
-    pub pprof: Option<PathBuf>,
-    /// Write folded stacks (`a;b;c value`, for flamegraph.pl, inferno…).
-    #[arg(long, value_name = "OUT.txt", group = "output")]
-    pub collapsed: Option<PathBuf>,
-    /// Write a flame graph SVG.
-    #[arg(long, value_name = "OUT.svg", group = "output")]
-    pub svg: Option<PathBuf>,
-    /// Value of the folded stacks and the flame graph.
-    #[arg(long, value_enum, default_value_t = ValueKind::UnreleasedSpace)]
-    pub value: ValueKind,
-    /// Only this process.
-    #[arg(long, value_name = "PID")]
-    pub pid: Option<u32>,
-    /// Only this heap (e.g. libc.malloc).
-    #[arg(long, value_name = "NAME")]
-    pub heap: Option<String>,
-}
+use crate::args::{ConvertArgs, Format, ReportArgs};
+use crate::filter::Filter;
+use crate::folded::{folded_lines, write_flamegraph};
+use crate::pprof::{to_pprof, write_pprof_gz};
+use crate::summary::{build_report, write_text};
 
 /// Reads a trace with errors that name the file and say what to do.
 pub fn load_trace(path: &Path) -> anyhow::Result<TraceData> {
@@ -211,16 +104,8 @@ fn finish(mut w: BufWriter<File>, path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {} (disk full?)", path.display()))
 }
 
-/// Runs `heapprofd-rs convert`; prints what it wrote to stderr.
-pub fn run_convert(args: ConvertArgs) -> anyhow::Result<()> {
-    let written = convert(&args)?;
-    for (path, what) in written {
-        eprintln!("wrote {what} to {}", path.display());
-    }
-    Ok(())
-}
-
-/// `convert` without printing; returns the files written.
+/// Runs `heapprofd-rs convert`; returns the files written and what each
+/// is (the caller tells the user).
 pub fn convert(args: &ConvertArgs) -> anyhow::Result<Vec<(PathBuf, &'static str)>> {
     let data = load_trace(&args.trace)?;
     let filter = Filter {
