@@ -12,5 +12,4 @@
 //! * [`cli`]: argument parsing shared by the subcommands (units, errors).
 
 pub mod cli;
-pub mod inject;
 pub mod runtime;

@@ -40,7 +40,7 @@ use super::record::{
 use super::server::{Daemon, DaemonOptions};
 use super::summary::Summary;
 use super::{Counters, Counters as C};
-use crate::inject::{self, InjectOptions, Target};
+use heapprofd_inject::{self as inject, InjectOptions, Target};
 
 /// How long a started client may take to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -200,7 +200,7 @@ async fn supervise(
         Ok(r) => r,
         Err(e) => {
             let _ = tokio::task::spawn_blocking(move || daemon.finish()).await;
-            return Err(e);
+            return Err(e.into());
         }
     };
     let activated = started.elapsed();
@@ -319,7 +319,7 @@ async fn supervise(
     if report.as_ref().is_some_and(|r| r.sync) && !target_exited {
         let ended = tokio::task::spawn_blocking(move || {
             let t = inject::probe_loaded(pid)?;
-            inject::detach(&t, &opts)
+            inject::detach(&t, &opts).map_err(anyhow::Error::from)
         })
         .await
         .context("the detach thread failed")?;

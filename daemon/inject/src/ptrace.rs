@@ -14,12 +14,23 @@
 //! signals that arrive meanwhile are delivered normally; a fault anywhere
 //! else is reported as a crash of the call. No code is written into the
 //! target.
+//!
+//! Seizing, interrupting and the general registers go through nix's safe
+//! wrappers. Three requests stay raw `libc` calls, because nix cannot
+//! express them: `PTRACE_CONT`/`PTRACE_DETACH` with a signal to deliver
+//! and `waitpid` (nix's `Signal` has no real-time signals, so a program's
+//! signal 34-64 could be neither reported nor passed on), and the XSAVE
+//! area (`PTRACE_GETREGSET NT_X86_XSTATE`, whose size nix's fixed
+//! register sets cannot hold).
 
 use std::fs::File;
 use std::io;
 use std::marker::PhantomData;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
+
+use nix::sys::ptrace as nix_ptrace;
+use nix::unistd::Pid;
 
 /// `NT_X86_XSTATE`: the whole XSAVE area (x87, SSE, AVX, AVX-512...).
 const NT_X86_XSTATE: libc::c_int = 0x202;
@@ -115,7 +126,7 @@ impl Tracee {
     /// `PTRACE_SEIZE`s thread `tid` of process `pid` (the thread keeps
     /// running) and opens the process's memory.
     pub(crate) fn seize(pid: u32, tid: i32) -> io::Result<Tracee> {
-        ptrace(libc::PTRACE_SEIZE, tid, 0, 0)?;
+        nix_ptrace::seize(Pid::from_raw(tid), nix_ptrace::Options::empty())?;
         let mem = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -137,7 +148,11 @@ impl Tracee {
 
     /// Asks the thread to stop (`PTRACE_INTERRUPT`); see [`Tracee::wait`].
     pub(crate) fn interrupt(&self) -> io::Result<()> {
-        ptrace(libc::PTRACE_INTERRUPT, self.tid, 0, 0).map(|_| ())
+        Ok(nix_ptrace::interrupt(self.pid())?)
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.tid)
     }
 
     /// Waits for the next stop of the thread, up to `timeout` (`None` then).
@@ -196,20 +211,12 @@ impl Tracee {
 
     /// Reads the general registers.
     pub(crate) fn regs(&self) -> io::Result<Regs> {
-        // SAFETY: plain data, filled by the kernel.
-        let mut r: Regs = unsafe { std::mem::zeroed() };
-        ptrace(
-            libc::PTRACE_GETREGS,
-            self.tid,
-            0,
-            &mut r as *mut Regs as usize,
-        )?;
-        Ok(r)
+        Ok(nix_ptrace::getregs(self.pid())?)
     }
 
     /// Writes the general registers.
     pub(crate) fn set_regs(&self, r: &Regs) -> io::Result<()> {
-        ptrace(libc::PTRACE_SETREGS, self.tid, 0, r as *const Regs as usize).map(|_| ())
+        Ok(nix_ptrace::setregs(self.pid(), *r)?)
     }
 
     /// Reads the extended (FPU/vector) state: the XSAVE area, or the FXSAVE

@@ -2,18 +2,20 @@
 //! `dlopen` and the client's attach entry, restore it (see the module docs
 //! of `inject`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
+use crate::CLIENT_FILE_NAME;
+use crate::error::{InjectError, Result};
+use crate::permission::permission_hint;
+use crate::plan::{Plan, make_plan};
+use crate::probe::{Target, threads};
+use crate::ptrace::{CallError, Regs, Stop, Tracee};
+use crate::safety::{SafetyModel, Verdict};
+use crate::status::{first_number, status_field};
 
-use super::elf::{LoadedObject, Symbols};
-use super::ptrace::{CallError, Regs, Stop, Tracee};
-use super::safety::{SafetyModel, Verdict};
-use super::{
-    ATTACH_ENTRY, CLIENT_FILE_NAME, DETACH_ENTRY, RED_ZONE, RTLD_DLOPEN_PRIVATE, RTLD_NODELETE,
-    RTLD_NOW, Target, permission_hint, threads,
-};
+/// Bytes below the stack pointer a leaf function may use (System V).
+const RED_ZONE: u64 = 128;
 
 /// How to inject.
 #[derive(Debug, Clone)]
@@ -54,31 +56,6 @@ pub struct InjectReport {
     pub sync: bool,
 }
 
-/// Addresses in the target, all resolved before any thread is stopped.
-struct Plan {
-    errno_location: u64,
-    dlsym: Option<u64>,
-    /// `dlopen` (or `__libc_dlopen_mode`) and its mode; `None` when the
-    /// client is already loaded.
-    dlopen: Option<(u64, u64)>,
-    dlerror: Option<u64>,
-    /// glibc's `malloc` in the target.
-    libc_malloc: u64,
-    /// The program's canonical PLT entry for `malloc` (non-PIE programs
-    /// that take its address), which is glibc's malloc too.
-    canonical_malloc: Option<u64>,
-    /// The client's attach entry: its svma, and the bias when already loaded.
-    entry_svma: u64,
-    /// The client's detach entry (svma).
-    detach_svma: u64,
-    /// This run ends a synchronous session instead of starting one.
-    detach: bool,
-    client_bias: Option<u64>,
-    /// The client file's segments (its bias once loaded).
-    client_segments: Vec<heapprofd_unwinder::LoadSegment>,
-    lib: Vec<u8>,
-}
-
 /// Outcome of one thread.
 enum Attempt {
     Done(InjectReport),
@@ -113,26 +90,20 @@ fn run(target: &Target, opts: &InjectOptions, detach: bool) -> Result<InjectRepo
         target.loader.as_ref(),
         target.client.as_ref(),
     )
-    .map_err(|e| anyhow!("reading the memory map of process {pid}: {e}"))?;
+    .map_err(|e| InjectError::io(format!("reading the memory map of process {pid}"), e))?;
     let prepare = t0.elapsed();
-    if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
-        eprintln!(
-            "heapprofd-rs: attach: plan {:?}, model {:?}",
-            t_plan,
-            prepare - t_plan
-        );
-    }
+    log::debug!("attach: plan {:?}, model {:?}", t_plan, prepare - t_plan);
     let deadline = Instant::now() + opts.safe_point_timeout;
     let mut attempts = 0;
     let mut refused: Vec<(u32, String)> = Vec::new();
     loop {
         let tids = threads(pid);
         if tids.is_empty() {
-            bail!("process {pid} exited during the attach");
+            return Err(InjectError::Exited { pid });
         }
         for tid in tids {
             if exiting(pid) {
-                bail!("process {pid} exited during the attach");
+                return Err(InjectError::Exited { pid });
             }
             attempts += 1;
             match attempt(target, tid, &plan, &mut model, opts)? {
@@ -150,20 +121,18 @@ fn run(target: &Target, opts: &InjectOptions, detach: bool) -> Result<InjectRepo
             }
         }
         if exiting(pid) {
-            bail!("process {pid} exited during the attach");
+            return Err(InjectError::Exited { pid });
         }
         if Instant::now() >= deadline {
             let list: Vec<String> = refused
                 .iter()
                 .map(|(t, why)| format!("thread {t}: {why}"))
                 .collect();
-            bail!(
-                "no thread of process {pid} was at a safe point to load the profiler within \
-                 {:.1}s (a thread inside malloc, the dynamic loader, fork or thread creation \
-                 could deadlock); the target was left as it was. Last seen: {}",
-                opts.safe_point_timeout.as_secs_f64(),
-                list.join("; ")
-            );
+            return Err(InjectError::NoSafePoint {
+                pid,
+                timeout: opts.safe_point_timeout,
+                last_seen: list.join("; "),
+            });
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -174,99 +143,10 @@ fn run(target: &Target, opts: &InjectOptions, detach: bool) -> Result<InjectRepo
 fn exiting(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/status")) {
         Err(_) => true,
-        Ok(s) => super::status_field(&s, "State")
-            .is_some_and(|st| st.starts_with('Z') || st.starts_with('X')),
-    }
-}
-
-fn make_plan(target: &Target, libc_syms: &Symbols, lib: &Path, detach: bool) -> Result<Plan> {
-    let pid = target.pid;
-    let at = |s: &Symbols, o: &LoadedObject, name: &str| s.address_of(name).map(|a| o.bias + a);
-    let errno_location = at(libc_syms, &target.libc, "__errno_location")
-        .ok_or_else(|| anyhow!("no __errno_location in {}: not glibc?", target.libc.path))?;
-    let libc_malloc = at(libc_syms, &target.libc, "malloc")
-        .ok_or_else(|| anyhow!("no malloc in {}: not glibc?", target.libc.path))?;
-    // glibc >= 2.34 has dlopen in libc; older ones in libdl (if the program
-    // links it), else the private __libc_dlopen_mode.
-    let libdl = LoadedObject::find(pid, &target.maps, |p| {
-        p.rsplit('/')
-            .next()
-            .is_some_and(|f| f.starts_with("libdl.so"))
-    })?;
-    let libdl_syms = libdl.as_ref().map(LoadedObject::symbols).transpose()?;
-    let in_libdl = |name: &str| {
-        libdl
-            .as_ref()
-            .zip(libdl_syms.as_ref())
-            .and_then(|(o, s)| at(s, o, name))
-    };
-    let dlsym = at(libc_syms, &target.libc, "dlsym").or_else(|| in_libdl("dlsym"));
-    let dlerror = at(libc_syms, &target.libc, "dlerror").or_else(|| in_libdl("dlerror"));
-    let (client_path, client_bias) = match &target.client {
-        Some(c) => (c.read_from.clone(), Some(c.bias)),
-        None if detach => bail!("the profiler is not loaded in process {pid}"),
-        None => (lib.to_path_buf(), None),
-    };
-    let dlopen = if client_bias.is_some() {
-        None
-    } else {
-        let mode = RTLD_NOW | RTLD_NODELETE;
-        Some(
-            at(libc_syms, &target.libc, "dlopen")
-                .map(|a| (a, mode))
-                .or_else(|| in_libdl("dlopen").map(|a| (a, mode)))
-                .or_else(|| {
-                    at(libc_syms, &target.libc, "__libc_dlopen_mode")
-                        .map(|a| (a, mode | RTLD_DLOPEN_PRIVATE))
-                })
-                .ok_or_else(|| {
-                    anyhow!(
-                        "found no dlopen in the target's {} (nor libdl): cannot load the \
-                         profiler into it",
-                        target.libc.path
-                    )
-                })?,
-        )
-    };
-    let client_syms = Symbols::read(&client_path)?;
-    let entry_svma = client_syms.unique_containing(ATTACH_ENTRY).ok_or_else(|| {
-        anyhow!(
-            "{} has no symbol {ATTACH_ENTRY} in its symbol table (stripped, or another \
-             version of heapprofd-rs?): rebuild it with `cargo build --release`",
-            client_path.display()
-        )
-    })?;
-    let detach_svma = client_syms
-        .unique_containing(DETACH_ENTRY)
-        .ok_or_else(|| anyhow!("{} has no symbol {DETACH_ENTRY}", client_path.display()))?;
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-    let exe_path = exe.to_string_lossy().into_owned();
-    // Only a non-PIE program (ET_EXEC) can have one.
-    let canonical_malloc = match LoadedObject::find(pid, &target.maps, |p| p == exe_path)? {
-        Some(o) if super::elf::read_program_headers(&o.read_from).is_ok_and(|(_, t)| t == 2) => {
-            super::elf::canonical_plt_entry(&o.read_from, "malloc").map(|a| o.bias + a)
+        Ok(s) => {
+            status_field(&s, "State").is_some_and(|st| st.starts_with('Z') || st.starts_with('X'))
         }
-        _ => None,
-    };
-    let mut lib_bytes = lib.as_os_str().as_encoded_bytes().to_vec();
-    lib_bytes.push(0);
-    if lib_bytes.len() > 4096 {
-        bail!("the client library path is too long");
     }
-    Ok(Plan {
-        errno_location,
-        dlsym,
-        dlopen,
-        dlerror,
-        libc_malloc,
-        canonical_malloc,
-        entry_svma,
-        detach_svma,
-        detach,
-        client_bias,
-        client_segments: client_syms.segments.clone(),
-        lib: lib_bytes,
-    })
 }
 
 /// Seizes `tid`, and if it is at a safe point, runs the calls. A thread or
@@ -281,13 +161,8 @@ fn attempt(
 ) -> Result<Attempt> {
     let pid = target.pid;
     match attempt_inner(target, tid, plan, model, opts) {
-        Err(_) if exiting(pid) => bail!("process {pid} exited during the attach"),
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.raw_os_error() == Some(libc::ESRCH)) =>
-        {
-            Ok(Attempt::Refused("exited".into()))
-        }
+        Err(_) if exiting(pid) => Err(InjectError::Exited { pid }),
+        Err(e) if e.thread_gone() => Ok(Attempt::Refused("exited".into())),
         r => r,
     }
 }
@@ -306,26 +181,30 @@ fn attempt_inner(
             return Ok(Attempt::Refused("exited".into()));
         }
         Err(e) if e.raw_os_error() == Some(libc::EPERM) && exiting(pid) => {
-            bail!("process {pid} exited during the attach");
+            return Err(InjectError::Exited { pid });
         }
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
             let traced = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
                 .ok()
-                .and_then(|s| super::first_number(super::status_field(&s, "TracerPid")))
+                .and_then(|s| first_number(status_field(&s, "TracerPid")))
                 .filter(|&t| t != 0);
             if let Some(t) = traced {
-                bail!(
+                return Err(InjectError::Refused(format!(
                     "thread {tid} of process {pid} is already being traced by pid {t} (a \
                      debugger?); detach it first"
-                );
+                )));
             }
-            bail!(
+            return Err(InjectError::Permission(format!(
                 "no permission to ptrace process {pid} ({}): {}",
                 target.comm,
                 permission_hint(pid, Some(target.uid))
-            );
+            )));
         }
-        Err(e) => return Err(anyhow!("PTRACE_SEIZE of thread {tid} failed: {e}")),
+        Err(e) => {
+            return Err(InjectError::CallFailed(format!(
+                "PTRACE_SEIZE of thread {tid} failed: {e}"
+            )));
+        }
     };
     tr.interrupt()?;
     // The first stop: the interrupt's, or a signal that was on its way.
@@ -354,7 +233,14 @@ fn attempt_inner(
     // A single-threaded process (this thread, stopped, is all of it) gets
     // no client thread: glibc would consider it multi-threaded for good.
     let sync = !plan.detach && threads(pid).len() == 1;
-    let result = run_calls(&tr, &saved, plan, target, opts, sync, &mut steps);
+    let cx = Hijack {
+        tr: &tr,
+        saved: &saved,
+        plan,
+        target,
+        opts,
+    };
+    let result = run_calls(&cx, sync, &mut steps);
     // Whatever happened, the thread gets its own registers back.
     if let Err(CallError::Timeout) = &result {
         // It is still running our call: stop it before restoring.
@@ -369,7 +255,9 @@ fn attempt_inner(
     }
     let pause = stopped_at.elapsed();
     steps.done("restore and detach");
-    restored.map_err(|e| anyhow!("restoring the registers of thread {tid}: {e}"))?;
+    restored.map_err(|e| {
+        InjectError::CallFailed(format!("restoring the registers of thread {tid}: {e}"))
+    })?;
     let loaded = plan.dlopen.is_some();
     match result {
         Ok(()) => Ok(Attempt::Done(InjectReport {
@@ -382,22 +270,26 @@ fn attempt_inner(
             steps: steps.list,
             sync,
         })),
-        Err(CallError::Gone) => bail!("process {pid} exited during the attach"),
-        Err(CallError::Timeout) => bail!(
+        Err(CallError::Gone) => Err(InjectError::Exited { pid }),
+        Err(CallError::Timeout) => Err(InjectError::CallFailed(format!(
             "a call into process {pid} did not return within {:.0}s; thread {tid} got its \
              registers back, but the target may now hold the dynamic loader's lock",
             opts.call_timeout.as_secs_f64()
-        ),
-        Err(e @ CallError::Crashed { .. }) => bail!(
+        ))),
+        Err(e @ CallError::Crashed { .. }) => Err(InjectError::CallFailed(format!(
             "loading the profiler into process {pid} failed: {e}; thread {tid} got its \
              registers back"
-        ),
-        Err(CallError::Io(e)) => Err(e.into()),
-        Err(CallError::Refused(msg)) => bail!("{msg}; the target was left as it was"),
-        Err(CallError::Failed(msg)) if loaded => {
-            bail!("{msg}; thread {tid} got its registers back (the library stays loaded, dormant)")
-        }
-        Err(CallError::Failed(msg)) => bail!("{msg}; thread {tid} got its registers back"),
+        ))),
+        Err(CallError::Io(e)) => Err(InjectError::Os(e)),
+        Err(CallError::Refused(msg)) => Err(InjectError::Refused(format!(
+            "{msg}; the target was left as it was"
+        ))),
+        Err(CallError::Failed(msg)) if loaded => Err(InjectError::CallFailed(format!(
+            "{msg}; thread {tid} got its registers back (the library stays loaded, dormant)"
+        ))),
+        Err(CallError::Failed(msg)) => Err(InjectError::CallFailed(format!(
+            "{msg}; thread {tid} got its registers back"
+        ))),
     }
 }
 
@@ -422,16 +314,32 @@ impl Steps {
     }
 }
 
+/// A stopped thread with its saved registers, and what to call in it.
+#[derive(Clone, Copy)]
+struct Hijack<'a> {
+    tr: &'a Tracee,
+    saved: &'a Regs,
+    plan: &'a Plan,
+    target: &'a Target,
+    opts: &'a InjectOptions,
+}
+
+/// Where the calls' data lives on the hijacked thread's stack.
+#[derive(Clone, Copy)]
+struct Scratch {
+    /// Stack pointer of each call (a 0 return address is stored there).
+    sp: u64,
+    /// The library path.
+    data: u64,
+    /// The string "malloc".
+    name_malloc: u64,
+}
+
 /// The call sequence on a stopped, saved thread.
-fn run_calls(
-    tr: &Tracee,
-    saved: &Regs,
-    plan: &Plan,
-    target: &Target,
-    opts: &InjectOptions,
-    sync: bool,
-    steps: &mut Steps,
-) -> Result<(), CallError> {
+fn run_calls(cx: &Hijack<'_>, sync: bool, steps: &mut Steps) -> Result<(), CallError> {
+    let Hijack {
+        tr, saved, plan, ..
+    } = *cx;
     // Scratch area below the red zone: [sp: return address 0][data...].
     let data = (saved.rsp - RED_ZONE - 256 - plan.lib.len() as u64) & !15;
     let sp = data - 8; // rsp % 16 == 8 at function entry (after the "call")
@@ -447,10 +355,14 @@ fn run_calls(
     let errno_ok = errno_addr != 0 && tr.read(errno_addr, &mut errno).is_ok();
     steps.done("__errno_location()");
     let result = if plan.detach {
-        detach_call(tr, saved, sp, plan, target, opts, steps)
+        detach_call(cx, sp, steps)
     } else {
-        let addrs = (sp, data, name_malloc);
-        calls_after_errno(tr, saved, addrs, plan, target, opts, sync, steps)
+        let scratch = Scratch {
+            sp,
+            data,
+            name_malloc,
+        };
+        calls_after_errno(cx, scratch, sync, steps)
     };
     if errno_ok {
         tr.write(errno_addr, &errno)?;
@@ -458,17 +370,15 @@ fn run_calls(
     result
 }
 
-#[allow(clippy::too_many_arguments)]
 /// The client's detach entry (a synchronous session ends).
-fn detach_call(
-    tr: &Tracee,
-    saved: &Regs,
-    sp: u64,
-    plan: &Plan,
-    target: &Target,
-    opts: &InjectOptions,
-    steps: &mut Steps,
-) -> Result<(), CallError> {
+fn detach_call(cx: &Hijack<'_>, sp: u64, steps: &mut Steps) -> Result<(), CallError> {
+    let Hijack {
+        tr,
+        saved,
+        plan,
+        target,
+        opts,
+    } = *cx;
     let bias = plan.client_bias.unwrap_or(0);
     let status = tr.call(saved, sp, bias + plan.detach_svma, &[], opts.call_timeout)?;
     steps.done("detach entry");
@@ -481,17 +391,25 @@ fn detach_call(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The calls after `__errno_location()`: the allocator check, `dlopen`
+/// (unless loaded), the client's attach entry.
 fn calls_after_errno(
-    tr: &Tracee,
-    saved: &Regs,
-    (sp, data, name_malloc): (u64, u64, u64),
-    plan: &Plan,
-    target: &Target,
-    opts: &InjectOptions,
+    cx: &Hijack<'_>,
+    Scratch {
+        sp,
+        data,
+        name_malloc,
+    }: Scratch,
     sync: bool,
     steps: &mut Steps,
 ) -> Result<(), CallError> {
+    let Hijack {
+        tr,
+        saved,
+        plan,
+        target,
+        opts,
+    } = *cx;
     let pid = target.pid;
     let short = Duration::from_secs(5);
     // Another allocator interposing malloc cannot be mixed with our hooks
@@ -572,7 +490,7 @@ fn calls_after_errno(
 fn client_bias_after_load(pid: u32, segments: &[heapprofd_unwinder::LoadSegment]) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     let maps = heapprofd_unwinder::parse_maps(&text).entries;
-    super::elf::bias_in_maps(&maps, CLIENT_FILE_NAME, segments)
+    crate::elf::bias_in_maps(&maps, CLIENT_FILE_NAME, segments)
 }
 
 fn read_c_string(tr: &Tracee, addr: u64) -> String {

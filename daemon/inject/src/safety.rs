@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use heapprofd_unwinder::{Arch, FdMaps, FdMemory, ModuleCache, ProcessContext, RegisterFile};
 
-use super::elf::{LoadedObject, Symbols, debug_file_for};
-use super::ptrace::Regs;
+use crate::elf::{LoadedObject, Symbols, debug_file_for};
+use crate::ptrace::Regs;
 
 /// Most stack bytes copied for the check.
 const MAX_STACK: usize = 512 * 1024;
@@ -345,7 +345,7 @@ mod tests {
 
     #[test]
     fn malloc_span_of_our_libc_covers_its_internals() {
-        let libc = crate::inject::elf::own_libc();
+        let libc = crate::elf::own_libc();
         let syms = libc.symbols().unwrap();
         let span = malloc_span(&syms).expect("malloc is exported");
         let malloc = syms.address_of("malloc").unwrap();

@@ -7,11 +7,13 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow};
 use heapprofd_unwinder::{LoadSegment, MapEntry, compute_bias};
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use crate::error::{InjectError, Result};
 
 /// `e_machine` of x86-64 and AArch64.
 const EM_X86_64: u16 = 62;
@@ -90,10 +92,13 @@ impl LoadedObject {
         let same = |m: &&MapEntry| m.inode == first.inode && m.path == first.path;
         let ranges: Vec<(u64, u64)> = maps.iter().filter(same).map(|m| (m.start, m.end)).collect();
         let read_from = readable_path(pid, first);
-        let (segments, _) = read_program_headers(&read_from).with_context(|| {
-            format!(
-                "reading the ELF header of {} (mapped by the target)",
-                first.path
+        let (segments, _) = read_program_headers(&read_from).map_err(|e| {
+            InjectError::io(
+                format!(
+                    "reading the ELF header of {} (mapped by the target)",
+                    first.path
+                ),
+                e,
             )
         })?;
         let bias = compute_bias(&segments, first.start, first.end, first.offset, first.exec)
@@ -113,14 +118,15 @@ impl LoadedObject {
 }
 
 /// The `PT_LOAD` segments and `e_type` of a 64-bit little-endian ELF file,
-/// from its first bytes only (the file may be a 100 MB program).
-pub(crate) fn read_program_headers(path: &Path) -> Result<(Vec<LoadSegment>, u16)> {
+/// from its first bytes only (the file may be a 100 MB program). A file that
+/// is not one is an `InvalidData` error.
+pub(crate) fn read_program_headers(path: &Path) -> io::Result<(Vec<LoadSegment>, u16)> {
     use std::os::unix::fs::FileExt;
     let f = File::open(path)?;
     let mut h = [0u8; 64];
     f.read_exact_at(&mut h, 0)?;
     if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
-        return Err(anyhow!("not a 64-bit little-endian ELF file"));
+        return Err(invalid("not a 64-bit little-endian ELF file"));
     }
     let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
     let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
@@ -130,7 +136,7 @@ pub(crate) fn read_program_headers(path: &Path) -> Result<(Vec<LoadSegment>, u16
     let phentsize = u16_at(&h, 54) as usize;
     let phnum = u16_at(&h, 56) as usize;
     if phentsize < 56 || phnum > 4096 {
-        return Err(anyhow!("bad program header table"));
+        return Err(invalid("bad program header table"));
     }
     let mut ph = vec![0u8; phentsize * phnum];
     f.read_exact_at(&mut ph, phoff)?;
@@ -149,6 +155,10 @@ pub(crate) fn read_program_headers(path: &Path) -> Result<(Vec<LoadSegment>, u16
         });
     }
     Ok((out, e_type))
+}
+
+fn invalid(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
 /// `/proc/PID/map_files/START-END` if we may open it, else the path.
@@ -211,9 +221,14 @@ pub(crate) struct Symbols {
 impl Symbols {
     /// Reads `.dynsym` and `.symtab` of `path`.
     pub(crate) fn read(path: &Path) -> Result<Symbols> {
-        let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let file = object::File::parse(&*data)
-            .map_err(|e| anyhow!("{} is not a valid ELF file: {e}", path.display()))?;
+        let data = std::fs::read(path)
+            .map_err(|e| InjectError::io(format!("reading {}", path.display()), e))?;
+        let file = object::File::parse(&*data).map_err(|e| {
+            InjectError::io(
+                format!("{} is not a valid ELF file", path.display()),
+                invalid(&e.to_string()),
+            )
+        })?;
         let mut s = Symbols {
             build_id: file.build_id().ok().flatten().map(<[u8]>::to_vec),
             ..Symbols::default()
