@@ -142,13 +142,11 @@ pub fn accept_session_from(
         Box::new(FdMemory::new(File::from(mem_fd))),
         Arc::clone(cache),
     );
-    if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
-        eprintln!(
-            "heapprofd-rs: handshake of pid {}: maps and modules read in {:.2} ms",
-            peer.pid,
-            t0.elapsed().as_secs_f64() * 1e3
-        );
-    }
+    log::debug!(
+        "handshake of pid {}: maps and modules read in {:.2} ms",
+        peer.pid,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     send_with_fds(stream.as_raw_fd(), &config.encode(), &[memfd.as_raw_fd()])
         .with_context(|| format!("sending the configuration to pid {}", peer.pid))?;
     drop(memfd);

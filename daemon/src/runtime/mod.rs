@@ -27,8 +27,11 @@ pub mod mapping;
 pub mod memo;
 pub mod record;
 pub mod server;
+pub mod setup;
 pub mod stacks;
+pub mod status;
 pub mod summary;
+pub mod supervise;
 pub mod symbolize;
 pub mod worker;
 

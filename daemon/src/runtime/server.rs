@@ -196,7 +196,7 @@ impl Daemon {
                     r = listener.accept() => match r.and_then(|(s, _)| s.into_std()) {
                         Ok(stream) => spawn_connection(stream, &shared),
                         Err(e) => {
-                            eprintln!("heapprofd-rs: accept failed: {e}");
+                            log::warn!("accept failed: {e}");
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                     },
@@ -270,7 +270,7 @@ async fn handle_connection(
     in_flight: InFlight,
 ) {
     if let Err(e) = std_stream.set_nonblocking(false) {
-        eprintln!("heapprofd-rs: dropping a connection: {e}");
+        log::warn!("dropping a connection: {e}");
         return;
     }
     let sh = Arc::clone(&shared);
@@ -282,11 +282,11 @@ async fn handle_connection(
     let session = match joined {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            eprintln!("heapprofd-rs: client refused: {e:#}");
+            log::warn!("client refused: {e:#}");
             return;
         }
         Err(e) => {
-            eprintln!("heapprofd-rs: handshake task failed: {e}");
+            log::warn!("handshake task failed: {e}");
             return;
         }
     };
@@ -296,10 +296,7 @@ async fn handle_connection(
     }) {
         Ok(w) => w,
         Err(e) => {
-            eprintln!(
-                "heapprofd-rs: cannot watch the socket of pid {}: {e}",
-                session.peer.pid
-            );
+            log::warn!("cannot watch the socket of pid {}: {e}", session.peer.pid);
             return;
         }
     };

@@ -43,7 +43,8 @@ fn warning_text(w: &ProcessWarning) -> String {
 }
 
 impl Summary {
-    /// Human-readable text for the end of `record`.
+    /// Human-readable text for the end of `record`; the first line follows
+    /// the logger's `heapprofd-rs: `.
     pub fn render(&self, output: &Path) -> String {
         let mut s = String::new();
         let total = |f: fn(&ProcessSummary) -> u64| self.processes.iter().map(f).sum::<u64>();
@@ -55,7 +56,7 @@ impl Summary {
             format!("sampling every {} on average", human_bytes(self.interval))
         };
         s.push_str(&format!(
-            "heapprofd-rs: {} process{}, {samples} samples ({every}): allocated {}, freed {}, unreleased {}\n",
+            "{} process{}, {samples} samples ({every}): allocated {}, freed {}, unreleased {}\n",
             self.processes.len(),
             if self.processes.len() == 1 { "" } else { "es" },
             human_bytes(alloc),

@@ -440,18 +440,16 @@ fn client_error(e: heapprofd_shmem::ClientError) -> ClientError {
 
 fn finish(s: Session, book: &Sender<BookMsg>) {
     let stats = session_stats(&s);
-    if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
-        eprintln!(
-            "heapprofd-rs: session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
-            s.id,
-            s.pid,
-            s.reader.stats(),
-            s.stacks.len(),
-            s.stacks.memo.hits,
-            s.stacks.memo.misses,
-            s.process.rule_cache_stats()
-        );
-    }
+    log::debug!(
+        "session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
+        s.id,
+        s.pid,
+        s.reader.stats(),
+        s.stacks.len(),
+        s.stacks.memo.hits,
+        s.stacks.memo.misses,
+        s.process.rule_cache_stats()
+    );
     // The socket closes a moment before the process is reaped; a client
     // that went away while its process lives on (teardown after an error)
     // is what Perfetto calls "disconnected".
