@@ -8,6 +8,7 @@
 
 pub mod record_args;
 pub mod units;
+pub mod usage_error;
 
 use clap::{Parser, Subcommand};
 use heapprofd_report::{ConvertArgs, ReportArgs, convert, run_report};
@@ -15,12 +16,7 @@ use heapprofd_report::{ConvertArgs, ReportArgs, convert, run_report};
 use crate::env::Env;
 use crate::runtime::{attach, record};
 pub use record_args::RecordArgs;
-
-/// A bad argument found after parsing (an output path that cannot be
-/// created...): `heapprofd-rs` exits with 2, like clap's usage errors.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+pub use usage_error::UsageError;
 
 /// A native heap profiler: samples malloc/free in a program with a tiny
 /// preloaded client, unwinds out of process, writes Perfetto traces.

@@ -38,7 +38,7 @@ use super::setup::{daemon_options, default_output, find_client_lib};
 use super::summary::Summary;
 use super::supervise::{Profiling, Signals, block_on, end_of_run, finish};
 use super::{Counters, Counters as C};
-use crate::cli::RecordArgs;
+use crate::cli::record_args::RecordArgs;
 use crate::env::{AttachChoice, Env};
 use crate::logger::debug_enabled;
 

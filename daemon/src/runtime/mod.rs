@@ -27,6 +27,7 @@ pub mod mapping;
 pub mod memo;
 pub mod record;
 pub mod server;
+pub mod session_unwinder;
 pub mod setup;
 pub mod stacks;
 pub mod status;

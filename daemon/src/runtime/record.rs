@@ -25,7 +25,7 @@ use super::server::{Daemon, DaemonOptions};
 use super::setup::{daemon_options, default_output, find_client_lib};
 use super::summary::Summary;
 use super::supervise::{Profiling, Signals, Stop, block_on, end_of_run, finish, print_summary};
-use crate::cli::RecordArgs;
+use crate::cli::record_args::RecordArgs;
 use crate::env::Env;
 
 /// Runs `record -- CMD`; returns the exit code to exit with.

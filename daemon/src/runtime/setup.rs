@@ -10,7 +10,8 @@ use heapprofd_proto::wire::ClientConfig;
 
 use super::bookkeeper::BookkeeperOptions;
 use super::server::DaemonOptions;
-use crate::cli::{RecordArgs, UsageError};
+use crate::cli::record_args::RecordArgs;
+use crate::cli::usage_error::UsageError;
 
 /// Creates the trace file and the daemon's options from the arguments
 /// shared by `record -- CMD` and `record --pid`. A trace path that cannot be

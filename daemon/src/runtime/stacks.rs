@@ -51,7 +51,6 @@ use rustc_hash::FxHashMap;
 
 use super::memo::WalkMemo;
 use super::symbolize::Symbolizer;
-use super::worker::WorkerOptions;
 use heapprofd_model::messages::{Op, SCRATCH_STACK};
 use heapprofd_model::profile::{FrameId, Interner};
 
@@ -86,7 +85,7 @@ pub struct StackCache {
     /// `ERROR <KIND>` frames by kind.
     error_frames: [Option<FrameId>; UnwindErrorKind::COUNT],
     /// Walks that can be replayed (see [`WalkMemo`]).
-    pub memo: WalkMemo,
+    pub memo: WalkMemo<StackEntry>,
     /// The reused trace buffer.
     trace: WalkTrace,
     /// Incremented whenever everything is forgotten (new mappings).
@@ -108,8 +107,9 @@ pub struct InternCtx<'a> {
     pub interner: &'a Interner,
     /// Deferred-symbolization queue.
     pub symbolizer: &'a Symbolizer,
-    /// Worker options.
-    pub options: WorkerOptions,
+    /// Symbolize frames (names, files, lines); otherwise only build id +
+    /// rel_pc.
+    pub symbolize: bool,
 }
 
 impl StackCache {
@@ -334,7 +334,7 @@ fn intern_pc(
     let interner = cx.interner;
     let mapping_id = Some(super::mapping::intern_mapping(interner, mapping));
     let bare = interner.intern_frame(mapping_id, rel_pc, None, None, None);
-    if cx.options.symbolize {
+    if cx.symbolize {
         if mapping.module.is_some() {
             cx.symbolizer.request(bare, mapping, rel_pc);
         } else {
@@ -421,7 +421,7 @@ mod tests {
         let cx = InternCtx {
             interner: &interner,
             symbolizer: &symbolizer,
-            options: WorkerOptions { symbolize: false },
+            symbolize: false,
         };
         let mut p = process(Duration::from_secs(3600));
         let mut cache = StackCache::default();
@@ -454,7 +454,7 @@ mod tests {
         let cx = InternCtx {
             interner: &interner,
             symbolizer: &symbolizer,
-            options: WorkerOptions { symbolize: true },
+            symbolize: true,
         };
         let mut p = process(Duration::ZERO);
         let mut cache = StackCache::default();

@@ -26,16 +26,15 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use heapprofd_proto::wire::Record;
 use heapprofd_shmem::{ReadOutcome, Reader, RingBuffer};
-use heapprofd_unwinder::ProcessContext;
 
 use super::handshake::{NewSession, has_exited};
-use super::stacks::{InternCtx, StackCache};
+use super::session_unwinder::SessionUnwinder;
+use super::stacks::InternCtx;
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters};
 use heapprofd_model::messages::{Op, RingStats, SessionEnd, SessionEvent, SessionId, SessionStats};
-use heapprofd_model::profile::{ClientError, Interner, UnwindHistogram};
+use heapprofd_model::profile::{ClientError, Interner};
 
 /// Records read from one session before the others get a turn.
 pub const BATCH: usize = 1000;
@@ -45,8 +44,6 @@ pub const BATCH: usize = 1000;
 /// period (heapprofd re-polls after 100 ms; a shorter period keeps a
 /// blocking client's waits short).
 const REPOLL: Duration = Duration::from_millis(10);
-/// One replayed sample in this many is timed (see `handle_record`).
-const HIT_TIMING: u64 = 16;
 /// How often idle sessions are polled even without a wake byte.
 const TICK: Duration = Duration::from_millis(100);
 /// How long a record reserved but never committed is waited for after the
@@ -72,25 +69,16 @@ struct Session {
     id: SessionId,
     pid: u32,
     reader: Reader<Box<RingBuffer>>,
-    process: ProcessContext,
-    client_text: std::ops::Range<u64>,
+    /// Turns its records into operations.
+    unwinder: SessionUnwinder,
     /// Keeps the socket (and so the client's session) alive until we finish.
     _stream: std::os::unix::net::UnixStream,
     pidfd: Option<std::os::fd::OwnedFd>,
-    /// Stacks and pcs unwound before (see [`StackCache`]).
-    stacks: StackCache,
     closed_at: Option<Instant>,
     stopping: bool,
     /// When the daemon asked this session to stop.
     stopped_at: Option<Instant>,
-    corrupt_records: u64,
     ring_corrupt: bool,
-    hist: UnwindHistogram,
-    samples: u64,
-    unwind_errors: u64,
-    unwind_time: Duration,
-    /// Picks the replayed samples that are timed (xorshift, never 0).
-    timing_rng: u64,
 }
 
 /// Options that shape how samples are turned into stacks.
@@ -146,21 +134,13 @@ pub fn run_worker(
                         id,
                         pid,
                         reader: Reader::new(Box::new(s.ring)),
-                        process: s.process,
-                        client_text,
+                        unwinder: SessionUnwinder::new(s.process, client_text, id),
                         _stream: s.stream,
                         pidfd: s.pidfd,
-                        stacks: StackCache::default(),
                         closed_at: None,
                         stopping: false,
                         stopped_at: None,
-                        corrupt_records: 0,
                         ring_corrupt: false,
-                        hist: UnwindHistogram::default(),
-                        samples: 0,
-                        unwind_errors: 0,
-                        unwind_time: Duration::ZERO,
-                        timing_rng: (0x9e37_79b9_7f4a_7c15 ^ id) | 1,
                     },
                 );
                 ready.push_back(id);
@@ -204,7 +184,7 @@ pub fn run_worker(
             let cx = InternCtx {
                 interner: &interner,
                 symbolizer: &symbolizer,
-                options,
+                symbolize: options.symbolize,
             };
             let state = drain_batch(session, &mut buf, &mut ops, &cx, &counters);
             if !ops.is_empty() {
@@ -250,15 +230,15 @@ fn drain_batch(
     cx: &InternCtx<'_>,
     counters: &Counters,
 ) -> DrainState {
-    let (samples, errors) = (s.samples, s.unwind_errors);
+    let (samples, errors) = (s.unwinder.samples, s.unwinder.unwind_errors);
     let state = drain_records(s, buf, ops, cx);
     // The status line's counters, once per batch rather than per sample.
     counters
         .samples
-        .fetch_add(s.samples - samples, Ordering::Relaxed);
+        .fetch_add(s.unwinder.samples - samples, Ordering::Relaxed);
     counters
         .unwind_errors
-        .fetch_add(s.unwind_errors - errors, Ordering::Relaxed);
+        .fetch_add(s.unwinder.unwind_errors - errors, Ordering::Relaxed);
     state
 }
 
@@ -279,7 +259,7 @@ fn drain_records(
                     s.reader.ring().unpause_reader();
                     reader_paused = false;
                 }
-                handle_record(s, buf, ops, cx);
+                s.unwinder.handle_record(buf, ops, cx);
             }
             ReadOutcome::Empty | ReadOutcome::Pending => {
                 let pending = matches!(outcome, ReadOutcome::Pending);
@@ -333,89 +313,12 @@ fn writer_gone(s: &Session) -> bool {
             .is_some_and(|fd| has_exited(fd, Duration::ZERO))
 }
 
-/// Turns one record into operations.
-///
-/// Timing (the trace's unwinding-time histogram and total): a sample that
-/// is walked is timed exactly, two clock reads around the walk and the
-/// interning of a new stack. A replay check (~45 ns for 33 frames) costs
-/// about as much as the two clock reads around it, so only one in
-/// [`HIT_TIMING`] replayed samples, picked at random, is timed (around the
-/// replay check) and counted [`HIT_TIMING`] times: an unbiased estimate of
-/// the replayed samples' count per bucket and total time. The ring copy and decode are never in
-/// it. (One read per sample, the time since the previous one, was tried: it
-/// put the ring copy in the histogram, a mean of 5.2 µs instead of 0.19 µs
-/// for a program with 32 KB stacks.)
-fn handle_record(s: &mut Session, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCtx<'_>) {
-    match Record::decode(bytes) {
-        Ok(Record::Malloc(h, stack)) => {
-            s.timing_rng ^= s.timing_rng << 13;
-            s.timing_rng ^= s.timing_rng >> 7;
-            s.timing_rng ^= s.timing_rng << 17;
-            let t0 = (s.timing_rng % HIT_TIMING == 0).then(Instant::now);
-            let entry = match s.stacks.replay(&h, stack) {
-                Some(entry) => {
-                    if let Some(t0) = t0 {
-                        let d = t0.elapsed();
-                        s.hist.add_us(d.as_micros() as u64, HIT_TIMING);
-                        s.unwind_time += d * HIT_TIMING as u32;
-                    }
-                    entry
-                }
-                None => {
-                    let t0 = t0.unwrap_or_else(Instant::now);
-                    let entry = s.stacks.stack_of_unreplayed(
-                        &mut s.process,
-                        &h,
-                        stack,
-                        &s.client_text,
-                        cx,
-                        ops,
-                    );
-                    let d = t0.elapsed();
-                    s.hist.add_us(d.as_micros() as u64, 1);
-                    s.unwind_time += d;
-                    entry
-                }
-            };
-            if entry.error.is_some() {
-                s.unwind_errors += 1;
-            }
-            s.samples += 1;
-            ops.push(Op::Malloc {
-                heap: h.heap_id,
-                seq: h.sequence,
-                address: h.address,
-                sample_size: h.sample_size,
-                timestamp_ns: h.timestamp_ns,
-                stack: entry.id,
-            });
-        }
-        Ok(Record::Free(f)) => ops.push(Op::Free {
-            heap: f.heap_id,
-            seq: f.sequence,
-            address: f.address,
-        }),
-        Ok(Record::HeapName(n)) => ops.push(Op::HeapName {
-            heap: n.heap_id,
-            name: n.name_str().to_owned(),
-            interval: n.interval,
-        }),
-        Err(_) => s.corrupt_records += 1,
-    }
-}
-
 fn session_stats(s: &Session) -> SessionStats {
-    let st = s.process.stats();
     SessionStats {
-        unwinding_errors: s.unwind_errors,
-        heap_samples: s.samples,
-        map_reparses: st.map_reparses,
-        total_unwinding_time_us: s.unwind_time.as_micros() as u64,
-        unwinding_time_us: s.hist.clone(),
         ring: ring_stats(&s.reader.stats()),
         client_error: client_error(s.reader.ring().client_error()),
-        corrupt_records: s.corrupt_records,
         ring_corrupt: s.ring_corrupt,
+        ..s.unwinder.stats()
     }
 }
 
@@ -445,10 +348,10 @@ fn finish(s: Session, book: &Sender<BookMsg>) {
         s.id,
         s.pid,
         s.reader.stats(),
-        s.stacks.len(),
-        s.stacks.memo.hits,
-        s.stacks.memo.misses,
-        s.process.rule_cache_stats()
+        s.unwinder.stacks.len(),
+        s.unwinder.stacks.memo.hits,
+        s.unwinder.stacks.memo.misses,
+        s.unwinder.process.rule_cache_stats()
     );
     // The socket closes a moment before the process is reaped; a client
     // that went away while its process lives on (teardown after an error)
