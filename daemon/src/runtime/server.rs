@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use heapprofd_proto::wire::ClientConfig;
 use heapprofd_unwinder::{ModuleCache, SymbolizeOptions};
+use nix::sys::stat::{Mode, umask};
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
@@ -346,11 +347,10 @@ fn bind_private(path: &Path) -> io::Result<UnixListener> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    // SAFETY: umask only changes the creation mask; restored right after bind.
-    let old = unsafe { libc::umask(0o177) };
+    // Only the creation mask changes, restored right after bind.
+    let old = umask(Mode::from_bits_truncate(0o177));
     let result = UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
+    umask(old);
     result
 }
 

@@ -132,6 +132,7 @@ fn start_warmer(dumping: Arc<AtomicBool>) -> Option<Sender<WarmRequest>> {
     std::thread::Builder::new()
         .name("heapprofd-symwarm".into())
         .spawn(move || {
+            // nix has no sched_setscheduler.
             let param = libc::sched_param { sched_priority: 0 };
             // SAFETY: changes only this thread's scheduling policy.
             unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
