@@ -11,7 +11,7 @@
 //!   callable without threads), the symbolizer, the bookkeeping thread (an
 //!   adapter over the model's `Bookkeeping`), and `record` / `record --pid`.
 //! * [`cli`]: the subcommands and their arguments (clap, units).
-//! * [`env`]: the environment variables, read once.
+//! * [`env`](mod@env): the environment variables, read once.
 //! * [`logger`]: the stderr logger behind the `log` facade.
 
 pub mod cli;

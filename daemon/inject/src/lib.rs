@@ -14,7 +14,7 @@
 //! 1. before stopping anything: find `dlopen`, `dlsym`, `__errno_location`
 //!    in the target's own libc (its `.dynsym` + the mapping's load bias),
 //!    the client's attach entry in the client's `.symtab`, and build the
-//!    [`safety`] model (unwind tables, deny ranges);
+//!    safety model (`safety.rs`) (unwind tables, deny ranges);
 //! 2. `PTRACE_SEIZE` + `PTRACE_INTERRUPT` one thread (the others keep
 //!    running), copy its stack and unwind it; if it is not at a safe point,
 //!    detach at once and try the next thread, round after round, until the

@@ -15,9 +15,9 @@
 //! mappings, or its stack table full). Keeping a trace costs a few dozen
 //! walks (the unwinder's relevance checks, ~14 µs for 33 frames), so
 //! tracing is throttled where it does not pay: while tracing is on, each
-//! window of [`WINDOW`] lookups with fewer than a quarter hits turns it off
-//! for a number of samples that starts at [`PAUSE`] and doubles with each
-//! such window in a row (up to [`MAX_PAUSE`]); a window with enough hits
+//! window of `WINDOW` lookups with fewer than a quarter hits turns it off
+//! for a number of samples that starts at `PAUSE` and doubles with each
+//! such window in a row (up to `MAX_PAUSE`); a window with enough hits
 //! resets it. Lookups go on during a pause (kept traces still hit).
 
 use rustc_hash::FxHashMap;

@@ -1,5 +1,7 @@
-//! The daemon at run time: sessions, workers, bookkeeping, `record`, and
-//! `record --pid` (`attach`).
+//! The daemon at run time: the server and handshakes, the unwinding
+//! workers, the symbolizer, the bookkeeping thread, and the two ways of
+//! running it: `record -- CMD` ([`record`]) and `record --pid` ([`attach`]),
+//! which share [`supervise`].
 //!
 //! Threads and what each owns (every object has exactly one owner):
 //!
@@ -8,12 +10,17 @@
 //!        |  new session (after a blocking handshake on a blocking thread)
 //!        v
 //!  worker threads (N)           each owns its sessions: ring buffer reader +
-//!        |  Ops batches          unwinder ProcessContext + stack cache; drains,
-//!        |                       unwinds, interns new stacks (stack ids)
-//!        v
-//!  bookkeeping thread (1)       owns the Profile and the TraceWriter; applies
-//!                               ops, dumps on request, writes the trace
+//!        |  SessionEvents        SessionUnwinder (ProcessContext, stack cache,
+//!        |  (Op batches)         replay memo); drains, unwinds, interns new
+//!        v                       stacks (stack ids)
+//!  bookkeeping thread (1)       owns the model's Bookkeeping (the Profile) and
+//!                               the TraceWriter; applies events, symbolizes and
+//!                               dumps on request, writes the trace
 //! ```
+//!
+//! The work of each thread is a plain function of its inputs where it can
+//! be: a worker's per-record step is [`session_unwinder`], the bookkeeping
+//! is the model's `Bookkeeping`; the threads only move messages.
 //!
 //! Shared between threads: the [`Interner`](heapprofd_model::profile::Interner)
 //! (internally locked; workers add frames, the dump reads them), the
@@ -60,7 +67,7 @@ pub struct Counters {
     pub unwind_errors: AtomicU64,
     /// Records dropped by clients because the buffer was full.
     pub dropped: AtomicU64,
-    /// Live sampled bytes (from the bookkeeper).
+    /// Live sampled bytes (from the bookkeeping thread).
     pub live_bytes: AtomicU64,
     /// Sessions currently connected.
     pub sessions: AtomicU64,

@@ -20,7 +20,7 @@ use super::stacks::{InternCtx, StackCache};
 
 /// One replayed sample in this many is timed (see
 /// [`SessionUnwinder::handle_record`]).
-const HIT_TIMING: u64 = 16;
+pub const HIT_TIMING: u64 = 16;
 
 /// What a worker keeps per session to turn its records into operations.
 #[derive(Debug)]

@@ -8,7 +8,7 @@
 //! the cost of one compare per word read. Otherwise the copied stack is
 //! walked into a reused buffer of pcs ([`ProcessContext::unwind_raw`], or
 //! `unwind_raw_traced` to keep the walk for replay), and the whole pc
-//! sequence is looked up in [`StackCache::stacks`] (one hash of ~24 words).
+//! sequence is looked up in `StackCache::stacks` (one hash of ~24 words).
 //! A hit gives the worker's *stack id*, which the bookkeeping thread maps
 //! to its callsite with one vector index, so neither side walks a frame at
 //! a time. Only a new stack goes through the per-pc cache, and only a new
@@ -37,7 +37,7 @@
 //! for replay. When the process's mappings change (a re-read found new
 //! ones) or the cache reaches [`MAX_STACKS`], everything (replay memo
 //! included) is forgotten and ids start again from 1;
-//! redefinitions overwrite the bookkeeper's entries, so its table never
+//! redefinitions overwrite the bookkeeping's entries, so its table never
 //! outgrows the cache.
 
 use std::ops::Range;

@@ -15,7 +15,7 @@
 //! (a writer that committed before seeing the flag will not wake us), and
 //! only then sleep until the client pokes the socket. A poll that found
 //! records but emptied the buffer does not pause: the session is polled
-//! again [`REPOLL`] later, so a steady stream of samples costs a poll per
+//! again `REPOLL` later, so a steady stream of samples costs a poll per
 //! period rather than a wake-up per sample. A periodic tick re-polls every
 //! session in case a wake byte was lost.
 

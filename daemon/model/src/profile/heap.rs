@@ -2,8 +2,8 @@
 //! totals, updated by operations already put in sequence order.
 //!
 //! ```text
-//!  live: address ──► LiveAlloc { seq, sample_size, alloc_size, slot } ─┐
-//!                                                                      ▼
+//!  live: address ──► LiveAlloc { seq, sample_size, slot } ─┐
+//!                                                          ▼
 //!  callsites: [CallsiteTotals { callsite, allocated, freed, counts, live, max… }]
 //! ```
 //!
