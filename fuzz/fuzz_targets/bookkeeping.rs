@@ -155,7 +155,11 @@ fuzz_target!(|data: &[u8]| {
                         },
                         1 => Op::HeapName {
                             heap,
-                            name: if k & 4 == 0 { String::new() } else { heap_name(heap) },
+                            name: if k & 4 == 0 {
+                                String::new()
+                            } else {
+                                heap_name(heap)
+                            },
                             interval: 1 + u64::from(input.u8()),
                         },
                         2 => {
@@ -258,6 +262,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(read.get(key).copied().unwrap_or_default(), *t, "{key:?}");
     }
     for (key, t) in &read {
-        assert_eq!(expected.get(key).copied().unwrap_or_default(), *t, "{key:?}");
+        assert_eq!(
+            expected.get(key).copied().unwrap_or_default(),
+            *t,
+            "{key:?}"
+        );
     }
 });

@@ -13,7 +13,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(trace) = read_trace(data) else {
         return;
     };
-    assert_eq!(read_trace(data).ok().as_ref(), Some(&trace), "reading is deterministic");
+    assert_eq!(
+        read_trace(data).ok().as_ref(),
+        Some(&trace),
+        "reading is deterministic"
+    );
     let all = Filter::default();
     let _ = build_report("fuzz", &trace, &all, 5);
     let _ = to_pprof(&trace, &all);

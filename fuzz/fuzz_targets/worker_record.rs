@@ -117,10 +117,19 @@ fuzz_target!(|data: &[u8]| {
                 st.defined.insert(*id);
             }
             Op::Malloc { stack, .. } => {
-                assert!(st.defined.contains(stack), "stack {stack} used before it was defined");
+                assert!(
+                    st.defined.contains(stack),
+                    "stack {stack} used before it was defined"
+                );
                 if *stack == SCRATCH_STACK {
                     assert!(
-                        matches!(previous, Some(Op::Stack { id: SCRATCH_STACK, .. })),
+                        matches!(
+                            previous,
+                            Some(Op::Stack {
+                                id: SCRATCH_STACK,
+                                ..
+                            })
+                        ),
                         "the scratch stack is redefined right before each use"
                     );
                 }
@@ -130,7 +139,7 @@ fuzz_target!(|data: &[u8]| {
         previous = Some(op);
     }
     st.inputs += 1;
-    if st.inputs % BOOK_RESET == 0 {
+    if st.inputs.is_multiple_of(BOOK_RESET) {
         st.book = new_book(&st.interner);
     }
     st.book.handle(SessionEvent::Ops {
