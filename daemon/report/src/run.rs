@@ -18,14 +18,14 @@ use crate::summary::{build_report, write_text};
 /// Reads a trace with errors that name the file and say what to do.
 pub fn load_trace(path: &Path) -> anyhow::Result<TraceData> {
     let read = std::fs::File::open(path)
-        .map_err(TraceError::from)
+        .map_err(TraceError::Read)
         .and_then(read_trace);
     read.map_err(|e| {
         let hint = match &e {
-            TraceError::Io(io) if io.kind() == io::ErrorKind::NotFound => {
+            TraceError::Read(io) if io.kind() == io::ErrorKind::NotFound => {
                 "check the path (record writes the trace where -o says)"
             }
-            TraceError::Io(_) => "check that the file is readable",
+            TraceError::Read(_) => "check that the file is readable",
             _ => "is it a trace written by `heapprofd-rs record` or Perfetto?",
         };
         anyhow::anyhow!("cannot read trace {}: {e}; {hint}", path.display())

@@ -88,6 +88,9 @@ pub enum TraceError {
     /// written before the failing packet is a valid trace.
     #[error("writing the trace failed: {0}")]
     Io(#[from] std::io::Error),
+    /// Reading the input failed (a file that cannot be opened or read).
+    #[error("reading the trace failed: {0}")]
+    Read(std::io::Error),
     /// An earlier write failed; the writer writes nothing more.
     #[error("the trace writer stopped after an earlier write error")]
     Failed,

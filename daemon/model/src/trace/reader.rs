@@ -323,7 +323,7 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 return Err(malformed(start, e.to_string()));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(TraceError::Read(e)),
         };
         if start == 0 && tag == 0x1f {
             return Err(malformed(
@@ -342,7 +342,7 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
                 _ => return Err(malformed(start, "bad length".into())),
             },
             0 if field != 1 => {
-                read_varint(&mut r, &mut pos)?;
+                read_varint(&mut r, &mut pos).map_err(TraceError::Read)?;
                 continue;
             }
             _ => {
@@ -359,7 +359,10 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
             ));
         }
         buf.clear();
-        let got = (&mut r).take(len).read_to_end(&mut buf)?;
+        let got = (&mut r)
+            .take(len)
+            .read_to_end(&mut buf)
+            .map_err(TraceError::Read)?;
         pos += got as u64;
         if (got as u64) < len {
             reader.warn(format!(
