@@ -61,7 +61,8 @@ pub(crate) fn keep_entry() {
 }
 
 /// Starts a session with the daemon listening on
-/// `/tmp/heapprofd-rs-<id>.sock`. Returns an [`AttachStatus`] code.
+/// `/tmp/heapprofd-rs-<id>.sock`, or with the profiling service for id 0.
+/// Returns an [`AttachStatus`] code.
 ///
 /// Called by the daemon through ptrace, on a thread it stopped at a safe
 /// point; never called by the program.
@@ -85,7 +86,12 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     // A signal activation that was still waiting for an allocation is
     // superseded by this one.
     activation::supersede();
-    let path = SocketPath::for_id(id);
+    // Id 0: the profiling service (its socket, as a signal with value 0).
+    let path = if id == 0 {
+        SocketPath::from_env_or_default()
+    } else {
+        SocketPath::for_id(id)
+    };
     if flags & FLAG_SYNC == 0 {
         if !watcher::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
             STATE.store(IDLE, Ordering::SeqCst);

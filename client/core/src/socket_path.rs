@@ -43,10 +43,15 @@ impl SocketPath {
         })
     }
 
-    /// `$HEAPPROFD_SOCKET` or the default path.
+    /// `$HEAPPROFD_SOCKET`, else the profiling service's socket (the
+    /// directory of the first trusted startup-trigger store, see
+    /// [`crate::trigger`]), else the default path: where a wake-up without
+    /// an id (signal value 0, as bionic sends for heapprofd; attach id 0)
+    /// connects.
     pub fn from_env_or_default() -> SocketPath {
         crate::env::get(SOCKET_ENV)
             .and_then(SocketPath::from_bytes)
+            .or_else(crate::trigger::service_socket)
             .or_else(|| SocketPath::from_bytes(DEFAULT_SOCKET_PATH.as_bytes()))
             .unwrap_or(SocketPath {
                 buf: [0; 108],
