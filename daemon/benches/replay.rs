@@ -177,11 +177,18 @@ fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--reps" => reps = args.next().and_then(|v| v.parse().ok()).unwrap_or(5),
-            "--records" => limit = args.next().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX),
+            "--records" => {
+                limit = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(usize::MAX)
+            }
             "--bench" => {}
             _ if path.is_none() && !a.starts_with("--") => path = Some(a),
             other => {
-                eprintln!("replay: unknown argument {other}\nusage: replay FILE.cap [--reps N] [--records N]");
+                eprintln!(
+                    "replay: unknown argument {other}\nusage: replay FILE.cap [--reps N] [--records N]"
+                );
                 std::process::exit(2);
             }
         }

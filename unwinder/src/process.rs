@@ -299,7 +299,7 @@ impl ProcessContext {
         };
         let view = ProcessView {
             mappings: &self.mappings,
-            memory: &*self.memory,
+            memory: Some(&*self.memory),
         };
         self.walker.walk(&view, &sample, out, None);
     }
@@ -319,7 +319,7 @@ impl ProcessContext {
     ) {
         let view = ProcessView {
             mappings: &self.mappings,
-            memory: &*self.memory,
+            memory: Some(&*self.memory),
         };
         replay::walk_traced(&mut self.walker, &view, sample, out, trace);
     }
