@@ -9,8 +9,12 @@
 //! * `HEAPPROFD_ATTACH_TIMEOUT_MS`: how long `record --pid` looks for a
 //!   thread at a safe point (default 10 s; not a number: the default).
 //! * `LD_PRELOAD`: kept after the client library when `record` starts CMD.
+//! * `XDG_RUNTIME_DIR`: where `record -- CMD` makes its private runtime
+//!   directory (`heapprofd-rs` inside it) when it is a usable directory of
+//!   ours; otherwise `/tmp/heapprofd-rs-<uid>` (see `runtime::rundir`).
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How `record --pid` activates the client (`HEAPPROFD_ATTACH`).
@@ -38,6 +42,8 @@ pub struct Env {
     pub attach_timeout: Option<Duration>,
     /// `LD_PRELOAD`, if set and not empty.
     pub ld_preload: Option<OsString>,
+    /// `XDG_RUNTIME_DIR`, if set and not empty.
+    pub xdg_runtime_dir: Option<PathBuf>,
 }
 
 impl Env {
@@ -64,6 +70,9 @@ impl Env {
                 .and_then(|v| v.to_str()?.parse().ok())
                 .map(Duration::from_millis),
             ld_preload: get("LD_PRELOAD").filter(|v| !v.is_empty()),
+            xdg_runtime_dir: get("XDG_RUNTIME_DIR")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
         }
     }
 }
@@ -88,17 +97,24 @@ mod tests {
             ("HEAPPROFD_ATTACH", "ptrace"),
             ("HEAPPROFD_ATTACH_TIMEOUT_MS", "250"),
             ("LD_PRELOAD", "/x.so"),
+            ("XDG_RUNTIME_DIR", "/run/user/1000"),
         ]);
         assert!(e.debug);
         assert_eq!(e.attach, AttachChoice::Ptrace);
         assert_eq!(e.attach_timeout, Some(Duration::from_millis(250)));
         assert_eq!(e.ld_preload.as_deref(), Some("/x.so".as_ref()));
+        assert_eq!(
+            e.xdg_runtime_dir.as_deref(),
+            Some(std::path::Path::new("/run/user/1000"))
+        );
         let e = env(&[
             ("HEAPPROFD_ATTACH", "gdb"),
             ("HEAPPROFD_ATTACH_TIMEOUT_MS", "soon"),
             ("LD_PRELOAD", ""),
+            ("XDG_RUNTIME_DIR", ""),
         ]);
         assert_eq!(e.attach, AttachChoice::Invalid("gdb".into()));
+        assert_eq!(e.xdg_runtime_dir, None);
         assert_eq!((e.attach_timeout, e.ld_preload), (None, None));
         assert_eq!(env(&[("HEAPPROFD_ATTACH", "")]).attach, AttachChoice::Auto);
     }

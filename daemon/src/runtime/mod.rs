@@ -33,6 +33,7 @@ pub mod handshake;
 pub mod mapping;
 pub mod memo;
 pub mod record;
+pub mod rundir;
 pub mod server;
 pub mod session_unwinder;
 pub mod setup;
