@@ -9,6 +9,9 @@
 //! * `HEAPPROFD_ATTACH_TIMEOUT_MS`: how long `record --pid` looks for a
 //!   thread at a safe point (default 10 s; not a number: the default).
 //! * `LD_PRELOAD`: kept after the client library when `record` starts CMD.
+//! * `HEAPPROFD_ATTACH_TEST_STALL=<step>`: tests only; `record --pid`'s
+//!   injection stops for good at that step, for a test to kill it there
+//!   (`heapprofd-inject`'s `stall.rs` lists the steps).
 //! * `XDG_RUNTIME_DIR`: where `record -- CMD` makes its private runtime
 //!   directory (`heapprofd-rs` inside it) when it is a usable directory of
 //!   ours; otherwise `/tmp/heapprofd-rs-<uid>` (see `runtime::rundir`).
@@ -44,6 +47,8 @@ pub struct Env {
     pub ld_preload: Option<OsString>,
     /// `XDG_RUNTIME_DIR`, if set and not empty.
     pub xdg_runtime_dir: Option<PathBuf>,
+    /// `HEAPPROFD_ATTACH_TEST_STALL`, if set and not empty.
+    pub attach_test_stall: Option<String>,
 }
 
 impl Env {
@@ -73,6 +78,9 @@ impl Env {
             xdg_runtime_dir: get("XDG_RUNTIME_DIR")
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
+            attach_test_stall: get("HEAPPROFD_ATTACH_TEST_STALL")
+                .map(|v| v.to_string_lossy().into_owned())
+                .filter(|v| !v.is_empty()),
         }
     }
 }
@@ -98,7 +106,9 @@ mod tests {
             ("HEAPPROFD_ATTACH_TIMEOUT_MS", "250"),
             ("LD_PRELOAD", "/x.so"),
             ("XDG_RUNTIME_DIR", "/run/user/1000"),
+            ("HEAPPROFD_ATTACH_TEST_STALL", "call-0-ready"),
         ]);
+        assert_eq!(e.attach_test_stall.as_deref(), Some("call-0-ready"));
         assert!(e.debug);
         assert_eq!(e.attach, AttachChoice::Ptrace);
         assert_eq!(e.attach_timeout, Some(Duration::from_millis(250)));

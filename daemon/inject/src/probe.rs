@@ -213,11 +213,16 @@ fn check_architecture(pid: u32, comm: &str, uid: u32) -> Result<()> {
 
 /// `AT_BASE` (the dynamic linker's load address) from `/proc/PID/auxv`.
 fn interpreter_base(pid: u32) -> Option<u64> {
+    auxv_value(pid, libc::AT_BASE)
+}
+
+/// A non-zero value of the target's auxiliary vector.
+pub(crate) fn auxv_value(pid: u32, key: u64) -> Option<u64> {
     let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
     auxv.chunks_exact(16).find_map(|c| {
-        let key = u64::from_ne_bytes(c[..8].try_into().ok()?);
+        let k = u64::from_ne_bytes(c[..8].try_into().ok()?);
         let val = u64::from_ne_bytes(c[8..].try_into().ok()?);
-        (key == libc::AT_BASE && val != 0).then_some(val)
+        (k == key && val != 0).then_some(val)
     })
 }
 

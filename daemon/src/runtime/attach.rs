@@ -110,6 +110,7 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         method,
         client_lib,
         safe_point_timeout: env.attach_timeout.unwrap_or(SAFE_POINT_TIMEOUT),
+        test_stall: env.attach_test_stall.clone(),
     };
     match block_on(attach.supervise(options))? {
         Ok(summary) => {
@@ -146,6 +147,7 @@ struct Attach {
     method: Method,
     client_lib: PathBuf,
     safe_point_timeout: Duration,
+    test_stall: Option<String>,
 }
 
 impl Attach {
@@ -171,6 +173,7 @@ impl Attach {
             safe_point_timeout: self.safe_point_timeout,
             call_timeout: CALL_TIMEOUT,
             module_cache: daemon.module_cache(),
+            test_stall: self.test_stall.clone(),
         };
         let report = match self.activate(&opts).await {
             Ok(r) => r,
