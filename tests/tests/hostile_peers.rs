@@ -317,3 +317,40 @@ fn random_heap_ids_are_bounded_and_flagged() {
         .any(|d| d["hit_guardrail"] == serde_json::Value::Bool(true));
     assert!(!stepper_flagged, "the well-behaved program was flagged");
 }
+
+/// A `record` killed with SIGKILL leaves its socket behind; the next
+/// `record` of the same user removes it at start. Sockets live in a
+/// private directory of the user (mode 0700, owned by us).
+#[test]
+fn stale_sockets_of_killed_records_are_removed() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let killed = Recording::start("stale-killed");
+    let stale = killed.socket.clone();
+    let dir = stale
+        .parent()
+        .expect("the socket's directory")
+        .to_path_buf();
+    let meta = std::fs::metadata(&dir).expect("the runtime directory");
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o700,
+        "{}",
+        dir.display()
+    );
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(meta.uid(), unsafe { libc::geteuid() }, "{}", dir.display());
+    killed.live.signal(libc::SIGKILL);
+    let out = killed
+        .live
+        .finish_killing_leftovers(Duration::from_secs(60));
+    assert_eq!(out.code, None, "record was killed");
+    assert!(stale.exists(), "a killed record leaves {}", stale.display());
+    let next = Recording::start("stale-next");
+    assert_eq!(next.socket.parent(), Some(dir.as_path()));
+    assert!(
+        !stale.exists(),
+        "the next record left the stale socket {} of a killed one",
+        stale.display()
+    );
+    next.finish();
+}
