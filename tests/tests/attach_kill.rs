@@ -7,8 +7,9 @@
 //!   checks the hijacked thread: a single-threaded target blocked in
 //!   `read(2)` with known values in its general and vector registers
 //!   (`tests/programs/attach/regs.c`) must resume its read with all of
-//!   them intact; the same for one spinning in user space, and for a
-//!   threaded C target (its work gives the same checksum as before).
+//!   them intact (also when killed in the hijack that ends its synchronous
+//!   session, `record -d`); the same for one spinning in user space, and
+//!   for a threaded C target (its work gives the same checksum as before).
 //! * `kill_campaign` (ignored by default; run it with
 //!   `cargo test --release -p heapprofd-tests --test attach_kill -- --ignored --nocapture`)
 //!   kills `record --pid` 100 times by default (`HEAPPROFD_KILL_RUNS`),
@@ -56,6 +57,11 @@ struct Recorder {
 
 impl Recorder {
     fn start(pid: u32, env: &[(&str, &str)]) -> Recorder {
+        Recorder::start_with(pid, &[], env)
+    }
+
+    /// [`Recorder::start`] with more arguments for `record`.
+    fn start_with(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Recorder {
         let dir = scratch_dir("kill");
         let mut c = heapprofd();
         c.arg("record")
@@ -63,6 +69,7 @@ impl Recorder {
             .arg(pid.to_string())
             .arg("-o")
             .arg(dir.join("t.pftrace"))
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {
@@ -162,7 +169,13 @@ fn py_target() -> Target {
 
 /// Kills record at `step` of an attach to `t`; panics if it never got there.
 fn kill_at(t: &Target, step: &str) -> Vec<String> {
-    let mut r = Recorder::start(t.pid, &[("HEAPPROFD_ATTACH_TEST_STALL", step)]);
+    kill_at_with(t, step, &[])
+}
+
+/// [`kill_at`] with more arguments for `record`.
+fn kill_at_with(t: &Target, step: &str, args: &[&str]) -> Vec<String> {
+    let env = [("HEAPPROFD_ATTACH_TEST_STALL", step)];
+    let mut r = Recorder::start_with(t.pid, args, &env);
     let want = format!("test stall at {step}");
     let got = r.wait_for(&want, WAIT);
     let seen = r.kill();
@@ -198,6 +211,25 @@ fn killed_at_each_step_of_the_injection() {
     for step in SYNC_STEPS {
         let mut t = regs_target(false);
         let seen = kill_at(&t, step);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            alive(t.pid),
+            "target died after a kill at {step}: {seen:#?}"
+        );
+        assert_eq!(t.cmd("x"), "regs ok 2", "after a kill at {step}");
+        t.wait_exit(0);
+    }
+    // The hijack that ends the synchronous session (`-d`): killed before,
+    // in and after the client's detach entry.
+    for step in [
+        "detach-call-0-running",
+        "detach-call-1-ready",
+        "detach-call-1-running",
+        "detach-call-1-returned",
+        "detach-restore-stopped",
+    ] {
+        let mut t = regs_target(false);
+        let seen = kill_at_with(&t, step, &["-d", "300ms"]);
         std::thread::sleep(Duration::from_millis(100));
         assert!(
             alive(t.pid),

@@ -248,7 +248,7 @@ fn attempt_inner(
     // A single-threaded process (this thread, stopped, is all of it) gets
     // no client thread: glibc would consider it multi-threaded for good.
     let sync = !plan.detach && threads(pid).len() == 1;
-    let stall = Stall(opts.test_stall.as_deref());
+    let stall = Stall::new(opts.test_stall.as_deref(), plan.detach);
     // From here on the thread can always get back without us (see
     // `restore`): the return path is in place before the first call.
     let path = ReturnPath::install(&tr, &saved, plan, (fp_note, &fp), sigmask)?;
