@@ -45,7 +45,7 @@
 //!    signal) and the vector state at an ordinary stop, detach, and put the
 //!    entry point's bytes back. A signal that was being delivered at the
 //!    first stop is left to be delivered (the thread is tried again later).
-
+//!
 //! Every failure after the stop restores the registers before detaching.
 //! Errors are [`InjectError`]s: each says what failed and what to do.
 
