@@ -4,10 +4,11 @@
 //! (the malloc family, C++ `operator new`/`delete` when they are recorded,
 //! and `dlopen`); [`FORWARDED`] are exported and forwarded but never
 //! patched (`malloc_usable_size`: a program that reaches the allocator's
-//! directly gets the same answer). `originals` resolves both.
+//! directly gets the same answer; the exec family, which matters only for
+//! a preloaded client). `originals` resolves both.
 
 use crate::hook::Hook;
-use crate::{cxxhooks as cxx, dlhook, hooks};
+use crate::{cxxhooks as cxx, dlhook, exechooks as exec, hooks};
 
 /// Every function GOT patching may redirect.
 pub(crate) static HOOKS: [&Hook; 31] = [
@@ -45,4 +46,35 @@ pub(crate) static HOOKS: [&Hook; 31] = [
 ];
 
 /// Exported, forwarded, never patched.
-pub(crate) static FORWARDED: [&Hook; 1] = [&hooks::MALLOC_USABLE_SIZE];
+#[cfg(target_arch = "x86_64")]
+pub(crate) static FORWARDED: [&Hook; 14] = [
+    &hooks::MALLOC_USABLE_SIZE,
+    &exec::EXECVE,
+    &exec::EXECVEAT,
+    &exec::FEXECVE,
+    &exec::EXECVPE,
+    &exec::EXECV,
+    &exec::EXECVP,
+    &exec::POSIX_SPAWN,
+    &exec::POSIX_SPAWNP,
+    &exec::SYSTEM,
+    &exec::POPEN,
+    &exec::EXECL_REC,
+    &exec::EXECLE_REC,
+    &exec::EXECLP_REC,
+];
+/// Exported, forwarded, never patched (no variadic execs here).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) static FORWARDED: [&Hook; 11] = [
+    &hooks::MALLOC_USABLE_SIZE,
+    &exec::EXECVE,
+    &exec::EXECVEAT,
+    &exec::FEXECVE,
+    &exec::EXECVPE,
+    &exec::EXECV,
+    &exec::EXECVP,
+    &exec::POSIX_SPAWN,
+    &exec::POSIX_SPAWNP,
+    &exec::SYSTEM,
+    &exec::POPEN,
+];

@@ -41,7 +41,7 @@ use heapprofd_client_core::{
 use heapprofd_proto::wire::Handshake;
 
 use crate::hooktable::HOOKS;
-use crate::{attach, cxxhooks, got, hooks, interpose, originals, patching};
+use crate::{attach, cxxhooks, got, hooks, inherit, interpose, originals, patching};
 
 /// The activation signal (36, `__SIGRTMIN + 4`), from the attach ABI.
 pub use heapprofd_proto::attach::ACTIVATION_SIGNAL;
@@ -59,6 +59,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     if cxxhooks::NEW.recorded() {
         got::bypass(&HOOKS, hooks::MALLOC.original());
     }
+    inherit::capture();
     capture::set_main_stack(procmaps::main_stack());
     capture::resolve_tls_static_size();
     attach::keep_entry();

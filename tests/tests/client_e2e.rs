@@ -102,8 +102,10 @@ fn socket_env(r: &Receiver) -> String {
     r.socket.to_string_lossy().into_owned()
 }
 
-/// The malloc family and every C++ `operator new`/`delete` (the
-/// allocator's own are recorded, libstdc++'s forwarded), nothing else.
+/// The malloc family, every C++ `operator new`/`delete` (the allocator's
+/// own are recorded, libstdc++'s forwarded) and the exec family with
+/// `posix_spawn`, `system`, `popen` (children keep the profiler), nothing
+/// else.
 #[test]
 fn exports_exactly_the_hooks() {
     let out = run(
@@ -153,6 +155,19 @@ fn exports_exactly_the_hooks() {
         "_ZdaPvmSt11align_val_t",
         "_ZdlPvSt11align_val_tRKSt9nothrow_t",
         "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+        "execve",
+        "execveat",
+        "fexecve",
+        "execv",
+        "execvp",
+        "execvpe",
+        "execl",
+        "execle",
+        "execlp",
+        "posix_spawn",
+        "posix_spawnp",
+        "system",
+        "popen",
     ];
     want.sort_unstable();
     assert_eq!(names, want);
