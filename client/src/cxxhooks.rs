@@ -25,12 +25,14 @@ use core::ffi::c_void;
 use heapprofd_client_core::hookpath::{may_be_sampled, mode, on_alloc, on_free, skip};
 
 use crate::hook::{Hook, Kind};
+use crate::{hooks, originals};
 
 /// A nothrow `operator new` variant: `(size, [align,] nothrow)`.
 macro_rules! new_nothrow {
     ($rec:ident, $f:ident, $cname:literal, $sym:literal, ($($a:ident: $t:ty),*)) => {
         #[doc = concat!("The record of `", $sym, "`.")]
-        pub(crate) static $rec: Hook = Hook::new($cname, $f as *const (), Kind::CxxNew);
+        pub(crate) static $rec: Hook =
+            Hook::cxx($cname, $f as *const (), Kind::CxxNew, &hooks::MALLOC);
 
         #[doc = concat!("`", $sym, "`: a nothrow `operator new`.")]
         ///
@@ -42,10 +44,10 @@ macro_rules! new_nothrow {
             let m = mode();
             if !$rec.recorded() || m == 0 || skip(size, m) {
                 // SAFETY: forwarding with the caller's arguments.
-                return unsafe { $rec.real::<F>()(size $(, $a)*) };
+                return unsafe { originals::real::<F>(&$rec)(size $(, $a)*) };
             }
             // SAFETY: forwarding with the caller's arguments.
-            let p = unsafe { $rec.real::<F>()(size $(, $a)*) };
+            let p = unsafe { originals::real::<F>(&$rec)(size $(, $a)*) };
             on_alloc(p, size, m);
             p
         }
@@ -56,7 +58,8 @@ macro_rules! new_nothrow {
 macro_rules! delete {
     ($rec:ident, $f:ident, $cname:literal, $sym:literal, ($($a:ident: $t:ty),*)) => {
         #[doc = concat!("The record of `", $sym, "`.")]
-        pub(crate) static $rec: Hook = Hook::new($cname, $f as *const (), Kind::CxxDelete);
+        pub(crate) static $rec: Hook =
+            Hook::cxx($cname, $f as *const (), Kind::CxxDelete, &hooks::FREE);
 
         #[doc = concat!("`", $sym, "`: an `operator delete`.")]
         ///
@@ -73,7 +76,7 @@ macro_rules! delete {
                 }
             }
             // SAFETY: forwarding with the caller's arguments.
-            unsafe { $rec.real::<F>()(p $(, $a)*) }
+            unsafe { originals::real::<F>(&$rec)(p $(, $a)*) }
         }
     };
 }
@@ -126,8 +129,8 @@ extern "C" fn new_record(p: *mut c_void, size: usize, m: u64) {
 
 /// The original of a throwing `new` that was not known when its assembly
 /// ran (a call before the constructor).
-extern "C" fn new_resolve(rec: &Hook) -> usize {
-    rec.target()
+extern "C" fn new_resolve(rec: &'static Hook) -> usize {
+    originals::target(rec)
 }
 
 /// A throwing `operator new` variant: `(size[, align])`, in assembly.
@@ -139,7 +142,8 @@ macro_rules! new_throwing {
         }
 
         #[doc = concat!("The record of `", $sym, "` (a throwing `operator new`).")]
-        pub(crate) static $rec: Hook = Hook::new($cname, $label as *const (), Kind::CxxNew);
+        pub(crate) static $rec: Hook =
+            Hook::cxx($cname, $label as *const (), Kind::CxxNew, &hooks::MALLOC);
 
         core::arch::global_asm!(
             ".pushsection .text.{label},\"ax\",@progbits",
@@ -283,15 +287,24 @@ new_throwing!(
 
 /// Elsewhere: records without hooks (nothing exported, nothing patched).
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW: Hook = Hook::new(c"_Znwm", core::ptr::null(), Kind::CxxNew);
+pub(crate) static NEW: Hook = Hook::cxx(c"_Znwm", core::ptr::null(), Kind::CxxNew, &hooks::MALLOC);
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW_ARRAY: Hook = Hook::new(c"_Znam", core::ptr::null(), Kind::CxxNew);
+pub(crate) static NEW_ARRAY: Hook =
+    Hook::cxx(c"_Znam", core::ptr::null(), Kind::CxxNew, &hooks::MALLOC);
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW_ALIGNED: Hook =
-    Hook::new(c"_ZnwmSt11align_val_t", core::ptr::null(), Kind::CxxNew);
+pub(crate) static NEW_ALIGNED: Hook = Hook::cxx(
+    c"_ZnwmSt11align_val_t",
+    core::ptr::null(),
+    Kind::CxxNew,
+    &hooks::MALLOC,
+);
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW_ARRAY_ALIGNED: Hook =
-    Hook::new(c"_ZnamSt11align_val_t", core::ptr::null(), Kind::CxxNew);
+pub(crate) static NEW_ARRAY_ALIGNED: Hook = Hook::cxx(
+    c"_ZnamSt11align_val_t",
+    core::ptr::null(),
+    Kind::CxxNew,
+    &hooks::MALLOC,
+);
 #[cfg(not(target_arch = "x86_64"))]
 const _: (
     extern "C" fn(usize) -> u64,

@@ -29,6 +29,7 @@ use core::ffi::{CStr, c_char, c_int, c_void};
 
 use crate::hook::{Hook, Kind};
 use crate::inherit::{self, Scratch};
+use crate::originals;
 
 type Argv = *const *const c_char;
 
@@ -54,7 +55,7 @@ macro_rules! exec_hook {
             type F = unsafe extern "C" fn($($t),*) -> $r;
             // SAFETY: the original is this very function of glibc's.
             #[allow(unused_variables)]
-            let $real: F = unsafe { $rec.real::<F>() };
+            let $real: F = unsafe { originals::real::<F>(&$rec) };
             // SAFETY: the caller's contract, forwarded.
             unsafe { $($body)* }
         }

@@ -43,13 +43,13 @@ pub(crate) enum Kind {
 #[derive(Debug)]
 pub(crate) struct Hook {
     /// The function the name stands for without us (0 = not known yet:
-    /// the hooks then resolve it, and GOT patching leaves slots of this
-    /// name alone). A slot is redirected only if it holds this (or an
+    /// the hooks then resolve it, see `originals::real`, and GOT patching
+    /// leaves slots of this name alone). A slot is redirected only if it holds this (or an
     /// unresolved lazy-binding stub), and gets it back at the end.
     pub(crate) original: AtomicUsize,
-    /// 1 when calls are recorded (a `Cxx*` record whose original is the
-    /// allocator's own; always 1 for the malloc family once resolved), 0
-    /// when the hook only forwards. Read by the assembly of `cxxhooks`.
+    /// For C++ records: 1 when calls are recorded (the original is the
+    /// allocator's own operator), 0 when the hook only forwards. Read by
+    /// the assembly of `cxxhooks`. (The malloc family always records.)
     pub(crate) recorded: AtomicU8,
     /// The object defining the original (the address of its `PT_DYNAMIC`,
     /// 0 = not known).
@@ -60,6 +60,10 @@ pub(crate) struct Hook {
     hook: *const (),
     /// What the record is.
     pub(crate) kind: Kind,
+    /// For C++ records: the record whose original must come from the same
+    /// object for this one to be recorded (`malloc` for a `new`, `free`
+    /// for a `delete`).
+    pub(crate) pair: Option<&'static Hook>,
 }
 
 // SAFETY: `hook` is the address of code, never read or written through;
@@ -75,6 +79,21 @@ impl Hook {
             name,
             hook,
             kind,
+            pair: None,
+        }
+    }
+
+    /// A C++ record, recorded when its original and `pair`'s come from the
+    /// same object.
+    pub(crate) const fn cxx(
+        name: &'static CStr,
+        hook: *const (),
+        kind: Kind,
+        pair: &'static Hook,
+    ) -> Hook {
+        Hook {
+            pair: Some(pair),
+            ..Hook::new(name, hook, kind)
         }
     }
 
@@ -86,33 +105,6 @@ impl Hook {
     /// The original's address (0 = not known).
     pub(crate) fn original(&self) -> usize {
         self.original.load(Ordering::Relaxed)
-    }
-
-    /// The original, resolving it first if it is not known yet (a call
-    /// before the constructor, or a name whose library was loaded later).
-    /// Never 0: a name nobody defines aborts the process with a message
-    /// (the program could not have been linked without a definition).
-    #[inline(always)]
-    pub(crate) fn target(&self) -> usize {
-        let f = self.original.load(Ordering::Relaxed);
-        if f != 0 {
-            return f;
-        }
-        crate::originals::resolve_for(self)
-    }
-
-    /// The original (see [`Hook::target`]) as a function pointer of type
-    /// `F`.
-    ///
-    /// # Safety
-    /// `F` is a function pointer type with the C signature of the
-    /// record's name (the original is the definition of that very name).
-    #[inline(always)]
-    pub(crate) unsafe fn real<F: Copy>(&self) -> F {
-        const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<usize>()) };
-        let f = self.target();
-        // SAFETY: the caller's contract; `f` is the address of a function.
-        unsafe { core::mem::transmute_copy::<usize, F>(&f) }
     }
 
     /// Whether calls through this hook are recorded.

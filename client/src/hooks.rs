@@ -29,6 +29,7 @@ use heapprofd_client_core::errno;
 use heapprofd_client_core::hookpath::{may_be_sampled, mode, on_alloc, on_free, resample, skip};
 
 use crate::hook::{Hook, Kind};
+use crate::originals;
 
 type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
@@ -50,7 +51,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let m = mode();
     if m == 0 || skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { MALLOC.real::<MallocFn>()(size) };
+        return unsafe { originals::real::<MallocFn>(&MALLOC)(size) };
     }
     malloc_slow(size, m)
 }
@@ -59,7 +60,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 #[inline(never)]
 fn malloc_slow(size: usize, m: u64) -> *mut c_void {
     // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { MALLOC.real::<MallocFn>()(size) };
+    let p = unsafe { originals::real::<MallocFn>(&MALLOC)(size) };
     on_alloc(p, size, m);
     p
 }
@@ -79,7 +80,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return unsafe { free_slow(p, m) };
     }
     // SAFETY: forwarding with the caller's arguments.
-    unsafe { FREE.real::<FreeFn>()(p) }
+    unsafe { originals::real::<FreeFn>(&FREE)(p) }
 }
 
 #[cold]
@@ -87,7 +88,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 unsafe fn free_slow(p: *mut c_void, m: u64) {
     on_free(p, m);
     // SAFETY: forwarding with the caller's arguments.
-    unsafe { FREE.real::<FreeFn>()(p) }
+    unsafe { originals::real::<FreeFn>(&FREE)(p) }
 }
 
 /// The record of [`calloc`].
@@ -105,7 +106,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     let total = n.wrapping_mul(size);
     if m == 0 || skip(total, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { CALLOC.real::<CallocFn>()(n, size) };
+        return unsafe { originals::real::<CallocFn>(&CALLOC)(n, size) };
     }
     calloc_slow(n, size, m)
 }
@@ -114,7 +115,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(never)]
 fn calloc_slow(n: usize, size: usize, m: u64) -> *mut c_void {
     // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { CALLOC.real::<CallocFn>()(n, size) };
+    let p = unsafe { originals::real::<CallocFn>(&CALLOC)(n, size) };
     on_alloc(p, n.wrapping_mul(size), m);
     p
 }
@@ -131,17 +132,17 @@ pub unsafe extern "C" fn realloc(old: *mut c_void, size: usize) -> *mut c_void {
     let m = mode();
     if m == 0 {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { REALLOC.real::<ReallocFn>()(old, size) };
+        return unsafe { originals::real::<ReallocFn>(&REALLOC)(old, size) };
     }
     let old_maybe_sampled = may_be_sampled(old, m);
     if !old_maybe_sampled && skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { REALLOC.real::<ReallocFn>()(old, size) };
+        return unsafe { originals::real::<ReallocFn>(&REALLOC)(old, size) };
     }
     // SAFETY: same contract.
     unsafe {
         realloc_slow(old, size, m, old_maybe_sampled, || {
-            REALLOC.real::<ReallocFn>()(old, size)
+            originals::real::<ReallocFn>(&REALLOC)(old, size)
         })
     }
 }
@@ -200,20 +201,20 @@ pub unsafe extern "C" fn reallocarray(old: *mut c_void, n: usize, size: usize) -
 /// An aligned allocation through `rec`'s original (`memalign`,
 /// `aligned_alloc`: same signature), recorded like malloc.
 #[inline(always)]
-fn aligned(rec: &Hook, align: usize, size: usize) -> *mut c_void {
+fn aligned(rec: &'static Hook, align: usize, size: usize) -> *mut c_void {
     let m = mode();
     if m == 0 || skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { rec.real::<AlignFn>()(align, size) };
+        return unsafe { originals::real::<AlignFn>(rec)(align, size) };
     }
     aligned_slow(rec, align, size, m)
 }
 
 #[cold]
 #[inline(never)]
-fn aligned_slow(rec: &Hook, align: usize, size: usize, m: u64) -> *mut c_void {
+fn aligned_slow(rec: &'static Hook, align: usize, size: usize, m: u64) -> *mut c_void {
     // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { rec.real::<AlignFn>()(align, size) };
+    let p = unsafe { originals::real::<AlignFn>(rec)(align, size) };
     on_alloc(p, size, m);
     p
 }
@@ -256,7 +257,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     let m = mode();
     if m == 0 || skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { POSIX_MEMALIGN.real::<PosixMemalignFn>()(out, align, size) };
+        return unsafe { originals::real::<PosixMemalignFn>(&POSIX_MEMALIGN)(out, align, size) };
     }
     // SAFETY: same contract.
     unsafe { posix_memalign_slow(out, align, size, m) }
@@ -266,7 +267,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 #[inline(never)]
 unsafe fn posix_memalign_slow(out: *mut *mut c_void, align: usize, size: usize, m: u64) -> i32 {
     // SAFETY: forwarding with the caller's arguments.
-    let rc = unsafe { POSIX_MEMALIGN.real::<PosixMemalignFn>()(out, align, size) };
+    let rc = unsafe { originals::real::<PosixMemalignFn>(&POSIX_MEMALIGN)(out, align, size) };
     if rc == 0 {
         // SAFETY: on success the allocator stored the block in `*out`.
         on_alloc(unsafe { *out }, size, m);
@@ -286,10 +287,10 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     let m = mode();
     if m == 0 || skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { VALLOC.real::<MallocFn>()(size) };
+        return unsafe { originals::real::<MallocFn>(&VALLOC)(size) };
     }
     // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { VALLOC.real::<MallocFn>()(size) };
+    let p = unsafe { originals::real::<MallocFn>(&VALLOC)(size) };
     on_alloc(p, size, m);
     p
 }
@@ -306,10 +307,10 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
     let m = mode();
     if m == 0 || skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { PVALLOC.real::<MallocFn>()(size) };
+        return unsafe { originals::real::<MallocFn>(&PVALLOC)(size) };
     }
     // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { PVALLOC.real::<MallocFn>()(size) };
+    let p = unsafe { originals::real::<MallocFn>(&PVALLOC)(size) };
     on_alloc(p, size, m);
     p
 }
@@ -329,7 +330,7 @@ pub(crate) static MALLOC_USABLE_SIZE: Hook = Hook::new(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     // SAFETY: forwarding with the caller's argument.
-    unsafe { MALLOC_USABLE_SIZE.real::<UsableSizeFn>()(p) }
+    unsafe { originals::real::<UsableSizeFn>(&MALLOC_USABLE_SIZE)(p) }
 }
 
 #[cfg(test)]

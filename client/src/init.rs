@@ -40,7 +40,7 @@ use heapprofd_client_core::{
 };
 use heapprofd_proto::wire::Handshake;
 
-use crate::hooktable::HOOKS;
+use crate::hooktable::{FORWARDED, HOOKS};
 use crate::{attach, cxxhooks, got, hooks, inherit, interpose, originals, patching};
 
 /// The activation signal (36, `__SIGRTMIN + 4`), from the attach ABI.
@@ -55,7 +55,7 @@ static CONSTRUCTOR: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) = c
 extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mut c_char) {
     let Some(_g) = Guard::enter() else { return };
     frontend::install(&patching::GLIBC);
-    originals::resolve();
+    originals::resolve(&[&HOOKS, &FORWARDED]);
     if cxxhooks::NEW.recorded() {
         got::bypass(&HOOKS, hooks::MALLOC.original());
     }

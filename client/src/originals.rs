@@ -18,22 +18,22 @@
 //! neither hides our interposition nor becomes an original.
 //!
 //! C++ records are recorded only when their original comes from the object
-//! whose `malloc` (or `free`) is the original of ours: see
-//! [`Kind::CxxNew`].
+//! that defines the original of their `pair` (`malloc` or `free`): see
+//! [`Kind::CxxNew`](crate::hook::Kind::CxxNew). The tables are the caller's (`init`, `patching`); a
+//! hook whose original is unknown resolves just itself and its pair.
 //!
 //! A program whose own executable defines `malloc` (an allocator linked
 //! statically into it) cannot be profiled: its calls are direct, no symbol
 //! lookup or GOT slot is involved ([`refusal`]).
 
-use core::ffi::{c_int, c_void};
+use core::ffi::{CStr, c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use heapprofd_client_core::frontend::Refusal;
 
 use crate::elfdyn::read_dynamic;
-use crate::hook::{Hook, Kind};
-use crate::hooktable::{FORWARDED, HOOKS};
-use crate::{dynsym, hooks, interpose};
+use crate::hook::Hook;
+use crate::{dynsym, interpose};
 
 /// The refusal when the program's executable defines malloc itself.
 pub(crate) const BUILT_IN_ALLOCATOR: Refusal = Refusal {
@@ -49,7 +49,54 @@ const NO_MALLOC: Refusal = Refusal {
 /// `PT_DYNAMIC` of the main program (0 = not seen yet).
 static MAIN_DYNAMIC: AtomicUsize = AtomicUsize::new(0);
 
-struct Walk {
+/// `rec`'s original, resolving it first if it is not known yet (a call
+/// before the constructor, or a name whose library was loaded later).
+/// Never 0: a name nobody defines ends the process with a message (the
+/// program could not have been linked to it without a definition).
+#[inline(always)]
+pub(crate) fn target(rec: &'static Hook) -> usize {
+    let f = rec.original();
+    if f != 0 {
+        return f;
+    }
+    resolve_late(rec)
+}
+
+/// [`target`] as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` is a function pointer type with the C signature of the record's
+/// name (the original is the definition of that very name).
+#[inline(always)]
+pub(crate) unsafe fn real<F: Copy>(rec: &'static Hook) -> F {
+    const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<usize>()) };
+    let f = target(rec);
+    // SAFETY: the caller's contract; `f` is the address of a function.
+    unsafe { core::mem::transmute_copy::<usize, F>(&f) }
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_late(rec: &'static Hook) -> usize {
+    let one: [&'static Hook; 1] = [rec];
+    match rec.pair {
+        Some(p) => resolve(&[&one, &[p]]),
+        None => resolve(&[&one]),
+    }
+    let f = rec.original();
+    if f == 0 {
+        heapprofd_client_core::log::log(
+            b"heapprofd-rs: no definition to forward this call to: ",
+            rec.name.to_bytes(),
+        );
+        // SAFETY: abort has no preconditions.
+        unsafe { libc::abort() };
+    }
+    f
+}
+
+struct Walk<'a> {
+    tables: &'a [&'a [&'static Hook]],
     /// An address inside this library.
     ours: usize,
     /// Objects seen so far.
@@ -60,63 +107,44 @@ struct Walk {
     saw_us: bool,
 }
 
-/// Resolves every record whose original is not known yet (one walk over
-/// the loaded objects), and decides interposition on the first walk that
-/// sees this library. Allocation-free; callable from any hook.
-pub(crate) fn resolve() {
+/// Resolves every record of `tables` whose original is not known yet (one
+/// walk over the loaded objects), sets the C++ records' `recorded`, and
+/// decides interposition on the first walk that sees this library.
+/// Allocation-free; callable from any hook.
+pub(crate) fn resolve(tables: &[&[&'static Hook]]) {
     let mut w = Walk {
+        tables,
         ours: resolve as *const () as usize,
         index: 0,
         malloc_before_us: false,
         saw_us: false,
     };
     // SAFETY: the callback only reads the objects glibc reports.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut w as *mut Walk).cast()) };
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut w as *mut Walk<'_>).cast()) };
     if w.saw_us {
         interpose::set(!w.malloc_before_us);
     }
-    let malloc_owner = hooks::MALLOC.owner.load(Ordering::Relaxed);
-    let free_owner = hooks::FREE.owner.load(Ordering::Relaxed);
-    for h in HOOKS.iter().chain(FORWARDED.iter()) {
-        let pair = match h.kind {
-            Kind::CxxNew => malloc_owner,
-            Kind::CxxDelete => free_owner,
-            _ => continue,
-        };
+    for h in tables.iter().flat_map(|t| t.iter()) {
+        let Some(pair) = h.pair else { continue };
         let own = h.owner.load(Ordering::Relaxed);
+        let recorded = own != 0 && own == pair.owner.load(Ordering::Relaxed);
         // Release: the assembly hooks call the original once they see this.
-        h.recorded
-            .store(u8::from(own != 0 && own == pair), Ordering::Release);
+        h.recorded.store(u8::from(recorded), Ordering::Release);
     }
-}
-
-/// [`resolve`], then `h`'s original; a name nobody defines ends the
-/// process with a message (nothing could have been linked to it).
-#[cold]
-#[inline(never)]
-pub(crate) fn resolve_for(h: &Hook) -> usize {
-    resolve();
-    let f = h.original();
-    if f == 0 {
-        heapprofd_client_core::log::log(
-            b"heapprofd-rs: no definition to forward this call to: ",
-            h.name.to_bytes(),
-        );
-        // SAFETY: abort has no preconditions.
-        unsafe { libc::abort() };
-    }
-    f
 }
 
 /// Why a session of a library that does not interpose cannot patch its
-/// way in, if it cannot. Call after [`resolve`].
-pub(crate) fn refusal() -> Option<Refusal> {
-    let owner = hooks::MALLOC.owner.load(Ordering::Relaxed);
+/// way in, if it cannot: `malloc` is the record of `malloc`, resolved.
+pub(crate) fn refusal(malloc: &Hook) -> Option<Refusal> {
+    let owner = malloc.owner.load(Ordering::Relaxed);
     if owner == 0 {
         return Some(NO_MALLOC);
     }
     (owner == MAIN_DYNAMIC.load(Ordering::Relaxed)).then_some(BUILT_IN_ALLOCATOR)
 }
+
+/// The name interposition is decided on.
+const MALLOC: &CStr = c"malloc";
 
 /// The `dl_iterate_phdr` callback of [`resolve`].
 unsafe extern "C" fn visit(
@@ -127,7 +155,7 @@ unsafe extern "C" fn visit(
     // SAFETY: glibc passes a valid info and our walk; the object stays
     // mapped while the callback runs.
     unsafe {
-        let w = &mut *data.cast::<Walk>();
+        let w = &mut *data.cast::<Walk<'_>>();
         let info = &*info;
         let first = w.index == 0;
         w.index += 1;
@@ -143,10 +171,10 @@ unsafe extern "C" fn visit(
             MAIN_DYNAMIC.store(id, Ordering::Relaxed);
         }
         let base = info.dlpi_addr as usize;
-        if !w.saw_us && dynsym::lookup(base, &d, hooks::MALLOC.name).is_some() {
+        if !w.saw_us && dynsym::lookup(base, &d, MALLOC).is_some() {
             w.malloc_before_us = true;
         }
-        for h in HOOKS.iter().chain(FORWARDED.iter()) {
+        for h in w.tables.iter().flat_map(|t| t.iter()) {
             if h.original() != 0 {
                 continue;
             }
@@ -162,12 +190,13 @@ unsafe extern "C" fn visit(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hooks;
 
     #[test]
     fn glibc_is_the_original_in_the_test_binary() {
         // The hooks are not exported in the test build: glibc's functions
         // are the first definitions.
-        resolve();
+        resolve(&[&crate::hooktable::HOOKS]);
         let libc_malloc = crate::ownalloc::__libc_malloc as *const () as usize;
         // SAFETY: dlsym with valid names.
         let (malloc, free) = unsafe {
@@ -183,6 +212,6 @@ mod tests {
             hooks::MALLOC.owner.load(Ordering::Relaxed),
             hooks::FREE.owner.load(Ordering::Relaxed)
         );
-        assert!(refusal().is_none());
+        assert!(refusal(&hooks::MALLOC).is_none());
     }
 }

@@ -12,7 +12,7 @@
 use heapprofd_client_core::frontend::{Frontend, Refusal};
 
 use crate::hooktable::HOOKS;
-use crate::{got, interpose, newobjects, originals};
+use crate::{got, hooks, interpose, newobjects, originals};
 
 /// The glibc front-end, registered by the constructor.
 pub(crate) static GLIBC: Frontend = Frontend {
@@ -30,8 +30,8 @@ pub(crate) fn allocator_ok() -> bool {
     if !interpose::needs_patching() {
         return true;
     }
-    originals::resolve();
-    originals::refusal().is_none()
+    originals::resolve(&[&HOOKS]);
+    originals::refusal(&hooks::MALLOC).is_none()
 }
 
 /// Before a session connects: patch, if the library does not interpose.
@@ -40,8 +40,8 @@ pub(crate) fn start() -> Result<(), Refusal> {
         return Ok(());
     }
     // Objects loaded since the constructor (libstdc++ by a dlopen).
-    originals::resolve();
-    if let Some(r) = originals::refusal() {
+    originals::resolve(&[&HOOKS]);
+    if let Some(r) = originals::refusal(&hooks::MALLOC) {
         return Err(r);
     }
     got::lock().start(&HOOKS);
