@@ -41,15 +41,21 @@ macro_rules! new_nothrow {
         #[cfg_attr(not(test), unsafe(export_name = $sym))]
         pub unsafe extern "C" fn $f(size: usize $(, $a: $t)*) -> *mut c_void {
             type F = unsafe extern "C" fn(usize $(, $t)*) -> *mut c_void;
+            #[cold]
+            #[inline(never)]
+            unsafe fn slow(size: usize $(, $a: $t)*, m: u64) -> *mut c_void {
+                // SAFETY: forwarding with the caller's arguments.
+                let p = unsafe { originals::real::<F>(&$rec)(size $(, $a)*) };
+                on_alloc(p, size, m);
+                p
+            }
             let m = mode();
             if !$rec.recorded() || m == 0 || skip(size, m) {
                 // SAFETY: forwarding with the caller's arguments.
                 return unsafe { originals::real::<F>(&$rec)(size $(, $a)*) };
             }
-            // SAFETY: forwarding with the caller's arguments.
-            let p = unsafe { originals::real::<F>(&$rec)(size $(, $a)*) };
-            on_alloc(p, size, m);
-            p
+            // SAFETY: the caller's contract.
+            unsafe { slow(size $(, $a)*, m) }
         }
     };
 }
@@ -68,11 +74,19 @@ macro_rules! delete {
         #[cfg_attr(not(test), unsafe(export_name = $sym))]
         pub unsafe extern "C" fn $f(p: *mut c_void $(, $a: $t)*) {
             type F = unsafe extern "C" fn(*mut c_void $(, $t)*);
+            #[cold]
+            #[inline(never)]
+            unsafe fn slow(p: *mut c_void $(, $a: $t)*, m: u64) {
+                // Before the allocator can hand the address out again.
+                on_free(p, m);
+                // SAFETY: forwarding with the caller's arguments.
+                unsafe { originals::real::<F>(&$rec)(p $(, $a)*) }
+            }
             if $rec.recorded() {
                 let m = mode();
                 if may_be_sampled(p, m) {
-                    // Before the allocator can hand the address out again.
-                    on_free(p, m);
+                    // SAFETY: the caller's contract.
+                    return unsafe { slow(p $(, $a)*, m) };
                 }
             }
             // SAFETY: forwarding with the caller's arguments.
