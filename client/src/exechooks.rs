@@ -1,7 +1,7 @@
 //! The exported exec family, `posix_spawn`, `system` and `popen`: each
 //! passes the new image an environment that keeps the profiler
-//! (`inherit`), says on stderr when the image cannot load it, and forwards
-//! to the original (glibc's).
+//! (`inherit`), says when the image cannot load it (`unprofilable`: on
+//! stderr and to the daemon), and forwards to the original (glibc's).
 //!
 //! glibc's own functions call each other internally, never through the
 //! PLT (`execvp` calls `__execvpe`, `system` and `popen` spawn through the
@@ -28,8 +28,11 @@
 use core::ffi::{CStr, c_char, c_int, c_void};
 
 use crate::hook::{Hook, Kind};
+use heapprofd_proto::wire::Unprofilable;
+
 use crate::inherit::{self, Scratch};
 use crate::originals;
+use crate::unprofilable;
 
 type Argv = *const *const c_char;
 
@@ -64,7 +67,7 @@ macro_rules! exec_hook {
 
 exec_hook!(EXECVE, execve, c"execve", "execve", (path: *const c_char, argv: Argv, envp: Argv) -> c_int,
 |real| {
-    inherit::report_unprofilable(libc::AT_FDCWD, path, -1);
+    before_exec(unprofilable::check(libc::AT_FDCWD, path, -1), path);
     let mut s = Scratch::new();
     real(path, argv, inherit::repaired(envp, &mut s))
 });
@@ -74,9 +77,9 @@ exec_hook!(EXECVEAT, execveat, c"execveat", "execveat",
 |real| {
     let by_fd = flags & libc::AT_EMPTY_PATH != 0 && !path.is_null() && *path == 0;
     if by_fd {
-        inherit::report_unprofilable(-1, core::ptr::null(), dirfd);
+        before_exec(unprofilable::check(-1, core::ptr::null(), dirfd), core::ptr::null());
     } else {
-        inherit::report_unprofilable(dirfd, path, -1);
+        before_exec(unprofilable::check(dirfd, path, -1), path);
     }
     let mut s = Scratch::new();
     real(dirfd, path, argv, inherit::repaired(envp, &mut s), flags)
@@ -84,14 +87,16 @@ exec_hook!(EXECVEAT, execveat, c"execveat", "execveat",
 
 exec_hook!(FEXECVE, fexecve, c"fexecve", "fexecve", (fd: c_int, argv: Argv, envp: Argv) -> c_int,
 |real| {
-    inherit::report_unprofilable(-1, core::ptr::null(), fd);
+    before_exec(unprofilable::check(-1, core::ptr::null(), fd), core::ptr::null());
     let mut s = Scratch::new();
     real(fd, argv, inherit::repaired(envp, &mut s))
 });
 
 exec_hook!(EXECVPE, execvpe, c"execvpe", "execvpe", (file: *const c_char, argv: Argv, envp: Argv) -> c_int,
 |real| {
-    report_searched(file);
+    let mut buf = [0u8; 4096];
+    let found = searched(file, &mut buf);
+    before_exec(found.and_then(|p| unprofilable::check(libc::AT_FDCWD, p, -1)), file);
     let mut s = Scratch::new();
     real(file, argv, inherit::repaired(envp, &mut s))
 });
@@ -110,18 +115,24 @@ exec_hook!(POSIX_SPAWN, posix_spawn, c"posix_spawn", "posix_spawn",
 (pid: *mut libc::pid_t, path: *const c_char, fa: *const c_void, attr: *const c_void,
  argv: Argv, envp: Argv) -> c_int,
 |real| {
-    inherit::report_unprofilable(libc::AT_FDCWD, path, -1);
+    let why = unprofilable::check(libc::AT_FDCWD, path, -1);
     let mut s = Scratch::new();
-    real(pid, path, fa, attr, argv, inherit::repaired(envp, &mut s))
+    let rc = real(pid, path, fa, attr, argv, inherit::repaired(envp, &mut s));
+    after_spawn(rc, pid, why, path);
+    rc
 });
 
 exec_hook!(POSIX_SPAWNP, posix_spawnp, c"posix_spawnp", "posix_spawnp",
 (pid: *mut libc::pid_t, file: *const c_char, fa: *const c_void, attr: *const c_void,
  argv: Argv, envp: Argv) -> c_int,
 |real| {
-    report_searched(file);
+    let mut buf = [0u8; 4096];
+    let found = searched(file, &mut buf);
+    let why = found.and_then(|p| unprofilable::check(libc::AT_FDCWD, p, -1));
     let mut s = Scratch::new();
-    real(pid, file, fa, attr, argv, inherit::repaired(envp, &mut s))
+    let rc = real(pid, file, fa, attr, argv, inherit::repaired(envp, &mut s));
+    after_spawn(rc, pid, why, file);
+    rc
 });
 
 exec_hook!(SYSTEM, system, c"system", "system", (cmd: *const c_char) -> c_int,
@@ -136,19 +147,45 @@ exec_hook!(POPEN, popen, c"popen", "popen", (cmd: *const c_char, mode: *const c_
     real(cmd, mode)
 });
 
-/// [`inherit::report_unprofilable`] for a name looked up in `PATH`.
+/// The program exec would run for `file` (a `PATH` search), in `buf`.
 ///
 /// # Safety
 /// `file` is null or a NUL-terminated string.
-unsafe fn report_searched(file: *const c_char) {
+unsafe fn searched(file: *const c_char, buf: &mut [u8; 4096]) -> Option<*const c_char> {
     if file.is_null() || !inherit::active() {
-        return;
+        return None;
     }
-    let mut buf = [0u8; 4096];
     // SAFETY: the caller's contract.
     let name = unsafe { CStr::from_ptr(file) };
-    if let Some(p) = inherit::search_path(name, &mut buf) {
-        inherit::report_unprofilable(libc::AT_FDCWD, p.as_ptr(), -1);
+    unprofilable::search_path(name, buf).map(CStr::as_ptr)
+}
+
+/// Before an exec: if the new image cannot load the client, say so (this
+/// process keeps its pid and runs unprofiled).
+fn before_exec(why: Option<Unprofilable>, path: *const c_char) {
+    if let Some(why) = why {
+        // SAFETY: getpid has no preconditions.
+        unprofilable::report(why, path, unsafe { libc::getpid() } as u32);
+    }
+}
+
+/// After a `posix_spawn`: if it started a child that cannot load the
+/// client, say so for the child.
+///
+/// # Safety
+/// `pid` is null or the caller's `pid_t` out-parameter.
+unsafe fn after_spawn(
+    rc: c_int,
+    pid: *mut libc::pid_t,
+    why: Option<Unprofilable>,
+    path: *const c_char,
+) {
+    if rc != 0 || pid.is_null() {
+        return;
+    }
+    if let Some(why) = why {
+        // SAFETY: the caller's contract; posix_spawn stored the child's pid.
+        unprofilable::report(why, path, unsafe { *pid } as u32);
     }
 }
 

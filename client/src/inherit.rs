@@ -21,15 +21,13 @@
 //! program may rewrite its initial environment block (`setproctitle`).
 //!
 //! A new image that cannot load the client whatever its environment says
-//! is reported on stderr ([`report_unprofilable`]): a statically linked
-//! program, a 32-bit one, a set-user-ID one (the loader ignores
-//! `LD_PRELOAD` paths in secure mode).
+//! is `unprofilable`'s business.
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use heapprofd_client_core::env;
-use heapprofd_client_core::socket_path::SOCKET_ENV;
+use heapprofd_client_core::socket_path::{SOCKET_ENV, SocketPath};
 
 unsafe extern "C" {
     /// The process's environment (glibc's `environ`).
@@ -138,6 +136,14 @@ fn own_path() -> Option<&'static CStr> {
     // loaded, and this library is never unloaded.
     let name = unsafe { q.name.as_ref().map(|p| CStr::from_ptr(p)) }?;
     (!name.is_empty()).then_some(name)
+}
+
+/// The daemon's socket, as the process was started with it (captured).
+pub(crate) fn socket_path() -> Option<SocketPath> {
+    vars().find_map(|v| {
+        let b = v.to_bytes().strip_prefix(b"HEAPPROFD_SOCKET=")?;
+        SocketPath::from_bytes(b)
+    })
 }
 
 /// The captured path of the library.
@@ -344,14 +350,15 @@ pub(crate) unsafe fn repaired(envp: *const *const c_char, s: &mut Scratch) -> *c
     ptrs.as_ptr()
 }
 
-/// Appends to a byte buffer sized by the caller.
-struct Writer<'a> {
-    buf: &'a mut [u8],
-    at: usize,
+/// Appends to a byte buffer sized by the caller (bytes beyond it are
+/// dropped).
+pub(crate) struct Writer<'a> {
+    pub(crate) buf: &'a mut [u8],
+    pub(crate) at: usize,
 }
 
 impl Writer<'_> {
-    fn put(&mut self, b: &[u8]) {
+    pub(crate) fn put(&mut self, b: &[u8]) {
         if let Some(dst) = self.buf.get_mut(self.at..self.at + b.len()) {
             dst.copy_from_slice(b);
             self.at += b.len();
@@ -402,139 +409,6 @@ pub(crate) fn repair_environ() {
     unsafe { environ = arr.leak().as_ptr() };
 }
 
-/// The program exec would run for `file`: itself if it contains a `/`,
-/// else the first executable `dir/file` of `PATH` (glibc's default when
-/// unset), built in `buf`.
-pub(crate) fn search_path<'a>(file: &'a CStr, buf: &'a mut [u8; 4096]) -> Option<&'a CStr> {
-    let name = file.to_bytes();
-    if name.contains(&b'/') {
-        return Some(file);
-    }
-    let path = env::get(c"PATH").unwrap_or(b"/bin:/usr/bin");
-    let mut found = None;
-    for dir in path.split(|&b| b == b':') {
-        let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
-        let len = dir.len() + 1 + name.len();
-        if len + 1 > buf.len() {
-            continue;
-        }
-        buf[..dir.len()].copy_from_slice(dir);
-        buf[dir.len()] = b'/';
-        buf[dir.len() + 1..len].copy_from_slice(name);
-        buf[len] = 0;
-        // SAFETY: a NUL-terminated path in our buffer.
-        if unsafe { libc::access(buf.as_ptr().cast(), libc::X_OK) } == 0 {
-            found = Some(len);
-            break;
-        }
-    }
-    let len = found?;
-    CStr::from_bytes_with_nul(&buf[..=len]).ok()
-}
-
-/// Says on stderr why the program `path` (opened at `dirfd`, or `fd`
-/// itself when `path` is null) will run unprofiled, if it cannot load the
-/// client: statically linked, 32-bit, set-user-ID/-group-ID.
-pub(crate) fn report_unprofilable(dirfd: c_int, path: *const c_char, fd: c_int) {
-    if !active() {
-        return;
-    }
-    let own_fd = if path.is_null() {
-        -1
-    } else {
-        // SAFETY: openat with a NUL-terminated path.
-        unsafe { libc::openat(dirfd, path, libc::O_RDONLY | libc::O_CLOEXEC) }
-    };
-    let f = if path.is_null() { fd } else { own_fd };
-    if f < 0 {
-        return;
-    }
-    let reason = unprofilable(f);
-    if own_fd >= 0 {
-        // SAFETY: our own descriptor.
-        unsafe { libc::close(own_fd) };
-    }
-    let Some(reason) = reason else { return };
-    let mut line = [0u8; 512];
-    let mut w = Writer {
-        buf: &mut line,
-        at: 0,
-    };
-    w.put(b"heapprofd-rs: pid ");
-    // SAFETY: getpid has no preconditions.
-    w.put(decimal(unsafe { libc::getpid() } as u32, &mut [0; 10]));
-    w.put(b": ");
-    if path.is_null() {
-        w.put(b"the program exec'd by descriptor");
-    } else {
-        // SAFETY: a NUL-terminated path.
-        let p = unsafe { CStr::from_ptr(path) }.to_bytes();
-        w.put(&p[..p.len().min(300)]);
-    }
-    w.put(reason);
-    let n = w.at;
-    heapprofd_client_core::log::log(&line[..n], b"; it runs unprofiled");
-}
-
-/// Why the program open at `fd` cannot load the client, if it cannot.
-fn unprofilable(fd: c_int) -> Option<&'static [u8]> {
-    // SAFETY: fstat into a zeroed struct.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return None;
-    }
-    // SAFETY: getuid/getgid have no preconditions.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    if (st.st_mode & libc::S_ISUID != 0 && st.st_uid != uid)
-        || (st.st_mode & libc::S_ISGID != 0 && st.st_gid != gid)
-    {
-        return Some(b" is set-user-ID or set-group-ID: the loader ignores LD_PRELOAD there");
-    }
-    let mut h = [0u8; 64];
-    // SAFETY: reading into our buffer.
-    let n = unsafe { libc::pread(fd, h.as_mut_ptr().cast(), h.len(), 0) };
-    if n < 64 || h[..4] != *b"\x7fELF" {
-        return None; // a script: its interpreter is what runs
-    }
-    if h[4] != 2 {
-        return Some(b" is a 32-bit program: the 64-bit profiler cannot be loaded into it");
-    }
-    let phoff = u64::from_le_bytes(h[32..40].try_into().ok()?);
-    let phentsize = usize::from(u16::from_le_bytes([h[54], h[55]]));
-    let phnum = usize::from(u16::from_le_bytes([h[56], h[57]]));
-    if phentsize < 56 || phnum == 0 {
-        return None;
-    }
-    let mut ph = [0u8; 56];
-    for i in 0..phnum.min(128) {
-        let off = phoff.checked_add((i * phentsize) as u64)?;
-        // SAFETY: reading into our buffer.
-        let n = unsafe { libc::pread(fd, ph.as_mut_ptr().cast(), ph.len(), off as libc::off_t) };
-        if n < 56 {
-            return None;
-        }
-        if u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) == libc::PT_INTERP {
-            return None;
-        }
-    }
-    Some(b" is statically linked: it cannot load the profiler")
-}
-
-/// `v` in decimal, in `buf`.
-fn decimal(mut v: u32, buf: &mut [u8; 10]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 || i == 0 {
-            break;
-        }
-    }
-    &buf[i..]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,37 +419,5 @@ mod tests {
         assert!(!same_name(b"HEAPPROFD_SOCKETX=/a", b"HEAPPROFD_SOCKET=/b"));
         assert!(!same_name(b"HEAPPROFD_SOCK", b"HEAPPROFD_SOCKET=/b"));
         assert_eq!(preload_value(b"LD_PRELOAD=a:b"), Some(&b"a:b"[..]));
-        assert_eq!(decimal(0, &mut [0; 10]), b"0");
-        assert_eq!(decimal(4_294_967_295, &mut [0; 10]), b"4294967295");
-    }
-
-    #[test]
-    fn path_search_finds_sh() {
-        let mut buf = [0u8; 4096];
-        let p = search_path(c"sh", &mut buf).expect("sh on PATH");
-        assert!(p.to_bytes().ends_with(b"/sh"));
-        let mut buf = [0u8; 4096];
-        assert_eq!(search_path(c"/x/y", &mut buf), Some(c"/x/y"));
-    }
-
-    #[test]
-    fn unprofilable_programs_are_told_apart() {
-        let open = |p: &CStr| {
-            // SAFETY: open with a NUL-terminated path.
-            unsafe { libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) }
-        };
-        // A dynamically linked program (the shell) is fine.
-        let fd = open(c"/bin/sh");
-        assert!(fd >= 0);
-        assert_eq!(unprofilable(fd), None);
-        // SAFETY: our descriptor.
-        unsafe { libc::close(fd) };
-        // ld.so itself has no PT_INTERP: it reads as statically linked.
-        let fd = open(c"/lib64/ld-linux-x86-64.so.2");
-        if fd >= 0 {
-            assert!(unprofilable(fd).is_some());
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
-        }
     }
 }

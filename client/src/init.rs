@@ -83,6 +83,19 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
         return;
     }
     let path = SocketPath::from_env_or_default();
+    // A program whose calls cannot be reached runs unprofiled; the daemon
+    // is told why instead of getting a session.
+    if interpose::needs_patching()
+        && let Some(r) = originals::refusal(&hooks::MALLOC)
+        && r.unprofilable != heapprofd_proto::wire::Unprofilable::None
+    {
+        heapprofd_client_core::log::log(b"heapprofd-rs: ", r.message);
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        connect::notify_unprofilable(&path, pid, r.unprofilable);
+        STATE.store(IDLE, Ordering::SeqCst);
+        return;
+    }
     let flags = Handshake::FLAG_FROM_STARTUP;
     if env::is_1(c"HEAPPROFD_BLOCKING_INIT") {
         match connect::connect(&path, flags) {

@@ -60,6 +60,7 @@ mod originals;
 pub mod ownalloc;
 mod patching;
 mod protections;
+mod unprofilable;
 
 pub use init::ACTIVATION_SIGNAL;
 

@@ -30,6 +30,7 @@ use core::ffi::{CStr, c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use heapprofd_client_core::frontend::Refusal;
+use heapprofd_proto::wire::Unprofilable;
 
 use crate::elfdyn::read_dynamic;
 use crate::hook::Hook;
@@ -39,11 +40,13 @@ use crate::{dynsym, interpose};
 pub(crate) const BUILT_IN_ALLOCATOR: Refusal = Refusal {
     message: b"the program's executable defines malloc itself (a statically linked \
 allocator): its calls cannot be intercepted; not profiled",
+    unprofilable: Unprofilable::BuiltInAllocator,
 };
 
 /// The refusal when no object defines malloc (cannot happen with glibc).
 const NO_MALLOC: Refusal = Refusal {
     message: b"no object defines malloc; not profiled",
+    unprofilable: Unprofilable::None,
 };
 
 /// `PT_DYNAMIC` of the main program (0 = not seen yet).

@@ -141,6 +141,10 @@ extern "C" fn thread_main(arg: *mut c_void) -> *mut c_void {
                 s.teardown(None);
                 session::release(s);
             }
+            if refusal.unprofilable != heapprofd_proto::wire::Unprofilable::None {
+                let pid = nix::unistd::getpid().as_raw() as u32;
+                crate::connect::notify_unprofilable(&job.path, pid, refusal.unprofilable);
+            }
             None
         }
     };
