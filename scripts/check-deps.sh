@@ -3,7 +3,10 @@
 #  - the client library (its core and the glibc front-end) links only shmem,
 #    proto and low-level crates (libc/nix); no tokio, no unwinder, no daemon,
 #    nothing heavy, not even at build time;
-#  - the daemon never links the client (nor its core).
+#  - the daemon (and its model, report and inject crates) never links the
+#    client (nor its core);
+#  - the profile model and the reports never link tokio, nix's ptrace, or the
+#    unwinder (nor the daemon's other crates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +22,26 @@ for crate in heapprofd-client heapprofd-client-core; do
   fi
 done
 
-for crate in heapprofd-daemon heapprofd-unwinder; do
-  if cargo tree -p "$crate" -e normal,build --prefix none | awk '{print $1}' | grep -qxE 'heapprofd-client(-core)?'; then
+tree() { cargo tree -p "$1" -e normal,build --prefix none | awk '{print $1}' | sort -u; }
+
+for crate in heapprofd-daemon heapprofd-inject heapprofd-model heapprofd-report heapprofd-unwinder; do
+  if tree "$crate" | grep -qxE 'heapprofd-client(-core)?'; then
     echo "check-deps: $crate must never link heapprofd-client or heapprofd-client-core" >&2
+    exit 1
+  fi
+done
+
+banned_model='^(tokio|heapprofd-unwinder|framehop|heapprofd-inject|heapprofd-daemon|heapprofd-client|heapprofd-client-core)$'
+for crate in heapprofd-model heapprofd-report; do
+  bad=$(tree "$crate" | grep -E "$banned_model" || true)
+  if [ -n "$bad" ]; then
+    echo "check-deps: $crate (no async runtime, no ptrace, no unwinder) pulls in:" >&2
+    echo "$bad" | sed 's/^/  /' >&2
+    exit 1
+  fi
+  if tree "$crate" | grep -qx nix \
+     && cargo tree -p "$crate" -e features -i nix --prefix none | grep -q 'nix feature "ptrace"'; then
+    echo "check-deps: $crate links nix with its ptrace feature" >&2
     exit 1
   fi
 done

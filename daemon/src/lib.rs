@@ -1,19 +1,20 @@
-//! The heapprofd-rs daemon and command-line tool, as a library so tests and
-//! benchmarks can drive each part without sockets.
+//! The heapprofd-rs daemon at run time, and the command line of the
+//! `heapprofd-rs` binary, as a library so tests, benchmarks and fuzzers can
+//! drive each part.
 //!
-//! * [`profile`]: bookkeeping. Interned mappings/frames/strings, the callsite
-//!   tree, live sampled allocations per process and heap, cumulative
-//!   per-callsite totals. Pure data structures, no I/O.
-//! * [`trace`]: writing (and reading back) Perfetto traces.
-//! * [`report`]: `heapprofd-rs report` and `heapprofd-rs convert`
-//!   (text/JSON summaries, pprof, folded stacks, flame graph SVG).
-//! * [`runtime`]: the tokio daemon: sessions, ring-buffer draining,
-//!   unwinding workers, dumps, and `heapprofd-rs record`.
-//! * [`cli`]: argument parsing shared by the subcommands (units, errors).
+//! The profile model (bookkeeping, traces) is `heapprofd-model`, the
+//! offline reports `heapprofd-report`, the injection of `record --pid`
+//! `heapprofd-inject`; this crate is what runs them:
+//!
+//! * [`runtime`]: the daemon: the listening socket and handshakes, the
+//!   unwinding workers (their per-record step is [`runtime::session_unwinder`],
+//!   callable without threads), the symbolizer, the bookkeeping thread (an
+//!   adapter over the model's `Bookkeeping`), and `record` / `record --pid`.
+//! * [`cli`]: the subcommands and their arguments (clap, units).
+//! * [`env`](mod@env): the environment variables, read once.
+//! * [`logger`]: the stderr logger behind the `log` facade.
 
 pub mod cli;
-pub mod inject;
-pub mod profile;
-pub mod report;
+pub mod env;
+pub mod logger;
 pub mod runtime;
-pub mod trace;

@@ -7,46 +7,25 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use heapprofd_daemon::cli::UsageError;
-use heapprofd_daemon::report::{ConvertArgs, ReportArgs, run_convert, run_report};
-use heapprofd_daemon::runtime::record::{self, RecordArgs};
-
-/// A native heap profiler: samples malloc/free in a program with a tiny
-/// preloaded client, unwinds out of process, writes Perfetto traces.
-#[derive(Debug, Parser)]
-#[command(
-    name = "heapprofd-rs",
-    version,
-    propagate_version = true,
-    max_term_width = 100
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run a command under the profiler and write a heap-profile trace.
-    Record(RecordArgs),
-    /// Summarize a trace: top allocation sites, unreleased memory.
-    Report(ReportArgs),
-    /// Convert a trace to pprof, folded stacks or a flame graph SVG.
-    Convert(ConvertArgs),
-}
+use clap::Parser;
+use heapprofd_daemon::cli::{self, Cli, Ran, UsageError};
+use heapprofd_daemon::env::Env;
+use heapprofd_daemon::logger;
 
 fn main() -> ExitCode {
+    let env = Env::from_process();
+    logger::init(env.debug);
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Record(args) => record::run(args),
-        Command::Report(args) => run_report(args).map(|()| 0),
-        Command::Convert(args) => run_convert(args).map(|()| 0),
-    };
-    match result {
-        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+    match cli::run(cli.command, &env) {
+        Ok(Ran::Exit(code)) => ExitCode::from(code.clamp(0, 255) as u8),
+        Ok(Ran::Wrote(files)) => {
+            for (path, what) in files {
+                eprintln!("wrote {what} to {}", path.display());
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("heapprofd-rs: error: {e:#}");
+            log::error!("error: {e:#}");
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {

@@ -1,124 +1,64 @@
-//! Argument parsing shared by the subcommands: durations and sizes with units.
+//! The binary's command line: the subcommands and their arguments (clap),
+//! and what each runs.
 //!
 //! Conventions (the same for every command): durations take units (`500ms`,
 //! `3s`, `2m`, `1h`; a bare number is seconds), sizes take units (`4096`,
 //! `32k`, `32KiB`, `1M`, `1MiB`, `1g`; `k`/`KB`/`KiB` all mean 1024 bytes, as
 //! every heap profiler's users expect).
 
-use std::time::Duration;
+pub mod record_args;
+pub mod units;
+pub mod usage_error;
 
-/// A bad argument found after parsing (an output path that cannot be
-/// created...): `heapprofd-rs` exits with 2, like clap's usage errors.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+use clap::{Parser, Subcommand};
+use heapprofd_report::{ConvertArgs, ReportArgs, convert, run_report};
 
-/// Parses a duration: `250ms`, `1.5s`, `2m`, `1h`, `10` (seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| {
-        format!(
-            "invalid duration `{s}`: expected a number with an optional unit (500ms, 3s, 2m, 1h)"
-        )
-    })?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "s" | "sec" | "secs" => 1.0,
-        "ms" => 1e-3,
-        "us" => 1e-6,
-        "m" | "min" | "mins" => 60.0,
-        "h" => 3600.0,
-        other => {
-            return Err(format!(
-                "invalid duration unit `{other}` in `{s}`: use ms, s, m or h"
-            ));
-        }
-    };
-    let secs = value * scale;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(format!("duration `{s}` is out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+use crate::env::Env;
+use crate::runtime::{attach, record};
+pub use record_args::RecordArgs;
+pub use usage_error::UsageError;
+
+/// A native heap profiler: samples malloc/free in a program with a tiny
+/// preloaded client, unwinds out of process, writes Perfetto traces.
+#[derive(Debug, Parser)]
+#[command(
+    name = "heapprofd-rs",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    /// The subcommand.
+    pub command: Command,
 }
 
-/// Parses a byte size: `4096`, `32k`, `32KiB`, `1MiB`, `1g`. Multiples of 1024.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: u64 = num.parse().map_err(|_| {
-        format!(
-            "invalid size `{s}`: expected a whole number with an optional unit (4096, 32k, 1MiB)"
-        )
-    })?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        other => {
-            return Err(format!(
-                "invalid size unit `{other}` in `{s}`: use k, M or G (KiB, MiB, GiB)"
-            ));
-        }
-    };
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size `{s}` is too large"))
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command under the profiler and write a heap-profile trace.
+    Record(RecordArgs),
+    /// Summarize a trace: top allocation sites, unreleased memory.
+    Report(ReportArgs),
+    /// Convert a trace to pprof, folded stacks or a flame graph SVG.
+    Convert(ConvertArgs),
 }
 
-/// Formats a byte count for people: `512 B`, `12.34 KiB`, `4.00 MiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+/// Runs `record` or `report`; returns the exit code to exit with. `convert`
+/// returns what it wrote, for the binary to tell ([`convert`]).
+pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
+    Ok(match command {
+        Command::Record(args) if args.pid.is_some() => Ran::Exit(attach::run(args, env)?),
+        Command::Record(args) => Ran::Exit(record::run(args, env)?),
+        Command::Report(args) => Ran::Exit(run_report(args).map(|()| 0)?),
+        Command::Convert(args) => Ran::Wrote(convert(&args)?),
+    })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("3s"), Ok(Duration::from_secs(3)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("3 weeks").is_err());
-        assert!(parse_duration("-1s").is_err());
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("32k"), Ok(32 * 1024));
-        assert_eq!(parse_size("32KiB"), Ok(32 * 1024));
-        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
-        assert_eq!(parse_size("8M"), Ok(8 << 20));
-        assert!(parse_size("1.5M").is_err());
-        assert!(parse_size("12 parsecs").is_err());
-        assert!(parse_size("99999999999999999999").is_err());
-        assert!(parse_size("17179869184G").is_err());
-    }
-
-    #[test]
-    fn human() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.50 KiB");
-        assert_eq!(human_bytes(4 << 20), "4.00 MiB");
-    }
+/// What a command did.
+#[derive(Debug)]
+pub enum Ran {
+    /// Exit with this code.
+    Exit(i32),
+    /// `convert` wrote these files (path, what); exit 0.
+    Wrote(Vec<(std::path::PathBuf, &'static str)>),
 }

@@ -23,24 +23,24 @@
 //! preparation, how long the hijacked thread was stopped, time to the
 //! connection and to the first sample (docs/PERFORMANCE.md, attach).
 
-use std::io::IsTerminal;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use heapprofd_inject::{self as inject, InjectOptions, InjectReport, Target};
 use tokio::io::unix::AsyncFd;
 
-use super::bookkeeper::Summary;
 use super::handshake::pidfd_open;
-use super::record::{
-    RecordArgs, StatusLine, daemon_options, default_output, find_client_lib, print_self_usage,
-    print_summary, sleep_until, tick,
-};
 use super::server::{Daemon, DaemonOptions};
+use super::setup::{daemon_options, default_output, find_client_lib};
+use super::summary::Summary;
+use super::supervise::{Profiling, Signals, block_on, end_of_run, finish};
 use super::{Counters, Counters as C};
-use crate::inject::{self, InjectOptions, Target};
+use crate::cli::record_args::RecordArgs;
+use crate::env::{AttachChoice, Env};
+use crate::logger::debug_enabled;
 
 /// How long a started client may take to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,10 +57,9 @@ enum Method {
     Ptrace,
 }
 
-fn choose_method(t: &Target) -> Result<Method> {
-    let forced = std::env::var("HEAPPROFD_ATTACH").ok();
-    match forced.as_deref() {
-        Some("signal") => {
+fn choose_method(t: &Target, choice: &AttachChoice) -> Result<Method> {
+    match choice {
+        AttachChoice::Signal => {
             if !t.client_loaded() {
                 bail!(
                     "HEAPPROFD_ATTACH=signal: process {} does not have {} loaded",
@@ -70,11 +69,11 @@ fn choose_method(t: &Target) -> Result<Method> {
             }
             Ok(Method::Signal)
         }
-        Some("ptrace") => Ok(Method::Ptrace),
-        Some(other) if !other.is_empty() => {
+        AttachChoice::Ptrace => Ok(Method::Ptrace),
+        AttachChoice::Invalid(other) => {
             bail!("HEAPPROFD_ATTACH must be `signal` or `ptrace`, not `{other}`")
         }
-        _ => Ok(if t.client_loaded() && t.preloaded && t.catches_signal {
+        AttachChoice::Auto => Ok(if t.client_loaded() && t.preloaded && t.catches_signal {
             Method::Signal
         } else {
             Method::Ptrace
@@ -83,12 +82,12 @@ fn choose_method(t: &Target) -> Result<Method> {
 }
 
 /// Runs `record --pid`; returns the exit code.
-pub fn run(args: RecordArgs) -> Result<i32> {
+pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
     // The attach timings (HEAPPROFD_DEBUG) count from here.
     let started = Instant::now();
     let pid = args.pid.context("record --pid without a pid")?;
     let target = inject::probe(pid)?;
-    let method = choose_method(&target)?;
+    let method = choose_method(&target, &env.attach)?;
     let client_lib = find_client_lib(args.client_lib.as_deref())?;
     let output = args
         .output
@@ -98,27 +97,17 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     // The client derives this path from the id (our pid) it is given.
     let socket = PathBuf::from(heapprofd_proto::attach::socket_path_for_id(me).as_str());
     let options = daemon_options(&args, socket, &output)?;
-    let counters = Arc::new(Counters::default());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let outcome = rt.block_on(supervise(
+    let attach = Attach {
         started,
         args,
         target,
         method,
-        options,
         client_lib,
-        Arc::clone(&counters),
-    ));
-    rt.shutdown_timeout(Duration::from_millis(100));
-    match outcome {
+        safe_point_timeout: env.attach_timeout.unwrap_or(SAFE_POINT_TIMEOUT),
+    };
+    match block_on(attach.supervise(options))? {
         Ok(summary) => {
-            print_summary(&summary, &output);
-            if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
-                print_self_usage();
-            }
+            end_of_run(&summary, &output);
             Ok(0)
         }
         Err(e) => {
@@ -143,79 +132,161 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
-async fn supervise(
+/// One `record --pid`.
+struct Attach {
     started: Instant,
     args: RecordArgs,
     target: Target,
     method: Method,
-    options: DaemonOptions,
     client_lib: PathBuf,
-    counters: Arc<Counters>,
-) -> Result<Summary> {
-    use tokio::signal::unix::{SignalKind, signal};
+    safe_point_timeout: Duration,
+}
 
-    let debug = std::env::var_os("HEAPPROFD_DEBUG").is_some();
-    let pid = target.pid;
-    let comm = target.comm.clone();
-    let target_preloaded = target.preloaded;
-    // Handlers first: Ctrl-C during the injection must not kill us while
-    // the target runs our call (it would crash without us).
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigusr1 =
-        signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
-    let mut daemon = Daemon::start(options, Arc::clone(&counters))?;
-    // SAFETY: geteuid has no preconditions.
-    if target.uid != unsafe { libc::geteuid() } {
-        daemon.allow_user(target.uid, target.gid)?;
-    }
-    daemon.serve();
-    let pidfd = pidfd_open(pid).and_then(|fd| {
-        // SAFETY: the AsyncFd owns the pidfd for its whole life.
-        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
-    });
+impl Attach {
+    async fn supervise(self, options: DaemonOptions) -> Result<Summary> {
+        let pid = self.target.pid;
+        let comm = self.target.comm.clone();
+        // Handlers first: Ctrl-C during the injection must not kill us while
+        // the target runs our call (it would crash without us).
+        let mut signals = Signals::install()?;
+        let counters = Arc::new(Counters::default());
+        let mut daemon = Daemon::start(options, Arc::clone(&counters))?;
+        if self.target.uid != nix::unistd::geteuid().as_raw() {
+            daemon.allow_user(self.target.uid, self.target.gid)?;
+        }
+        daemon.serve();
+        let pidfd = pidfd_open(pid).and_then(|fd| {
+            // SAFETY: the AsyncFd owns the pidfd for its whole life.
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+        });
+        let opts = InjectOptions {
+            lib: self.client_lib.clone(),
+            id: std::process::id(),
+            safe_point_timeout: self.safe_point_timeout,
+            call_timeout: CALL_TIMEOUT,
+            module_cache: daemon.module_cache(),
+        };
+        let report = match self.activate(&opts).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = finish(daemon).await;
+                return Err(e);
+            }
+        };
 
-    let opts = InjectOptions {
-        lib: client_lib,
-        id: std::process::id(),
-        safe_point_timeout: std::env::var("HEAPPROFD_ATTACH_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(SAFE_POINT_TIMEOUT, Duration::from_millis),
-        call_timeout: CALL_TIMEOUT,
-        module_cache: daemon.module_cache(),
-    };
-    let activation = match method {
-        Method::Signal => inject::signal_activate(pid, std::process::id()).map(|()| None),
-        Method::Ptrace => {
-            let opts = opts.clone();
-            let t = target.clone();
-            tokio::task::spawn_blocking(move || inject::inject(&t, &opts))
-                .await
-                .context("the injection thread failed")?
-                .map(Some)
+        // Wait for the client to connect.
+        let connect_deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let mut poll = tokio::time::interval(Duration::from_millis(2));
+        let mut warned = false;
+        let mut stop_early = false;
+        // The client's first byte says its hooks record: from then on nothing
+        // the target allocates is missed.
+        while C::get(&counters.confirmed) == 0 {
+            tokio::select! {
+                _ = poll.tick() => {}
+                _ = exited(&pidfd) => {
+                    let _ = finish(daemon).await;
+                    bail!("process {pid} ({comm}) exited before the profiler connected");
+                }
+                _ = signals.interrupt.recv() => { stop_early = true; break; }
+                _ = signals.terminate.recv() => { stop_early = true; break; }
+                _ = tokio::time::sleep_until(connect_deadline) => {
+                    if self.method == Method::Ptrace {
+                        let _ = finish(daemon).await;
+                        bail!(
+                            "the profiler loaded into process {pid} did not connect within {}s \
+                             (its messages, if any, are on the target's stderr)",
+                            CONNECT_TIMEOUT.as_secs()
+                        );
+                    }
+                    if !warned {
+                        warned = true;
+                        log::info!(
+                            "no connection yet: a preloaded profiler starts at the \
+                             target's next allocation (or the program handles signal {} itself; \
+                             HEAPPROFD_ATTACH=ptrace activates it without the signal)",
+                            inject::ACTIVATION_SIGNAL
+                        );
+                    }
+                }
+            }
         }
-    };
-    let report = match activation {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = tokio::task::spawn_blocking(move || daemon.finish()).await;
-            return Err(e);
-        }
-    };
-    let activated = started.elapsed();
-    match &report {
-        Some(r) => {
-            eprintln!(
-                "heapprofd-rs: {} the profiler in process {pid} ({comm}) through thread {}, \
-                 which was paused {}",
-                if r.loaded { "loaded" } else { "activated" },
-                r.tid,
-                ms(r.pause)
+        let connected = self.started.elapsed();
+
+        let mut first_sample: Option<Duration> = None;
+        let mut target_exited = false;
+        if !stop_early {
+            let how_long = self.args.duration.map_or("until Ctrl-C".to_string(), |d| {
+                format!("for {:.1}s", d.as_secs_f64())
+            });
+            log::info!("profiling process {pid} ({comm}) {how_long}");
+            let mut profiling = Profiling::start(
+                self.args.duration,
+                self.args.continuous_dump,
+                Arc::clone(&counters),
+                self.started,
             );
-            if debug {
-                eprintln!(
-                    "heapprofd-rs: attach: prepare {}, pause {} (thread {}, {} thread(s) \
+            loop {
+                if first_sample.is_none() && C::get(&counters.samples) > 0 {
+                    first_sample = Some(self.started.elapsed());
+                }
+                tokio::select! {
+                    _ = profiling.until_stop(&mut signals, &daemon) => break,
+                    _ = exited(&pidfd) => { target_exited = true; break; }
+                    // Only to time the first sample (docs/PERFORMANCE.md).
+                    _ = poll.tick(), if first_sample.is_none() => {}
+                }
+            }
+            profiling.clear_status();
+        }
+        // A synchronous session (single-threaded target, no client thread) is
+        // ended by a call into the target, before the daemon stops reading.
+        if report.as_ref().is_some_and(|r| r.sync) && !target_exited {
+            end_sync_session(pid, opts).await?;
+        }
+        let summary = finish(daemon).await?;
+        log::debug!(
+            "attach: connected after {}, first sample after {}",
+            ms(connected),
+            first_sample.map_or("-".to_string(), ms)
+        );
+        if target_exited {
+            log::info!("process {pid} ({comm}) exited");
+        } else {
+            self.report_detach().await;
+        }
+        Ok(summary)
+    }
+
+    /// Wakes the client with the signal, or loads it with ptrace; says how.
+    async fn activate(&self, opts: &InjectOptions) -> Result<Option<InjectReport>> {
+        let (pid, comm) = (self.target.pid, &self.target.comm);
+        let report = match self.method {
+            Method::Signal => {
+                inject::signal_activate(pid, std::process::id())?;
+                None
+            }
+            Method::Ptrace => {
+                let opts = opts.clone();
+                let t = self.target.clone();
+                let r = tokio::task::spawn_blocking(move || inject::inject(&t, &opts))
+                    .await
+                    .context("the injection thread failed")??;
+                Some(r)
+            }
+        };
+        let activated = self.started.elapsed();
+        match &report {
+            Some(r) => {
+                log::info!(
+                    "{} the profiler in process {pid} ({comm}) through thread {}, \
+                     which was paused {}",
+                    if r.loaded { "loaded" } else { "activated" },
+                    r.tid,
+                    ms(r.pause)
+                );
+                log::debug!(
+                    "attach: prepare {}, pause {} (thread {}, {} thread(s) \
                      checked), activated after {}",
                     ms(r.prepare),
                     ms(r.pause),
@@ -223,151 +294,66 @@ async fn supervise(
                     r.attempts,
                     ms(activated)
                 );
-                let steps: Vec<String> = r
-                    .steps
-                    .iter()
-                    .map(|(what, d)| format!("{what} {}", ms(*d)))
-                    .collect();
-                eprintln!("heapprofd-rs: attach: pause: {}", steps.join(", "));
-                for (tid, why) in &r.refused {
-                    eprintln!("heapprofd-rs: attach: thread {tid} refused: {why}");
+                if debug_enabled() {
+                    let steps: Vec<String> = r
+                        .steps
+                        .iter()
+                        .map(|(what, d)| format!("{what} {}", ms(*d)))
+                        .collect();
+                    log::debug!("attach: pause: {}", steps.join(", "));
+                    for (tid, why) in &r.refused {
+                        log::debug!("attach: thread {tid} refused: {why}");
+                    }
                 }
             }
-        }
-        None => eprintln!(
-            "heapprofd-rs: woke the preloaded profiler of process {pid} ({comm}) with signal {}",
-            inject::ACTIVATION_SIGNAL
-        ),
-    }
-
-    // Wait for the client to connect.
-    let connect_deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-    let mut poll = tokio::time::interval(Duration::from_millis(2));
-    let mut warned = false;
-    let mut stop_early = false;
-    // The client's first byte says its hooks record: from then on nothing
-    // the target allocates is missed.
-    while C::get(&counters.confirmed) == 0 {
-        tokio::select! {
-            _ = poll.tick() => {}
-            _ = exited(&pidfd) => {
-                let _ = tokio::task::spawn_blocking(move || daemon.finish()).await;
-                bail!("process {pid} ({comm}) exited before the profiler connected");
-            }
-            _ = sigint.recv() => { stop_early = true; break; }
-            _ = sigterm.recv() => { stop_early = true; break; }
-            _ = tokio::time::sleep_until(connect_deadline) => {
-                if method == Method::Ptrace {
-                    let _ = tokio::task::spawn_blocking(move || daemon.finish()).await;
-                    bail!(
-                        "the profiler loaded into process {pid} did not connect within {}s \
-                         (its messages, if any, are on the target's stderr)",
-                        CONNECT_TIMEOUT.as_secs()
-                    );
-                }
-                if !warned {
-                    warned = true;
-                    eprintln!(
-                        "heapprofd-rs: no connection yet: a preloaded profiler starts at the \
-                         target's next allocation (or the program handles signal {} itself; \
-                         HEAPPROFD_ATTACH=ptrace activates it without the signal)",
-                        inject::ACTIVATION_SIGNAL
-                    );
-                }
-            }
-        }
-    }
-    let connected = started.elapsed();
-    if !stop_early {
-        let how_long = args.duration.map_or("until Ctrl-C".to_string(), |d| {
-            format!("for {:.1}s", d.as_secs_f64())
-        });
-        eprintln!("heapprofd-rs: profiling process {pid} ({comm}) {how_long}");
-    }
-
-    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut dump_tick = args.continuous_dump.map(|p| {
-        let mut t = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    });
-    let mut status = StatusLine::new(std::io::stderr().is_terminal());
-    let mut status_tick = tokio::time::interval(Duration::from_millis(500));
-    let mut first_sample: Option<Duration> = None;
-    let mut target_exited = false;
-    if !stop_early {
-        loop {
-            if first_sample.is_none() && C::get(&counters.samples) > 0 {
-                first_sample = Some(started.elapsed());
-            }
-            tokio::select! {
-                _ = sleep_until(deadline) => break,
-                _ = exited(&pidfd) => { target_exited = true; break; }
-                _ = sigint.recv() => break,
-                _ = sigterm.recv() => break,
-                _ = sigusr1.recv() => daemon.dump(),
-                _ = tick(&mut dump_tick) => daemon.dump(),
-                _ = status_tick.tick() => status.update(&counters, started),
-                // Only to time the first sample (docs/PERFORMANCE.md).
-                _ = poll.tick(), if first_sample.is_none() => {}
-            }
-        }
-    }
-    status.clear();
-    // A synchronous session (single-threaded target, no client thread) is
-    // ended by a call into the target, before the daemon stops reading.
-    if report.as_ref().is_some_and(|r| r.sync) && !target_exited {
-        let ended = tokio::task::spawn_blocking(move || {
-            let t = inject::probe_loaded(pid)?;
-            inject::detach(&t, &opts)
-        })
-        .await
-        .context("the detach thread failed")?;
-        match ended {
-            Ok(r) if debug => eprintln!(
-                "heapprofd-rs: attach: detach paused thread {} for {}",
-                r.tid,
-                ms(r.pause)
-            ),
-            Ok(_) => {}
-            Err(e) => eprintln!(
-                "heapprofd-rs: warning: could not end the session inside process {pid} \
-                 ({e:#}); its profiler goes dormant when it sees the daemon stop"
+            None => log::info!(
+                "woke the preloaded profiler of process {pid} ({comm}) with signal {}",
+                inject::ACTIVATION_SIGNAL
             ),
         }
+        Ok(report)
     }
-    let summary = tokio::task::spawn_blocking(move || daemon.finish())
-        .await
-        .context("finishing the profile")??;
-    if debug {
-        eprintln!(
-            "heapprofd-rs: attach: connected after {}, first sample after {}",
-            ms(connected),
-            first_sample.map_or("-".to_string(), ms)
-        );
-    }
-    if target_exited {
-        eprintln!("heapprofd-rs: process {pid} ({comm}) exited");
-    } else {
+
+    /// Waits (briefly) for the client's thread to be gone, and says so.
+    async fn report_detach(&self) {
+        let (pid, comm) = (self.target.pid, &self.target.comm);
         let t = Instant::now();
         while inject::client_thread(pid).is_some() && t.elapsed() < DETACH_WAIT {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         match inject::client_thread(pid) {
-            None if target_preloaded => eprintln!(
-                "heapprofd-rs: detached from process {pid} ({comm}): its preloaded profiler is \
+            None if self.target.preloaded => log::info!(
+                "detached from process {pid} ({comm}): its preloaded profiler is \
                  dormant again"
             ),
-            None => eprintln!(
-                "heapprofd-rs: detached from process {pid} ({comm}): its allocations no longer \
+            None => log::info!(
+                "detached from process {pid} ({comm}): its allocations no longer \
                  go through the profiler"
             ),
-            Some(tid) => eprintln!(
-                "heapprofd-rs: warning: the profiler's thread {tid} in process {pid} is still \
+            Some(tid) => log::warn!(
+                "warning: the profiler's thread {tid} in process {pid} is still \
                  running {}s after the end of the session",
                 DETACH_WAIT.as_secs()
             ),
         }
     }
-    Ok(summary)
+}
+
+/// Ends a synchronous session with a call into the target (its detach
+/// entry); a failure is a warning (the client goes dormant by itself).
+async fn end_sync_session(pid: u32, opts: InjectOptions) -> Result<()> {
+    let ended = tokio::task::spawn_blocking(move || {
+        let t = inject::probe_loaded(pid)?;
+        inject::detach(&t, &opts).map_err(anyhow::Error::from)
+    })
+    .await
+    .context("the detach thread failed")?;
+    match ended {
+        Ok(r) => log::debug!("attach: detach paused thread {} for {}", r.tid, ms(r.pause)),
+        Err(e) => log::warn!(
+            "warning: could not end the session inside process {pid} \
+             ({e:#}); its profiler goes dormant when it sees the daemon stop"
+        ),
+    }
+    Ok(())
 }

@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +19,10 @@ use heapprofd_proto::socket::{recv_with_fds, send_with_fds};
 use heapprofd_proto::wire::{ClientConfig, Handshake};
 use heapprofd_shmem::RingBuffer;
 use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::getsockopt;
+use nix::sys::socket::sockopt::PeerCredentials;
+use nix::unistd::geteuid;
 
 /// Credentials of the process at the other end of a UNIX socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,36 +34,17 @@ pub struct PeerCred {
 }
 
 /// Reads SO_PEERCRED.
-pub fn peer_cred(sock: &impl AsRawFd) -> io::Result<PeerCred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: valid socket, out-pointer and length for SO_PEERCRED.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+pub fn peer_cred(sock: &impl AsFd) -> io::Result<PeerCred> {
+    let cred = getsockopt(sock, PeerCredentials)?;
     Ok(PeerCred {
-        pid: cred.pid as u32,
-        uid: cred.uid,
+        pid: cred.pid() as u32,
+        uid: cred.uid(),
     })
 }
 
 /// Only the daemon's own user (or root) may connect.
 pub fn peer_allowed(peer: PeerCred) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = geteuid().as_raw();
     peer.uid == me || peer.uid == 0
 }
 
@@ -142,13 +127,11 @@ pub fn accept_session_from(
         Box::new(FdMemory::new(File::from(mem_fd))),
         Arc::clone(cache),
     );
-    if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
-        eprintln!(
-            "heapprofd-rs: handshake of pid {}: maps and modules read in {:.2} ms",
-            peer.pid,
-            t0.elapsed().as_secs_f64() * 1e3
-        );
-    }
+    log::debug!(
+        "handshake of pid {}: maps and modules read in {:.2} ms",
+        peer.pid,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     send_with_fds(stream.as_raw_fd(), &config.encode(), &[memfd.as_raw_fd()])
         .with_context(|| format!("sending the configuration to pid {}", peer.pid))?;
     drop(memfd);
@@ -182,6 +165,7 @@ pub fn read_cmdline(pid: u32) -> Vec<String> {
 }
 
 /// `pidfd_open(2)`; `None` on kernels without it or if the process is gone.
+/// (nix has no wrapper for it.)
 pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: plain syscall; on success we own the returned descriptor.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
@@ -194,12 +178,7 @@ pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 
 /// Whether the process behind `pidfd` has exited, waiting up to `wait` for it.
 pub fn has_exited(pidfd: &OwnedFd, wait: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, wait.as_millis() as libc::c_int) };
-    n > 0
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
+    poll(&mut fds, timeout).is_ok_and(|n| n > 0)
 }

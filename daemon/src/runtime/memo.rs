@@ -7,7 +7,7 @@
 //! `heapprofd_unwinder`'s replay module for why a sample with the same
 //! inputs and the same values at those addresses must unwind to the same
 //! frames. This table keeps, per (pc, sp), up to [`WAYS`] such traces with
-//! the [`StackEntry`] their walk ended in. Checking a trace costs one load
+//! what their walk ended in (the worker keeps its stack id and error kind). Checking a trace costs one load
 //! and compare per word read (one or two per frame) instead of a walk.
 //!
 //! Entries are only valid for the stack ids and the mappings they were made
@@ -15,16 +15,14 @@
 //! mappings, or its stack table full). Keeping a trace costs a few dozen
 //! walks (the unwinder's relevance checks, ~14 µs for 33 frames), so
 //! tracing is throttled where it does not pay: while tracing is on, each
-//! window of [`WINDOW`] lookups with fewer than a quarter hits turns it off
-//! for a number of samples that starts at [`PAUSE`] and doubles with each
-//! such window in a row (up to [`MAX_PAUSE`]); a window with enough hits
+//! window of `WINDOW` lookups with fewer than a quarter hits turns it off
+//! for a number of samples that starts at `PAUSE` and doubles with each
+//! such window in a row (up to `MAX_PAUSE`); a window with enough hits
 //! resets it. Lookups go on during a pause (kept traces still hit).
 
 use rustc_hash::FxHashMap;
 
 use heapprofd_unwinder::{WalkTrace, stack_matches};
-
-use super::stacks::StackEntry;
 
 /// Traces kept per (pc, sp).
 pub const WAYS: usize = 4;
@@ -40,19 +38,19 @@ const PAUSE: u32 = 16 * 1024;
 const MAX_PAUSE: u32 = 1 << 20;
 
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct Entry<V> {
     bp: Option<u64>,
     reads_start: u32,
     reads_len: u32,
-    stack: StackEntry,
+    value: V,
 }
 
-/// See the module docs.
-#[derive(Debug, Default)]
-pub struct WalkMemo {
+/// See the module docs. `V` is what a walk ended in.
+#[derive(Debug)]
+pub struct WalkMemo<V> {
     /// (pc, sp) -> entry indexes + 1, most recent first (0: empty).
     slots: FxHashMap<(u64, u64), [u32; WAYS]>,
-    entries: Vec<Entry>,
+    entries: Vec<Entry<V>>,
     reads: Vec<(u64, u64)>,
     window_lookups: u32,
     window_hits: u32,
@@ -66,16 +64,32 @@ pub struct WalkMemo {
     pub misses: u64,
 }
 
-impl WalkMemo {
-    /// The stack of a sample with first-frame `(pc, sp, bp)` whose copy
-    /// `[stack_pointer, +stack.len())` matches a kept trace.
+impl<V> Default for WalkMemo<V> {
+    fn default() -> Self {
+        WalkMemo {
+            slots: FxHashMap::default(),
+            entries: Vec::new(),
+            reads: Vec::new(),
+            window_lookups: 0,
+            window_hits: 0,
+            paused_for: 0,
+            backoff: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+}
+
+impl<V: Copy> WalkMemo<V> {
+    /// What the walk of a sample with first-frame `(pc, sp, bp)` whose
+    /// copy `[stack_pointer, +stack.len())` matches a kept trace ended in.
     #[inline]
     pub fn lookup(
         &mut self,
         (pc, sp, bp): (u64, u64, u64),
         stack_pointer: u64,
         stack: &[u8],
-    ) -> Option<StackEntry> {
+    ) -> Option<V> {
         let found = self.slots.get(&(pc, sp)).and_then(|ways| {
             ways.iter()
                 .take_while(|&&w| w != 0)
@@ -89,7 +103,7 @@ impl WalkMemo {
                             stack,
                         )
                 })
-                .map(|e| e.stack)
+                .map(|e| e.value)
         });
         if found.is_some() {
             self.hits += 1;
@@ -122,8 +136,8 @@ impl WalkMemo {
         self.paused_for == 0
     }
 
-    /// Keeps `trace` (replayable) as leading to `stack`.
-    pub fn insert(&mut self, trace: &WalkTrace, stack: StackEntry) {
+    /// Keeps `trace` (replayable) as leading to `value`.
+    pub fn insert(&mut self, trace: &WalkTrace, value: V) {
         if !trace.replayable {
             return;
         }
@@ -141,7 +155,7 @@ impl WalkMemo {
             bp: trace.bp,
             reads_start,
             reads_len,
-            stack,
+            value,
         });
         let index = self.entries.len() as u32;
         let ways = self.slots.entry((trace.pc, trace.sp)).or_default();
@@ -181,13 +195,19 @@ mod tests {
         t
     }
 
+    /// A stack id, as the worker keeps (with an error kind).
+    #[derive(Debug, Clone, Copy)]
+    struct StackEntry {
+        id: u32,
+    }
+
     fn entry(id: u32) -> StackEntry {
-        StackEntry { id, error: None }
+        StackEntry { id }
     }
 
     #[test]
     fn hits_need_inputs_and_words() {
-        let mut m = WalkMemo::default();
+        let mut m = WalkMemo::<StackEntry>::default();
         let mut stack = vec![0u8; 64];
         stack[8..16].copy_from_slice(&0xabcu64.to_le_bytes());
         m.insert(&trace(0x40, 0x1000, None, &[(0x1008, 0xabc)]), entry(1));
@@ -212,7 +232,7 @@ mod tests {
 
     #[test]
     fn oldest_way_falls_off() {
-        let mut m = WalkMemo::default();
+        let mut m = WalkMemo::<StackEntry>::default();
         let stack = vec![0u8; 64];
         for id in 1..=WAYS as u32 + 1 {
             m.insert(&trace(0x40, 0x1000, Some(id as u64), &[]), entry(id));
@@ -223,9 +243,9 @@ mod tests {
 
     #[test]
     fn a_poor_hit_rate_pauses_tracing_with_backoff() {
-        let mut m = WalkMemo::default();
+        let mut m = WalkMemo::<StackEntry>::default();
         let stack = vec![0u8; 64];
-        let miss = |m: &mut WalkMemo, n: u32| {
+        let miss = |m: &mut WalkMemo<StackEntry>, n: u32| {
             for _ in 0..n {
                 assert!(m.lookup((9, 9, 9), 0x1000, &stack).is_none());
             }

@@ -1,5 +1,7 @@
-//! The daemon at run time: sessions, workers, bookkeeping, `record`, and
-//! `record --pid` (`attach`).
+//! The daemon at run time: the server and handshakes, the unwinding
+//! workers, the symbolizer, the bookkeeping thread, and the two ways of
+//! running it: `record -- CMD` ([`record`]) and `record --pid` ([`attach`]),
+//! which share [`supervise`].
 //!
 //! Threads and what each owns (every object has exactly one owner):
 //!
@@ -8,181 +10,52 @@
 //!        |  new session (after a blocking handshake on a blocking thread)
 //!        v
 //!  worker threads (N)           each owns its sessions: ring buffer reader +
-//!        |  Ops batches          unwinder ProcessContext + stack cache; drains,
-//!        |                       unwinds, interns new stacks (stack ids)
-//!        v
-//!  bookkeeping thread (1)       owns the Profile and the TraceWriter; applies
-//!                               ops, dumps on request, writes the trace
+//!        |  SessionEvents        SessionUnwinder (ProcessContext, stack cache,
+//!        |  (Op batches)         replay memo); drains, unwinds, interns new
+//!        v                       stacks (stack ids)
+//!  bookkeeping thread (1)       owns the model's Bookkeeping (the Profile) and
+//!                               the TraceWriter; applies events, symbolizes and
+//!                               dumps on request, writes the trace
 //! ```
 //!
-//! Shared between threads: the [`Interner`](crate::profile::Interner)
+//! The work of each thread is a plain function of its inputs where it can
+//! be: a worker's per-record step is [`session_unwinder`], the bookkeeping
+//! is the model's `Bookkeeping`; the threads only move messages.
+//!
+//! Shared between threads: the [`Interner`](heapprofd_model::profile::Interner)
 //! (internally locked; workers add frames, the dump reads them), the
 //! unwinder's module cache, and the relaxed [`Counters`] behind the status line.
 
 pub mod attach;
 pub mod bookkeeper;
+pub mod clock;
 pub mod handshake;
+pub mod mapping;
 pub mod memo;
 pub mod record;
 pub mod server;
+pub mod session_unwinder;
+pub mod setup;
 pub mod stacks;
+pub mod status;
+pub mod summary;
+pub mod supervise;
 pub mod symbolize;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use heapprofd_shmem::{ClientError, Stats as RingStats};
-
-use crate::profile::FrameId;
-
-/// Identifies one client connection for its whole life (pids can be reused).
-pub type SessionId = u64;
-
-/// One record of a client, after unwinding.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
-    /// A sampled allocation.
-    Malloc {
-        /// Heap id (0 = libc.malloc).
-        heap: u32,
-        /// Client sequence number.
-        seq: u64,
-        /// Address returned to the program.
-        address: u64,
-        /// Size the program asked for.
-        alloc_size: u64,
-        /// Bytes the sample stands for.
-        sample_size: u64,
-        /// CLOCK_MONOTONIC_COARSE of the allocation.
-        timestamp_ns: u64,
-        /// The session's stack id, defined by an earlier [`Op::Stack`]
-        /// (see [`stacks`]).
-        stack: u32,
-    },
-    /// Defines (or redefines) a stack id of the session for the
-    /// operations that follow.
-    Stack {
-        /// The session's stack id ([`stacks::SCRATCH_STACK`] is redefined
-        /// before each use).
-        id: u32,
-        /// Interned frames, outermost caller first.
-        frames: Box<[FrameId]>,
-    },
-    /// A free of a possibly sampled address.
-    Free {
-        /// Heap id.
-        heap: u32,
-        /// Client sequence number.
-        seq: u64,
-        /// Address freed.
-        address: u64,
-    },
-    /// A heap declaration or sampling-interval change.
-    HeapName {
-        /// Heap id.
-        heap: u32,
-        /// Heap name (empty: keep the previous name).
-        name: String,
-        /// Current sampling interval.
-        interval: u64,
-    },
-}
-
-/// Counts of unwinding times in heapprofd's 20 log2 buckets (microseconds):
-/// bucket i < 19 counts times up to 2^i us, the last one everything longer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnwindHistogram(pub [u64; 20]);
-
-impl UnwindHistogram {
-    /// Adds one measurement.
-    pub fn add(&mut self, d: Duration) {
-        self.add_n(d, 1);
-    }
-
-    /// Adds `n` measurements of `d` (one timed sample standing for `n`).
-    pub fn add_n(&mut self, d: Duration, n: u64) {
-        let us = d.as_micros() as u64;
-        let bucket = (0..19).find(|&i| us <= 1u64 << i).unwrap_or(19);
-        self.0[bucket] += n;
-    }
-
-    /// Upper limit in microseconds of bucket `i`, or `None` for the last (unbounded) one.
-    pub fn upper_limit(i: usize) -> Option<u64> {
-        (i < 19).then(|| 1u64 << i)
-    }
-}
-
-/// What a worker knows about a session, sent with every batch.
-#[derive(Debug, Clone, Default)]
-pub struct SessionStats {
-    /// Unwinds that ended in an error.
-    pub unwinding_errors: u64,
-    /// Malloc samples unwound.
-    pub heap_samples: u64,
-    /// Times the process's maps were read again.
-    pub map_reparses: u64,
-    /// Total time spent unwinding.
-    pub total_unwinding_time_us: u64,
-    /// Distribution of unwinding times.
-    pub unwinding_time_us: UnwindHistogram,
-    /// Ring-buffer statistics (writer side from shared memory, untrusted).
-    pub ring: RingStats,
-    /// Error the client recorded in the ring buffer.
-    pub client_error: ClientError,
-    /// Records that did not decode.
-    pub corrupt_records: u64,
-    /// The ring buffer itself was found corrupt (session ended).
-    pub ring_corrupt: bool,
-}
-
-/// How a session ended.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SessionEnd {
-    /// The client went away on its own (exit, teardown) before the daemon stopped it.
-    pub disconnected: bool,
-    /// The daemon ended the session (duration over, Ctrl-C, stop).
-    pub stopped_by_daemon: bool,
-}
+use heapprofd_model::messages::SessionEvent;
 
 /// Messages to the bookkeeping thread.
 #[derive(Debug)]
 pub enum BookMsg {
-    /// A client completed its handshake.
-    ProcessStarted {
-        /// Session.
-        id: SessionId,
-        /// Process id.
-        pid: u32,
-        /// Command line.
-        cmdline: Vec<String>,
-        /// Connected from its constructor (profiled from process start).
-        from_startup: bool,
-    },
-    /// A batch of unwound records of one session, with its current stats.
-    Ops {
-        /// Session.
-        id: SessionId,
-        /// The records, in ring-buffer order.
-        ops: Vec<Op>,
-        /// Stats snapshot.
-        stats: SessionStats,
-    },
-    /// A session is over and fully drained.
-    ProcessEnded {
-        /// Session.
-        id: SessionId,
-        /// Process id.
-        pid: u32,
-        /// Final stats.
-        stats: SessionStats,
-        /// How it ended.
-        end: SessionEnd,
-    },
+    /// Something happened to a session (started, a batch of records, ended).
+    Session(Box<SessionEvent>),
     /// Write a dump of every process now.
     Dump,
     /// Write the final dump, close the trace and report back.
-    Finish(std::sync::mpsc::Sender<anyhow::Result<bookkeeper::Summary>>),
+    Finish(std::sync::mpsc::Sender<anyhow::Result<summary::Summary>>),
 }
 
 /// Relaxed counters for the status line (approximate by design).
@@ -194,7 +67,7 @@ pub struct Counters {
     pub unwind_errors: AtomicU64,
     /// Records dropped by clients because the buffer was full.
     pub dropped: AtomicU64,
-    /// Live sampled bytes (from the bookkeeper).
+    /// Live sampled bytes (from the bookkeeping thread).
     pub live_bytes: AtomicU64,
     /// Sessions currently connected.
     pub sessions: AtomicU64,

@@ -24,19 +24,22 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use heapprofd_proto::wire::ClientConfig;
 use heapprofd_unwinder::{ModuleCache, SymbolizeOptions};
+use nix::sys::stat::{Mode, umask};
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
-use super::bookkeeper::{self, BookkeeperOptions, Summary};
+use super::bookkeeper::{self, BookkeeperOptions, BookkeeperShared};
 use super::handshake::accept_session_from;
+use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
-use super::{BookMsg, Counters, SessionId};
-use crate::profile::Interner;
+use super::{BookMsg, Counters};
+use heapprofd_model::messages::SessionId;
+use heapprofd_model::profile::Interner;
 
 /// Everything the daemon needs to know to serve clients.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DaemonOptions {
     /// Where to listen.
     pub socket: PathBuf,
@@ -110,13 +113,15 @@ impl Daemon {
         let cache = Arc::new(ModuleCache::new(symbolize));
         let (book_tx, book_rx) = mpsc::channel();
         let book_thread = {
-            let interner = Arc::clone(&interner);
-            let symbolizer = Arc::clone(&symbolizer);
-            let counters = Arc::clone(&counters);
-            let opts = options.book.clone();
+            let shared = BookkeeperShared {
+                interner: Arc::clone(&interner),
+                symbolizer: Arc::clone(&symbolizer),
+                counters: Arc::clone(&counters),
+            };
+            let opts = options.book;
             std::thread::Builder::new()
                 .name("heapprofd-book".into())
-                .spawn(move || bookkeeper::run(book_rx, interner, symbolizer, counters, opts))
+                .spawn(move || bookkeeper::run(book_rx, shared, opts))
                 .context("starting the bookkeeping thread")?
         };
         let mut workers = Vec::new();
@@ -192,7 +197,7 @@ impl Daemon {
                     r = listener.accept() => match r.and_then(|(s, _)| s.into_std()) {
                         Ok(stream) => spawn_connection(stream, &shared),
                         Err(e) => {
-                            eprintln!("heapprofd-rs: accept failed: {e}");
+                            log::warn!("accept failed: {e}");
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                     },
@@ -266,7 +271,7 @@ async fn handle_connection(
     in_flight: InFlight,
 ) {
     if let Err(e) = std_stream.set_nonblocking(false) {
-        eprintln!("heapprofd-rs: dropping a connection: {e}");
+        log::warn!("dropping a connection: {e}");
         return;
     }
     let sh = Arc::clone(&shared);
@@ -278,11 +283,11 @@ async fn handle_connection(
     let session = match joined {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            eprintln!("heapprofd-rs: client refused: {e:#}");
+            log::warn!("client refused: {e:#}");
             return;
         }
         Err(e) => {
-            eprintln!("heapprofd-rs: handshake task failed: {e}");
+            log::warn!("handshake task failed: {e}");
             return;
         }
     };
@@ -292,10 +297,7 @@ async fn handle_connection(
     }) {
         Ok(w) => w,
         Err(e) => {
-            eprintln!(
-                "heapprofd-rs: cannot watch the socket of pid {}: {e}",
-                session.peer.pid
-            );
+            log::warn!("cannot watch the socket of pid {}: {e}", session.peer.pid);
             return;
         }
     };
@@ -345,11 +347,10 @@ fn bind_private(path: &Path) -> io::Result<UnixListener> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    // SAFETY: umask only changes the creation mask; restored right after bind.
-    let old = unsafe { libc::umask(0o177) };
+    // Only the creation mask changes, restored right after bind.
+    let old = umask(Mode::from_bits_truncate(0o177));
     let result = UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
+    umask(old);
     result
 }
 

@@ -8,7 +8,7 @@
 //! the cost of one compare per word read. Otherwise the copied stack is
 //! walked into a reused buffer of pcs ([`ProcessContext::unwind_raw`], or
 //! `unwind_raw_traced` to keep the walk for replay), and the whole pc
-//! sequence is looked up in [`StackCache::stacks`] (one hash of ~24 words).
+//! sequence is looked up in `StackCache::stacks` (one hash of ~24 words).
 //! A hit gives the worker's *stack id*, which the bookkeeping thread maps
 //! to its callsite with one vector index, so neither side walks a frame at
 //! a time. Only a new stack goes through the per-pc cache, and only a new
@@ -37,7 +37,7 @@
 //! for replay. When the process's mappings change (a re-read found new
 //! ones) or the cache reaches [`MAX_STACKS`], everything (replay memo
 //! included) is forgotten and ids start again from 1;
-//! redefinitions overwrite the bookkeeper's entries, so its table never
+//! redefinitions overwrite the bookkeeping's entries, so its table never
 //! outgrows the cache.
 
 use std::ops::Range;
@@ -49,14 +49,11 @@ use heapprofd_unwinder::{
 };
 use rustc_hash::FxHashMap;
 
-use super::Op;
 use super::memo::WalkMemo;
 use super::symbolize::Symbolizer;
-use super::worker::WorkerOptions;
-use crate::profile::{FrameId, Interner};
+use heapprofd_model::messages::{Op, SCRATCH_STACK};
+use heapprofd_model::profile::{FrameId, Interner};
 
-/// The stack id redefined before every use, for stacks that are not cached.
-pub const SCRATCH_STACK: u32 = 0;
 /// Distinct stacks remembered per session before the cache starts over.
 pub const MAX_STACKS: usize = 1 << 16;
 /// Interned frames remembered for pcs before the pc cache starts over.
@@ -88,7 +85,7 @@ pub struct StackCache {
     /// `ERROR <KIND>` frames by kind.
     error_frames: [Option<FrameId>; UnwindErrorKind::COUNT],
     /// Walks that can be replayed (see [`WalkMemo`]).
-    pub memo: WalkMemo,
+    pub memo: WalkMemo<StackEntry>,
     /// The reused trace buffer.
     trace: WalkTrace,
     /// Incremented whenever everything is forgotten (new mappings).
@@ -110,8 +107,9 @@ pub struct InternCtx<'a> {
     pub interner: &'a Interner,
     /// Deferred-symbolization queue.
     pub symbolizer: &'a Symbolizer,
-    /// Worker options.
-    pub options: WorkerOptions,
+    /// Symbolize frames (names, files, lines); otherwise only build id +
+    /// rel_pc.
+    pub symbolize: bool,
 }
 
 impl StackCache {
@@ -333,9 +331,9 @@ fn intern_pc(
     out: &mut Vec<FrameId>,
 ) {
     let interner = cx.interner;
-    let mapping_id = Some(interner.intern_mapping(mapping));
+    let mapping_id = Some(super::mapping::intern_mapping(interner, mapping));
     let bare = interner.intern_frame(mapping_id, rel_pc, None, None, None);
-    if cx.options.symbolize {
+    if cx.symbolize {
         if mapping.module.is_some() {
             cx.symbolizer.request(bare, mapping, rel_pc);
         } else {
@@ -422,7 +420,7 @@ mod tests {
         let cx = InternCtx {
             interner: &interner,
             symbolizer: &symbolizer,
-            options: WorkerOptions { symbolize: false },
+            symbolize: false,
         };
         let mut p = process(Duration::from_secs(3600));
         let mut cache = StackCache::default();
@@ -455,7 +453,7 @@ mod tests {
         let cx = InternCtx {
             interner: &interner,
             symbolizer: &symbolizer,
-            options: WorkerOptions { symbolize: true },
+            symbolize: true,
         };
         let mut p = process(Duration::ZERO);
         let mut cache = StackCache::default();

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use heapprofd_unwinder::Mapping;
 
-use crate::profile::{FrameId, Interner};
+use heapprofd_model::profile::{FrameId, Interner};
 
 /// A frame to symbolize ahead of the dump: its mapping and rel_pc.
 type WarmRequest = (Arc<Mapping>, u64);
@@ -102,7 +102,7 @@ impl Symbolizer {
             if chain.is_empty() {
                 continue;
             }
-            let mapping_id = Some(interner.intern_mapping(mapping));
+            let mapping_id = Some(super::mapping::intern_mapping(interner, mapping));
             // The unwinder gives the inline chain innermost first; stacks
             // are written outermost caller first.
             let named: Box<[FrameId]> = chain
@@ -132,6 +132,7 @@ fn start_warmer(dumping: Arc<AtomicBool>) -> Option<Sender<WarmRequest>> {
     std::thread::Builder::new()
         .name("heapprofd-symwarm".into())
         .spawn(move || {
+            // nix has no sched_setscheduler.
             let param = libc::sched_param { sched_priority: 0 };
             // SAFETY: changes only this thread's scheduling policy.
             unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };

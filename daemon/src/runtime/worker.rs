@@ -15,7 +15,7 @@
 //! (a writer that committed before seeing the flag will not wake us), and
 //! only then sleep until the client pokes the socket. A poll that found
 //! records but emptied the buffer does not pause: the session is polled
-//! again [`REPOLL`] later, so a steady stream of samples costs a poll per
+//! again `REPOLL` later, so a steady stream of samples costs a poll per
 //! period rather than a wake-up per sample. A periodic tick re-polls every
 //! session in case a wake byte was lost.
 
@@ -26,15 +26,15 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use heapprofd_proto::wire::Record;
 use heapprofd_shmem::{ReadOutcome, Reader, RingBuffer};
-use heapprofd_unwinder::ProcessContext;
 
 use super::handshake::{NewSession, has_exited};
-use super::stacks::{InternCtx, StackCache};
+use super::session_unwinder::SessionUnwinder;
+use super::stacks::InternCtx;
 use super::symbolize::Symbolizer;
-use super::{BookMsg, Counters, Op, SessionEnd, SessionId, SessionStats, UnwindHistogram};
-use crate::profile::Interner;
+use super::{BookMsg, Counters};
+use heapprofd_model::messages::{Op, RingStats, SessionEnd, SessionEvent, SessionId, SessionStats};
+use heapprofd_model::profile::{ClientError, Interner};
 
 /// Records read from one session before the others get a turn.
 pub const BATCH: usize = 1000;
@@ -44,8 +44,6 @@ pub const BATCH: usize = 1000;
 /// period (heapprofd re-polls after 100 ms; a shorter period keeps a
 /// blocking client's waits short).
 const REPOLL: Duration = Duration::from_millis(10);
-/// One replayed sample in this many is timed (see `handle_record`).
-const HIT_TIMING: u64 = 16;
 /// How often idle sessions are polled even without a wake byte.
 const TICK: Duration = Duration::from_millis(100);
 /// How long a record reserved but never committed is waited for after the
@@ -71,25 +69,16 @@ struct Session {
     id: SessionId,
     pid: u32,
     reader: Reader<Box<RingBuffer>>,
-    process: ProcessContext,
-    client_text: std::ops::Range<u64>,
+    /// Turns its records into operations.
+    unwinder: SessionUnwinder,
     /// Keeps the socket (and so the client's session) alive until we finish.
     _stream: std::os::unix::net::UnixStream,
     pidfd: Option<std::os::fd::OwnedFd>,
-    /// Stacks and pcs unwound before (see [`StackCache`]).
-    stacks: StackCache,
     closed_at: Option<Instant>,
     stopping: bool,
     /// When the daemon asked this session to stop.
     stopped_at: Option<Instant>,
-    corrupt_records: u64,
     ring_corrupt: bool,
-    hist: UnwindHistogram,
-    samples: u64,
-    unwind_errors: u64,
-    unwind_time: Duration,
-    /// Picks the replayed samples that are timed (xorshift, never 0).
-    timing_rng: u64,
 }
 
 /// Options that shape how samples are turned into stacks.
@@ -131,35 +120,27 @@ pub fn run_worker(
                 let s = *s;
                 let pid = s.peer.pid;
                 let client_text = s.handshake.client_text_start..s.handshake.client_text_end;
-                let _ = book.send(BookMsg::ProcessStarted {
+                let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Started {
                     id,
                     pid,
                     cmdline: s.cmdline,
                     from_startup: s.handshake.flags
                         & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP
                         != 0,
-                });
+                })));
                 sessions.insert(
                     id,
                     Session {
                         id,
                         pid,
                         reader: Reader::new(Box::new(s.ring)),
-                        process: s.process,
-                        client_text,
+                        unwinder: SessionUnwinder::new(s.process, client_text, id),
                         _stream: s.stream,
                         pidfd: s.pidfd,
-                        stacks: StackCache::default(),
                         closed_at: None,
                         stopping: false,
                         stopped_at: None,
-                        corrupt_records: 0,
                         ring_corrupt: false,
-                        hist: UnwindHistogram::default(),
-                        samples: 0,
-                        unwind_errors: 0,
-                        unwind_time: Duration::ZERO,
-                        timing_rng: (0x9e37_79b9_7f4a_7c15 ^ id) | 1,
                     },
                 );
                 ready.push_back(id);
@@ -203,16 +184,16 @@ pub fn run_worker(
             let cx = InternCtx {
                 interner: &interner,
                 symbolizer: &symbolizer,
-                options,
+                symbolize: options.symbolize,
             };
             let state = drain_batch(session, &mut buf, &mut ops, &cx, &counters);
             if !ops.is_empty() {
                 let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
-                let _ = book.send(BookMsg::Ops {
+                let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ops {
                     id,
                     ops: batch,
                     stats: session_stats(session),
-                });
+                })));
             }
             match state {
                 DrainState::More => ready.push_back(id),
@@ -249,15 +230,15 @@ fn drain_batch(
     cx: &InternCtx<'_>,
     counters: &Counters,
 ) -> DrainState {
-    let (samples, errors) = (s.samples, s.unwind_errors);
+    let (samples, errors) = (s.unwinder.samples, s.unwinder.unwind_errors);
     let state = drain_records(s, buf, ops, cx);
     // The status line's counters, once per batch rather than per sample.
     counters
         .samples
-        .fetch_add(s.samples - samples, Ordering::Relaxed);
+        .fetch_add(s.unwinder.samples - samples, Ordering::Relaxed);
     counters
         .unwind_errors
-        .fetch_add(s.unwind_errors - errors, Ordering::Relaxed);
+        .fetch_add(s.unwinder.unwind_errors - errors, Ordering::Relaxed);
     state
 }
 
@@ -278,7 +259,7 @@ fn drain_records(
                     s.reader.ring().unpause_reader();
                     reader_paused = false;
                 }
-                handle_record(s, buf, ops, cx);
+                s.unwinder.handle_record(buf, ops, cx);
             }
             ReadOutcome::Empty | ReadOutcome::Pending => {
                 let pending = matches!(outcome, ReadOutcome::Pending);
@@ -332,107 +313,46 @@ fn writer_gone(s: &Session) -> bool {
             .is_some_and(|fd| has_exited(fd, Duration::ZERO))
 }
 
-/// Turns one record into operations.
-///
-/// Timing (the trace's unwinding-time histogram and total): a sample that
-/// is walked is timed exactly, two clock reads around the walk and the
-/// interning of a new stack. A replay check (~45 ns for 33 frames) costs
-/// about as much as the two clock reads around it, so only one in
-/// [`HIT_TIMING`] replayed samples, picked at random, is timed (around the
-/// replay check) and counted [`HIT_TIMING`] times: an unbiased estimate of
-/// the replayed samples' count per bucket and total time. The ring copy and decode are never in
-/// it. (One read per sample, the time since the previous one, was tried: it
-/// put the ring copy in the histogram, a mean of 5.2 µs instead of 0.19 µs
-/// for a program with 32 KB stacks.)
-fn handle_record(s: &mut Session, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCtx<'_>) {
-    match Record::decode(bytes) {
-        Ok(Record::Malloc(h, stack)) => {
-            s.timing_rng ^= s.timing_rng << 13;
-            s.timing_rng ^= s.timing_rng >> 7;
-            s.timing_rng ^= s.timing_rng << 17;
-            let t0 = (s.timing_rng % HIT_TIMING == 0).then(Instant::now);
-            let entry = match s.stacks.replay(&h, stack) {
-                Some(entry) => {
-                    if let Some(t0) = t0 {
-                        let d = t0.elapsed();
-                        s.hist.add_n(d, HIT_TIMING);
-                        s.unwind_time += d * HIT_TIMING as u32;
-                    }
-                    entry
-                }
-                None => {
-                    let t0 = t0.unwrap_or_else(Instant::now);
-                    let entry = s.stacks.stack_of_unreplayed(
-                        &mut s.process,
-                        &h,
-                        stack,
-                        &s.client_text,
-                        cx,
-                        ops,
-                    );
-                    let d = t0.elapsed();
-                    s.hist.add(d);
-                    s.unwind_time += d;
-                    entry
-                }
-            };
-            if entry.error.is_some() {
-                s.unwind_errors += 1;
-            }
-            s.samples += 1;
-            ops.push(Op::Malloc {
-                heap: h.heap_id,
-                seq: h.sequence,
-                address: h.address,
-                alloc_size: h.alloc_size,
-                sample_size: h.sample_size,
-                timestamp_ns: h.timestamp_ns,
-                stack: entry.id,
-            });
-        }
-        Ok(Record::Free(f)) => ops.push(Op::Free {
-            heap: f.heap_id,
-            seq: f.sequence,
-            address: f.address,
-        }),
-        Ok(Record::HeapName(n)) => ops.push(Op::HeapName {
-            heap: n.heap_id,
-            name: n.name_str().to_owned(),
-            interval: n.interval,
-        }),
-        Err(_) => s.corrupt_records += 1,
+fn session_stats(s: &Session) -> SessionStats {
+    SessionStats {
+        ring: ring_stats(&s.reader.stats()),
+        client_error: client_error(s.reader.ring().client_error()),
+        ring_corrupt: s.ring_corrupt,
+        ..s.unwinder.stats()
     }
 }
 
-fn session_stats(s: &Session) -> SessionStats {
-    let st = s.process.stats();
-    SessionStats {
-        unwinding_errors: s.unwind_errors,
-        heap_samples: s.samples,
-        map_reparses: st.map_reparses,
-        total_unwinding_time_us: s.unwind_time.as_micros() as u64,
-        unwinding_time_us: s.hist.clone(),
-        ring: s.reader.stats(),
-        client_error: s.reader.ring().client_error(),
-        corrupt_records: s.corrupt_records,
-        ring_corrupt: s.ring_corrupt,
+/// The ring buffer's counters the model uses.
+fn ring_stats(r: &heapprofd_shmem::Stats) -> RingStats {
+    RingStats {
+        writes_overflow: r.writes_overflow,
+        writes_corrupt: r.writes_corrupt,
+        blocked_us: r.blocked_us,
+        reads_corrupt: r.reads_corrupt,
+    }
+}
+
+/// The error the client recorded in the ring buffer, as the model's.
+fn client_error(e: heapprofd_shmem::ClientError) -> ClientError {
+    match e {
+        heapprofd_shmem::ClientError::None => ClientError::None,
+        heapprofd_shmem::ClientError::HitTimeout => ClientError::HitTimeout,
+        heapprofd_shmem::ClientError::InvalidStackBounds => ClientError::InvalidStackBounds,
     }
 }
 
 fn finish(s: Session, book: &Sender<BookMsg>) {
     let stats = session_stats(&s);
-    if std::env::var_os("HEAPPROFD_DEBUG").is_some() {
-        eprintln!(
-            "heapprofd-rs: session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
-            s.id,
-            s.pid,
-            stats.ring,
-            s.stacks.len(),
-            s.stacks.memo.hits,
-            s.stacks.memo.misses,
-            s.process.rule_cache_stats()
-        );
-    }
+    log::debug!(
+        "session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
+        s.id,
+        s.pid,
+        s.reader.stats(),
+        s.unwinder.stacks.len(),
+        s.unwinder.stacks.memo.hits,
+        s.unwinder.stacks.memo.misses,
+        s.unwinder.process.rule_cache_stats()
+    );
     // The socket closes a moment before the process is reaped; a client
     // that went away while its process lives on (teardown after an error)
     // is what Perfetto calls "disconnected".
@@ -445,10 +365,10 @@ fn finish(s: Session, book: &Sender<BookMsg>) {
         disconnected: s.closed_at.is_some() && !s.stopping && !exited(),
         stopped_by_daemon: s.stopping,
     };
-    let _ = book.send(BookMsg::ProcessEnded {
+    let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ended {
         id: s.id,
         pid: s.pid,
         stats,
         end,
-    });
+    })));
 }

@@ -1,0 +1,65 @@
+//! Loading the client library into a running process and starting a
+//! session in it (`record --pid`), without a debugger.
+//!
+//! [`probe`] reads what `/proc` says about the target and refuses, with a
+//! hint and before touching anything, what cannot work: no such process, a
+//! zombie or stopped process, another tracer, another architecture, a
+//! statically linked program (no `libc.so`, so no `dlopen`), a target
+//! already being profiled. It also tells whether the client is already
+//! loaded and interposing (preloaded), in which case the activation signal
+//! is enough ([`signal_activate`]).
+//!
+//! Otherwise [`inject`] does, on one thread of the target at a time:
+//!
+//! 1. before stopping anything: find `dlopen`, `dlsym`, `__errno_location`
+//!    in the target's own libc (its `.dynsym` + the mapping's load bias),
+//!    the client's attach entry in the client's `.symtab`, and build the
+//!    safety model (`safety.rs`) (unwind tables, deny ranges);
+//! 2. `PTRACE_SEIZE` + `PTRACE_INTERRUPT` one thread (the others keep
+//!    running), copy its stack and unwind it; if it is not at a safe point,
+//!    detach at once and try the next thread, round after round, until the
+//!    timeout;
+//! 3. save its general registers and its XSAVE area; write the library path
+//!    and a zero return address below the red zone; call, each returning to
+//!    address 0: `__errno_location()` (the thread's errno is saved and
+//!    written back at the end: the thread may have been stopped between a
+//!    failing call and its read of errno), `dlsym(RTLD_DEFAULT, "malloc")`
+//!    (must be glibc's or the client's: another allocator is refused before
+//!    anything is loaded), `dlopen(path, RTLD_NOW | RTLD_NODELETE)` (not
+//!    `RTLD_GLOBAL`: the library must not interpose later lookups; skipped
+//!    when already loaded), `dlerror()` if that failed, and the client's
+//!    attach entry with our socket id, which starts the client's connecting
+//!    thread, or, in a single-threaded process, connects right there
+//!    (glibc would treat the process as multi-threaded for good after a
+//!    `pthread_create`, with slower malloc); such a synchronous session is
+//!    ended by [`detach`], the same hijack calling the client's detach
+//!    entry;
+//! 4. restore every register (including `orig_rax`: a thread stopped inside
+//!    a blocking system call resumes it, the kernel restarts it as after any
+//!    signal) and the vector state, and detach, delivering any signal that
+//!    was pending at the stop.
+//!
+//! Every failure after the stop restores the registers before detaching.
+//! Errors are [`InjectError`]s: each says what failed and what to do.
+
+mod elf;
+mod error;
+mod permission;
+mod plan;
+mod probe;
+mod ptrace;
+mod remote;
+mod safety;
+mod signal;
+mod status;
+
+pub use error::InjectError;
+pub use probe::{Target, client_thread, probe, probe_loaded, threads};
+pub use remote::{InjectOptions, InjectReport, detach, inject};
+pub use signal::signal_activate;
+
+/// File name of the client library.
+pub const CLIENT_FILE_NAME: &str = "libheapprofd_client.so";
+// The attach ABI (entry names, the activation signal, the client's thread name).
+pub use heapprofd_proto::attach::{ACTIVATION_SIGNAL, CLIENT_THREAD_NAME};
+use heapprofd_proto::attach::{ATTACH_ENTRY, DETACH_ENTRY};

@@ -1,0 +1,383 @@
+//! The ptrace operations the injection needs, on one thread of the target.
+//!
+//! A [`Tracee`] is attached with `PTRACE_SEIZE` (no `SIGSTOP` is sent, the
+//! rest of the process keeps running) and stopped with `PTRACE_INTERRUPT`.
+//! ptrace requests must all come from the thread that attached, so a
+//! `Tracee` is used on one thread only (it is not `Send`).
+//!
+//! [`Tracee::call`] runs one function in the stopped thread: registers set
+//! for the SysV call (arguments in `rdi`, `rsi`, ...; `rsp` 16-byte aligned
+//! below the red zone with a return address of 0 pushed), `orig_rax = -1` so
+//! the kernel does not treat the new registers as an interrupted system call
+//! to restart, then `PTRACE_CONT` until the function returns to address 0
+//! and faults (`SIGSEGV` with `rip == 0`, which is never delivered). Other
+//! signals that arrive meanwhile are delivered normally; a fault anywhere
+//! else is reported as a crash of the call. No code is written into the
+//! target.
+//!
+//! Seizing, interrupting and the general registers go through nix's safe
+//! wrappers. Three requests stay raw `libc` calls, because nix cannot
+//! express them: `PTRACE_CONT`/`PTRACE_DETACH` with a signal to deliver
+//! and `waitpid` (nix's `Signal` has no real-time signals, so a program's
+//! signal 34-64 could be neither reported nor passed on), and the XSAVE
+//! area (`PTRACE_GETREGSET NT_X86_XSTATE`, whose size nix's fixed
+//! register sets cannot hold).
+
+use std::fs::File;
+use std::io;
+use std::marker::PhantomData;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use nix::sys::ptrace as nix_ptrace;
+use nix::unistd::Pid;
+
+/// `NT_X86_XSTATE`: the whole XSAVE area (x87, SSE, AVX, AVX-512...).
+const NT_X86_XSTATE: libc::c_int = 0x202;
+/// `NT_PRFPREG`: the FXSAVE area (fallback without XSAVE).
+const NT_PRFPREG: libc::c_int = 2;
+/// Room for the largest XSAVE area (AMX tiles included).
+const XSTATE_MAX: usize = 16 * 1024;
+
+/// `rflags` bits cleared for a call: trap flag and direction flag (the
+/// SysV ABI requires DF = 0 on function entry).
+const RFLAGS_TF: u64 = 1 << 8;
+const RFLAGS_DF: u64 = 1 << 10;
+
+/// The general registers.
+pub(crate) type Regs = libc::user_regs_struct;
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Signal-delivery stop of this signal.
+    Signal(i32),
+    /// A ptrace event stop (`PTRACE_EVENT_STOP` after an interrupt, or a
+    /// group stop) with its signal.
+    Event(i32),
+    /// The thread (or the whole process) is gone.
+    Gone,
+}
+
+/// Why a remote call failed.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The function did not return in time (the thread was stopped again).
+    Timeout,
+    /// The call faulted at this pc with this signal.
+    Crashed { signal: i32, pc: u64 },
+    /// The target exited.
+    Gone,
+    /// A ptrace request failed.
+    Io(io::Error),
+    /// Refused before anything was changed in the target (message).
+    Refused(String),
+    /// A step of the sequence failed (message).
+    Failed(String),
+}
+
+impl From<io::Error> for CallError {
+    fn from(e: io::Error) -> Self {
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            CallError::Gone
+        } else {
+            CallError::Io(e)
+        }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Timeout => f.write_str("the function did not return in time"),
+            CallError::Crashed { signal, pc } => {
+                write!(f, "the function crashed (signal {signal} at {pc:#x})")
+            }
+            CallError::Gone => f.write_str("the target exited"),
+            CallError::Io(e) => write!(f, "ptrace failed: {e}"),
+            CallError::Refused(m) | CallError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<libc::c_long> {
+    // SAFETY: the requests used here read or write only the buffers their
+    // callers pass (registers, iovecs, siginfo) or none.
+    let r = unsafe { libc::ptrace(req, tid, addr, data) };
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// One seized thread of the target.
+#[derive(Debug)]
+pub(crate) struct Tracee {
+    /// Kernel thread id.
+    pub tid: i32,
+    mem: File,
+    attached: bool,
+    /// ptrace requests must come from the attaching thread.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Tracee {
+    /// `PTRACE_SEIZE`s thread `tid` of process `pid` (the thread keeps
+    /// running) and opens the process's memory.
+    pub(crate) fn seize(pid: u32, tid: i32) -> io::Result<Tracee> {
+        nix_ptrace::seize(Pid::from_raw(tid), nix_ptrace::Options::empty())?;
+        let mem = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+        {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = ptrace(libc::PTRACE_DETACH, tid, 0, 0);
+                return Err(e);
+            }
+        };
+        Ok(Tracee {
+            tid,
+            mem,
+            attached: true,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Asks the thread to stop (`PTRACE_INTERRUPT`); see [`Tracee::wait`].
+    pub(crate) fn interrupt(&self) -> io::Result<()> {
+        Ok(nix_ptrace::interrupt(self.pid())?)
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.tid)
+    }
+
+    /// Waits for the next stop of the thread, up to `timeout` (`None` then).
+    /// Polls with short sleeps: a blocking `waitpid` could not time out.
+    pub(crate) fn wait(&self, timeout: Duration) -> io::Result<Option<Stop>> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid out-pointer.
+            let r = unsafe { libc::waitpid(self.tid, &mut status, libc::__WALL | libc::WNOHANG) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                if e.raw_os_error() == Some(libc::ECHILD) {
+                    return Ok(Some(Stop::Gone));
+                }
+                return Err(e);
+            }
+            if r == self.tid {
+                if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                    return Ok(Some(Stop::Gone));
+                }
+                if libc::WIFSTOPPED(status) {
+                    let sig = libc::WSTOPSIG(status);
+                    let event = (status >> 16) & 0xff;
+                    return Ok(Some(if event != 0 {
+                        Stop::Event(sig)
+                    } else {
+                        Stop::Signal(sig)
+                    }));
+                }
+                continue;
+            }
+            if start.elapsed() >= timeout {
+                return Ok(None);
+            }
+            // Spin briefly (a stop usually comes within microseconds), then
+            // sleep in growing steps up to 1 ms.
+            spins += 1;
+            if spins < 50 {
+                std::thread::yield_now();
+            } else {
+                let us = (spins - 50).clamp(20, 1000) as u64;
+                std::thread::sleep(Duration::from_micros(us));
+            }
+        }
+    }
+
+    /// Resumes the thread, delivering `sig` (0 = none).
+    pub(crate) fn cont(&self, sig: i32) -> io::Result<()> {
+        ptrace(libc::PTRACE_CONT, self.tid, 0, sig as usize).map(|_| ())
+    }
+
+    /// Reads the general registers.
+    pub(crate) fn regs(&self) -> io::Result<Regs> {
+        Ok(nix_ptrace::getregs(self.pid())?)
+    }
+
+    /// Writes the general registers.
+    pub(crate) fn set_regs(&self, r: &Regs) -> io::Result<()> {
+        Ok(nix_ptrace::setregs(self.pid(), *r)?)
+    }
+
+    /// Reads the extended (FPU/vector) state: the XSAVE area, or the FXSAVE
+    /// area where XSAVE is not available. Returns the note type and bytes.
+    pub(crate) fn fpstate(&self) -> io::Result<(libc::c_int, Vec<u8>)> {
+        let mut last = io::Error::from_raw_os_error(libc::EINVAL);
+        for note in [NT_X86_XSTATE, NT_PRFPREG] {
+            let mut buf = vec![0u8; XSTATE_MAX];
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            match ptrace(
+                libc::PTRACE_GETREGSET,
+                self.tid,
+                note as usize,
+                &mut iov as *mut libc::iovec as usize,
+            ) {
+                Ok(_) => {
+                    buf.truncate(iov.iov_len);
+                    return Ok((note, buf));
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Writes back what [`Tracee::fpstate`] read.
+    pub(crate) fn set_fpstate(&self, note: libc::c_int, bytes: &[u8]) -> io::Result<()> {
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        ptrace(
+            libc::PTRACE_SETREGSET,
+            self.tid,
+            note as usize,
+            &mut iov as *mut libc::iovec as usize,
+        )
+        .map(|_| ())
+    }
+
+    /// Reads target memory.
+    pub(crate) fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.mem.read_exact_at(buf, addr)
+    }
+
+    /// Reads up to `buf.len()` bytes; returns how many could be read.
+    pub(crate) fn read_some(&self, addr: u64, buf: &mut [u8]) -> usize {
+        self.mem.read_at(buf, addr).unwrap_or(0)
+    }
+
+    /// Writes target memory.
+    pub(crate) fn write(&self, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        self.mem.write_all_at(bytes, addr)
+    }
+
+    /// Calls `func(args...)` in the stopped thread, starting from `base`
+    /// (the thread's saved registers) with the stack pointer `sp` (already
+    /// 16-byte aligned, with a 0 return address stored at `sp`). Returns
+    /// `rax`. The thread is stopped again when this returns `Ok`.
+    pub(crate) fn call(
+        &self,
+        base: &Regs,
+        sp: u64,
+        func: u64,
+        args: &[u64],
+        timeout: Duration,
+    ) -> Result<u64, CallError> {
+        let mut r = *base;
+        r.rip = func;
+        r.rsp = sp;
+        r.rax = 0;
+        r.orig_rax = u64::MAX;
+        r.eflags &= !(RFLAGS_TF | RFLAGS_DF);
+        let slots = [&mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.rcx];
+        for (slot, &a) in slots.into_iter().zip(args) {
+            *slot = a;
+        }
+        self.set_regs(&r)?;
+        self.cont(0)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(stop) = self.wait(left)? else {
+                return Err(CallError::Timeout);
+            };
+            match stop {
+                Stop::Gone => return Err(CallError::Gone),
+                Stop::Event(_) => self.cont(0)?,
+                Stop::Signal(sig) => {
+                    let faults = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
+                    if !faults.contains(&sig) {
+                        // Someone else's signal: deliver it (its handler runs
+                        // on top of our call, as during any call).
+                        self.cont(sig)?;
+                        continue;
+                    }
+                    let now = self.regs()?;
+                    if sig == libc::SIGSEGV && now.rip == 0 {
+                        return Ok(now.rax);
+                    }
+                    return Err(CallError::Crashed {
+                        signal: sig,
+                        pc: now.rip,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Stops a running thread again (after a timed-out call).
+    pub(crate) fn stop_again(&self, timeout: Duration) -> io::Result<bool> {
+        self.interrupt()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.wait(left)? {
+                None => return Ok(false),
+                Some(Stop::Gone) => return Err(io::Error::from_raw_os_error(libc::ESRCH)),
+                Some(Stop::Event(_)) => return Ok(true),
+                // A signal arrived first: deliver it and keep waiting for
+                // the interrupt's stop.
+                Some(Stop::Signal(sig)) => self.cont(sig)?,
+            }
+        }
+    }
+
+    /// Detaches (the thread resumes), delivering `sig` (0 = none).
+    /// (On failure, dropping the tracee tries again.)
+    pub(crate) fn detach(mut self, sig: i32) -> io::Result<()> {
+        ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize)?;
+        self.attached = false;
+        Ok(())
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        if !self.attached {
+            return;
+        }
+        // Detaching needs a stopped tracee. One that has not stopped yet (in
+        // an uninterruptible sleep when we interrupted it) would stop later
+        // and stay stopped while we trace it: wait for that stop (up to a
+        // few seconds) and detach then. After that the kernel detaches it
+        // when this thread exits.
+        if ptrace(libc::PTRACE_DETACH, self.tid, 0, 0).is_ok() {
+            return;
+        }
+        let _ = self.interrupt();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        if let Ok(Some(stop)) = self.wait(deadline.saturating_duration_since(Instant::now())) {
+            let sig = match stop {
+                Stop::Gone => return,
+                // A signal on its way: detaching delivers it.
+                Stop::Signal(sig) => sig,
+                Stop::Event(_) => 0,
+            };
+            let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize);
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The bookkeeping state machine: applies the workers' [`SessionEvent`]s to
+//! the [`Profile`], in arrival order (the profile itself commits each
+//! process's operations in sequence order).
+//!
+//! What it adds to the profile:
+//!
+//! * **Sessions.** Each session (one client connection) maps to its pid;
+//!   a session's [`Op::Stack`] definitions are kept as a per-session
+//!   vector id -> callsite, so a malloc costs one index instead of a walk
+//!   of the callsite tree.
+//! * **exec hold-back.** A process that calls exec closes its session and
+//!   the new image connects with the same pid and a new sequence-number
+//!   space, often before the old session's records are all drained. Every
+//!   event of a session whose pid still has an older session is held back
+//!   until that one ends; then the profile starts a new session for the
+//!   pid (pending operations committed, the old image's live allocations
+//!   forgotten, sequence numbers from 1) and the held events are applied.
+//!   [`Bookkeeping::finish`] applies what is still held (its predecessor
+//!   never ended).
+//! * **Statistics and flags** from each batch's [`SessionStats`] (ring
+//!   overruns, corruption, the client's error), and the data of the
+//!   end-of-run summary ([`Bookkeeping::summary`]).
+//!
+//! Dumps are the caller's: [`Bookkeeping::profile_mut`] lends the profile
+//! to a [`TraceWriter`](crate::trace::TraceWriter).
+
+use std::collections::BTreeMap;
+
+use crate::messages::{Op, SessionEvent, SessionId, SessionStats};
+use crate::profile::{Alloc, CallsiteId, ClientError, Interner, Profile};
+use crate::summary::{ProcessSummary, summarize};
+
+/// The bookkeeping of one profiling run; see the module docs.
+#[derive(Debug)]
+pub struct Bookkeeping {
+    profile: Profile,
+    /// Sampling interval of the default heap of every new session.
+    interval: u64,
+    /// Sessions started and not ended: pid and latest stats.
+    sessions: BTreeMap<SessionId, (u32, SessionStats)>,
+    /// Per session: its worker's stack ids -> callsites.
+    stacks: BTreeMap<SessionId, Vec<Option<CallsiteId>>>,
+    /// Sessions that ended: pid and final stats.
+    ended: Vec<(u32, SessionStats)>,
+    /// Events of sessions held back behind an older session of their pid,
+    /// by session (ids grow with connection order, so the oldest is first).
+    held: BTreeMap<SessionId, Vec<SessionEvent>>,
+}
+
+impl Bookkeeping {
+    /// Empty bookkeeping; the default heap of every session samples every
+    /// `interval` bytes.
+    pub fn new(interner: &Interner, interval: u64) -> Self {
+        Self::with_profile(Profile::new(interner), interval)
+    }
+
+    /// Bookkeeping over `profile` (e.g. one with another reordering window).
+    pub fn with_profile(profile: Profile, interval: u64) -> Self {
+        Bookkeeping {
+            profile,
+            interval,
+            sessions: BTreeMap::new(),
+            stacks: BTreeMap::new(),
+            ended: Vec::new(),
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// Applies one event, or holds it back behind an older session of the
+    /// same pid (see the module docs). Returns whether it was applied now.
+    pub fn handle(&mut self, event: SessionEvent) -> bool {
+        if let Some(queue) = self.held.get_mut(&event.session()) {
+            queue.push(event);
+            return false;
+        }
+        match event {
+            SessionEvent::Started {
+                id,
+                pid,
+                cmdline,
+                from_startup,
+            } => {
+                if self.sessions.values().any(|(p, _)| *p == pid) {
+                    let started = SessionEvent::Started {
+                        id,
+                        pid,
+                        cmdline,
+                        from_startup,
+                    };
+                    self.held.insert(id, vec![started]);
+                    return false;
+                }
+                // A pid we already know: the process called exec (its old
+                // image's session has ended) or the pid was reused.
+                self.profile.new_session(pid);
+                self.profile.add_process(pid, cmdline, from_startup);
+                self.profile.set_heap(
+                    pid,
+                    heapprofd_proto::wire::HEAP_LIBC_MALLOC,
+                    Some(heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME),
+                    self.interval,
+                );
+                self.sessions.insert(id, (pid, SessionStats::default()));
+            }
+            SessionEvent::Ops { id, ops, stats } => {
+                if let Some(pid) = self.sessions.get(&id).map(|s| s.0) {
+                    self.apply(id, pid, ops);
+                    self.set_stats(id, pid, stats);
+                }
+            }
+            SessionEvent::Ended {
+                id,
+                pid,
+                stats,
+                end,
+            } => {
+                self.set_stats(id, pid, stats.clone());
+                if let Some(p) = self.profile.process_mut(pid) {
+                    p.flags.disconnected |= end.disconnected;
+                }
+                self.profile.flush(pid);
+                self.sessions.remove(&id);
+                self.stacks.remove(&id);
+                self.ended.push((pid, stats));
+                // Release the next session of this pid, if one was waiting.
+                let next = self
+                    .held
+                    .iter()
+                    .find(|(_, q)| {
+                        matches!(q.first(), Some(SessionEvent::Started { pid: p, .. }) if *p == pid)
+                    })
+                    .map(|(&id, _)| id);
+                if let Some(next) = next.and_then(|n| self.held.remove(&n)) {
+                    for e in next {
+                        self.handle(e);
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn apply(&mut self, id: SessionId, pid: u32, ops: Vec<Op>) {
+        let stacks = self.stacks.entry(id).or_default();
+        for op in ops {
+            match op {
+                Op::Stack { id, frames } => {
+                    let callsite = self.profile.intern_callsite(&frames);
+                    let i = id as usize;
+                    if stacks.len() <= i {
+                        stacks.resize(i + 1, None);
+                    }
+                    stacks[i] = Some(callsite);
+                }
+                Op::Malloc {
+                    heap,
+                    seq,
+                    address,
+                    sample_size,
+                    timestamp_ns,
+                    stack,
+                } => {
+                    // Every id is defined before use; an undefined one
+                    // would be a worker bug, kept visible as an empty stack.
+                    let callsite = match stacks.get(stack as usize) {
+                        Some(&Some(c)) => c,
+                        _ => self.profile.intern_callsite(&[]),
+                    };
+                    let alloc = Alloc {
+                        heap,
+                        seq,
+                        address,
+                        sample_size,
+                        timestamp_ns,
+                    };
+                    self.profile.malloc_at(pid, alloc, callsite)
+                }
+                Op::Free { heap, seq, address } => self.profile.free(pid, heap, seq, address),
+                Op::HeapName {
+                    heap,
+                    name,
+                    interval,
+                } => {
+                    let name = (!name.is_empty()).then_some(name.as_str());
+                    self.profile.set_heap(pid, heap, name, interval)
+                }
+            }
+        }
+    }
+
+    fn set_stats(&mut self, id: SessionId, pid: u32, s: SessionStats) {
+        if let Some(p) = self.profile.process_mut(pid) {
+            p.stats.unwinding_errors = s.unwinding_errors;
+            p.stats.heap_samples = s.heap_samples;
+            p.stats.map_reparses = s.map_reparses;
+            p.stats.unwinding_time_us = s.unwinding_time_us.clone();
+            p.stats.total_unwinding_time_us = s.total_unwinding_time_us;
+            p.stats.client_spinlock_blocked_us = s.ring.blocked_us;
+            let f = &mut p.flags;
+            f.buffer_overran |=
+                s.ring.writes_overflow > 0 || s.client_error == ClientError::HitTimeout;
+            f.buffer_corrupted |= s.ring_corrupt
+                || s.corrupt_records > 0
+                || s.ring.writes_corrupt > 0
+                || s.ring.reads_corrupt > 0;
+            if s.client_error != ClientError::None {
+                f.client_error = s.client_error;
+            }
+        }
+        if let Some(entry) = self.sessions.get_mut(&id) {
+            entry.1 = s;
+        }
+    }
+
+    /// The end of the run: applies every held-back session (its
+    /// predecessor never ended) and commits every pending operation. Write
+    /// the final dump after this.
+    pub fn finish(&mut self) {
+        // Oldest first; each released session is ended before the next, so
+        // none is held back behind it again.
+        while let Some((_, events)) = self.held.pop_first() {
+            self.end_active_sessions();
+            for e in events {
+                self.handle(e);
+            }
+        }
+        self.profile.flush_all();
+    }
+
+    /// Moves every session still active to the ended ones (the run is over:
+    /// nothing more comes from them).
+    fn end_active_sessions(&mut self) {
+        for (id, (pid, stats)) in std::mem::take(&mut self.sessions) {
+            self.profile.flush(pid);
+            self.stacks.remove(&id);
+            self.ended.push((pid, stats));
+        }
+    }
+
+    /// The profile.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// The profile, to dump it.
+    pub fn profile_mut(&mut self) -> &mut Profile {
+        &mut self.profile
+    }
+
+    /// Sessions whose events are held back behind an older session of
+    /// their pid.
+    pub fn held_back(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Sessions started and not ended (held-back ones not included).
+    pub fn active_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Live sampled bytes over every process and heap.
+    pub fn live_bytes(&self) -> u64 {
+        self.profile.live_bytes()
+    }
+
+    /// Records the clients dropped because a ring buffer was full, over
+    /// every session so far.
+    pub fn dropped_records(&self) -> u64 {
+        self.all_stats().map(|(_, s)| s.ring.writes_overflow).sum()
+    }
+
+    fn all_stats(&self) -> impl Iterator<Item = (u32, &SessionStats)> {
+        self.ended
+            .iter()
+            .map(|(pid, s)| (*pid, s))
+            .chain(self.sessions.values().map(|(pid, s)| (*pid, s)))
+    }
+
+    /// The data of the end-of-run summary, one entry per process.
+    pub fn summary(&self) -> Vec<ProcessSummary> {
+        summarize(&self.profile, self.all_stats())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! What the unwinding workers tell the bookkeeping: per session, its start,
+//! batches of unwound records ([`Op`]s) with the session's statistics, and
+//! its end (Perfetto's `unwound_messages.h` plays this role in heapprofd).
+//!
+//! Stacks cross the thread boundary as ids: a worker sends each distinct
+//! stack of a session once ([`Op::Stack`]) and after that only its id with
+//! each malloc. Ids are per session, defined before their first use in the
+//! same ordered stream, and may be redefined (a worker that forgot its
+//! stacks starts its ids again); [`SCRATCH_STACK`] is redefined before each
+//! use, for stacks the worker does not cache.
+
+use crate::profile::{ClientError, FrameId, UnwindHistogram};
+
+/// Identifies one client connection for its whole life (pids can be
+/// reused, and a process that calls exec connects again with the same pid).
+pub type SessionId = u64;
+
+/// The stack id redefined before every use, for stacks that are not cached.
+pub const SCRATCH_STACK: u32 = 0;
+
+/// One record of a client, after unwinding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// A sampled allocation.
+    Malloc {
+        /// Heap id (0 = libc.malloc).
+        heap: u32,
+        /// Client sequence number.
+        seq: u64,
+        /// Address returned to the program.
+        address: u64,
+        /// Bytes the sample stands for.
+        sample_size: u64,
+        /// CLOCK_MONOTONIC_COARSE of the allocation.
+        timestamp_ns: u64,
+        /// The session's stack id, defined by an earlier [`Op::Stack`].
+        stack: u32,
+    },
+    /// Defines (or redefines) a stack id of the session for the
+    /// operations that follow.
+    Stack {
+        /// The session's stack id ([`SCRATCH_STACK`] is redefined before
+        /// each use).
+        id: u32,
+        /// Interned frames, outermost caller first.
+        frames: Box<[FrameId]>,
+    },
+    /// A free of a possibly sampled address.
+    Free {
+        /// Heap id.
+        heap: u32,
+        /// Client sequence number.
+        seq: u64,
+        /// Address freed.
+        address: u64,
+    },
+    /// A heap declaration or sampling-interval change.
+    HeapName {
+        /// Heap id.
+        heap: u32,
+        /// Heap name (empty: keep the previous name).
+        name: String,
+        /// Current sampling interval.
+        interval: u64,
+    },
+}
+
+/// The ring buffer's counters that the trace and the summary use (the
+/// writer side's are read from shared memory: untrusted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Records dropped because the buffer was full.
+    pub writes_overflow: u64,
+    /// Writes refused because the positions were inconsistent.
+    pub writes_corrupt: u64,
+    /// Microseconds writers spent waiting (spinlock or full buffer).
+    pub blocked_us: u64,
+    /// Reads that found corruption.
+    pub reads_corrupt: u64,
+}
+
+/// What a worker knows about a session, sent with every batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Unwinds that ended in an error.
+    pub unwinding_errors: u64,
+    /// Malloc samples unwound.
+    pub heap_samples: u64,
+    /// Times the process's maps were read again.
+    pub map_reparses: u64,
+    /// Total time spent unwinding.
+    pub total_unwinding_time_us: u64,
+    /// Distribution of unwinding times.
+    pub unwinding_time_us: UnwindHistogram,
+    /// Ring-buffer statistics.
+    pub ring: RingStats,
+    /// Error the client recorded in the ring buffer.
+    pub client_error: ClientError,
+    /// Records that did not decode.
+    pub corrupt_records: u64,
+    /// The ring buffer itself was found corrupt (session ended).
+    pub ring_corrupt: bool,
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionEnd {
+    /// The client went away on its own (exit, teardown) before the daemon
+    /// stopped it, while its process lived on.
+    pub disconnected: bool,
+    /// The daemon ended the session (duration over, Ctrl-C, stop).
+    pub stopped_by_daemon: bool,
+}
+
+/// One thing that happened to a session, in the order its worker saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// A client completed its handshake.
+    Started {
+        /// Session.
+        id: SessionId,
+        /// Process id.
+        pid: u32,
+        /// Command line.
+        cmdline: Vec<String>,
+        /// Connected from its constructor (profiled from process start).
+        from_startup: bool,
+    },
+    /// A batch of unwound records of one session, with its current stats.
+    Ops {
+        /// Session.
+        id: SessionId,
+        /// The records, in ring-buffer order.
+        ops: Vec<Op>,
+        /// Stats snapshot.
+        stats: SessionStats,
+    },
+    /// A session is over and fully drained.
+    Ended {
+        /// Session.
+        id: SessionId,
+        /// Process id.
+        pid: u32,
+        /// Final stats.
+        stats: SessionStats,
+        /// How it ended.
+        end: SessionEnd,
+    },
+}
+
+impl SessionEvent {
+    /// The session the event belongs to.
+    pub fn session(&self) -> SessionId {
+        match self {
+            SessionEvent::Started { id, .. }
+            | SessionEvent::Ops { id, .. }
+            | SessionEvent::Ended { id, .. } => *id,
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! One heap of one process: live sampled allocations and per-callsite
+//! totals, updated by operations already put in sequence order.
+//!
+//! ```text
+//!  live: address ──► LiveAlloc { seq, sample_size, slot } ─┐
+//!                                                          ▼
+//!  callsites: [CallsiteTotals { callsite, allocated, freed, counts, live, max… }]
+//! ```
+//!
+//! Values are in *sampled* bytes (`sample_size`): with interval 1 they are
+//! the real sizes, otherwise unbiased estimates. The peak for dump_at_max is
+//! tracked in O(1) per operation with a version stamp: when the heap reaches
+//! a new maximum of live sampled bytes the version goes up, and a callsite's
+//! value at the peak is copied lazily the next time it changes.
+
+use rustc_hash::FxHashMap;
+
+use super::tree::CallsiteId;
+
+/// Cumulative and live values of one callsite in one heap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallsiteTotals {
+    /// The stack.
+    pub callsite: CallsiteId,
+    /// Sampled bytes allocated since the start, cumulative.
+    pub allocated: u64,
+    /// Sampled bytes freed since the start, cumulative.
+    pub freed: u64,
+    /// Sampled allocations, cumulative.
+    pub alloc_count: u64,
+    /// Frees of sampled allocations, cumulative.
+    pub free_count: u64,
+    /// Sampled bytes live now (`allocated - freed`).
+    pub live_bytes: u64,
+    /// Sampled allocations live now.
+    pub live_count: u64,
+    max_bytes: u64,
+    max_count: u64,
+    max_version: u64,
+    dumped: Option<(u64, u64)>,
+}
+
+impl CallsiteTotals {
+    fn new(callsite: CallsiteId) -> Self {
+        CallsiteTotals {
+            callsite,
+            allocated: 0,
+            freed: 0,
+            alloc_count: 0,
+            free_count: 0,
+            live_bytes: 0,
+            live_count: 0,
+            max_bytes: 0,
+            max_count: 0,
+            max_version: 0,
+            dumped: None,
+        }
+    }
+
+    /// Whether a dump must include this callsite: it has live allocations,
+    /// or it changed since it was last dumped. A callsite left out is
+    /// unchanged, so readers that take deltas (trace processor) lose
+    /// nothing; its totals are kept, so if it comes back its values go on
+    /// growing from where they were.
+    pub fn needs_dump(&self) -> bool {
+        self.live_count > 0 || self.dumped != Some((self.alloc_count, self.free_count))
+    }
+
+    pub(crate) fn mark_dumped(&mut self) {
+        self.dumped = Some((self.alloc_count, self.free_count));
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LiveAlloc {
+    seq: u64,
+    sample_size: u64,
+    slot: u32,
+}
+
+/// Live sampled allocations and per-callsite totals of one heap.
+#[derive(Debug)]
+pub struct HeapState {
+    /// Heap id on the wire.
+    pub id: u32,
+    /// Heap name (`libc.malloc` for the malloc family).
+    pub name: String,
+    /// Current sampling interval in bytes.
+    pub sampling_interval: u64,
+    /// First sampling interval seen (before any adaptive change).
+    pub orig_sampling_interval: u64,
+    live: FxHashMap<u64, LiveAlloc>,
+    slots: Vec<CallsiteTotals>,
+    slot_of: FxHashMap<CallsiteId, u32>,
+    live_bytes: u64,
+    max_live_bytes: u64,
+    max_version: u64,
+    max_timestamp: u64,
+    first_timestamp: Option<u64>,
+    committed_timestamp: u64,
+    pub(crate) last_dump_timestamp: Option<u64>,
+}
+
+impl HeapState {
+    pub(crate) fn new(id: u32, name: String, sampling_interval: u64) -> Self {
+        HeapState {
+            id,
+            name,
+            sampling_interval,
+            orig_sampling_interval: sampling_interval,
+            live: FxHashMap::default(),
+            slots: Vec::new(),
+            slot_of: FxHashMap::default(),
+            live_bytes: 0,
+            max_live_bytes: 0,
+            max_version: 0,
+            max_timestamp: 0,
+            first_timestamp: None,
+            committed_timestamp: 0,
+            last_dump_timestamp: None,
+        }
+    }
+
+    fn slot(&mut self, callsite: CallsiteId) -> u32 {
+        if let Some(&s) = self.slot_of.get(&callsite) {
+            return s;
+        }
+        let s = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        self.slots.push(CallsiteTotals::new(callsite));
+        self.slot_of.insert(callsite, s);
+        s
+    }
+
+    /// Copies the value at the last peak before a callsite changes.
+    #[inline]
+    fn touch(&mut self, slot: u32) -> Option<&mut CallsiteTotals> {
+        let version = self.max_version;
+        let t = self.slots.get_mut(slot as usize)?;
+        if t.max_version < version {
+            t.max_bytes = t.live_bytes;
+            t.max_count = t.live_count;
+            t.max_version = version;
+        }
+        Some(t)
+    }
+
+    fn note_time(&mut self, ts: u64) {
+        if ts != 0 {
+            self.committed_timestamp = self.committed_timestamp.max(ts);
+            if self.first_timestamp.is_none() {
+                self.first_timestamp = Some(ts);
+            }
+        }
+    }
+
+    /// Counts a sampled allocation at `slot` and makes it live (or not, for
+    /// an allocation already superseded).
+    fn add_alloc(&mut self, slot: u32, sample_size: u64, live: bool) {
+        let Some(t) = self.touch(slot) else { return };
+        t.allocated = t.allocated.saturating_add(sample_size);
+        t.alloc_count += 1;
+        if live {
+            t.live_bytes = t.live_bytes.saturating_add(sample_size);
+            t.live_count += 1;
+            self.live_bytes = self.live_bytes.saturating_add(sample_size);
+        } else {
+            t.freed = t.freed.saturating_add(sample_size);
+            t.free_count += 1;
+        }
+    }
+
+    fn remove_live(&mut self, a: LiveAlloc) {
+        self.live_bytes = self.live_bytes.saturating_sub(a.sample_size);
+        let Some(t) = self.touch(a.slot) else { return };
+        t.freed = t.freed.saturating_add(a.sample_size);
+        t.free_count += 1;
+        t.live_bytes = t.live_bytes.saturating_sub(a.sample_size);
+        t.live_count = t.live_count.saturating_sub(1);
+    }
+
+    fn check_peak(&mut self) {
+        if self.live_bytes > self.max_live_bytes {
+            self.max_live_bytes = self.live_bytes;
+            self.max_version += 1;
+            self.max_timestamp = self.committed_timestamp;
+        }
+    }
+
+    /// Commits a malloc. `in_order` says every earlier operation has been
+    /// committed; otherwise (a late operation) a newer allocation already
+    /// at the address wins.
+    pub(crate) fn commit_malloc(
+        &mut self,
+        seq: u64,
+        address: u64,
+        sample_size: u64,
+        callsite: CallsiteId,
+        timestamp: u64,
+        in_order: bool,
+    ) {
+        self.note_time(timestamp);
+        let slot = self.slot(callsite);
+        let new = LiveAlloc {
+            seq,
+            sample_size,
+            slot,
+        };
+        match self.live.get(&address).copied() {
+            Some(old) if !in_order && old.seq > seq => {
+                // Freed implicitly by the newer allocation at the address.
+                self.add_alloc(slot, sample_size, false);
+                return;
+            }
+            Some(old) => {
+                // A malloc at a live address: the old one was freed.
+                self.remove_live(old);
+            }
+            None => {}
+        }
+        self.live.insert(address, new);
+        self.add_alloc(slot, sample_size, true);
+        self.check_peak();
+    }
+
+    /// Forgets every live allocation without counting it freed: the address
+    /// space it lived in is gone (the process called exec). What was never
+    /// freed stays unreleased in the callsite totals.
+    pub(crate) fn forget_live(&mut self) {
+        for t in &mut self.slots {
+            t.live_bytes = 0;
+            t.live_count = 0;
+        }
+        self.live.clear();
+        self.live_bytes = 0;
+    }
+
+    /// Commits a free. Frees of unknown addresses (unsampled allocations,
+    /// memory allocated before profiling started) are ignored; so is a
+    /// late free older than the allocation now at its address. Returns
+    /// whether it freed a sampled allocation.
+    pub(crate) fn commit_free(&mut self, seq: u64, address: u64) -> bool {
+        match self.live.get(&address) {
+            Some(a) if a.seq < seq => {
+                let a = *a;
+                self.live.remove(&address);
+                self.remove_live(a);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Per-callsite totals, in first-seen order.
+    pub fn callsites(&self) -> &[CallsiteTotals] {
+        &self.slots
+    }
+
+    pub(crate) fn callsites_mut(&mut self) -> &mut [CallsiteTotals] {
+        &mut self.slots
+    }
+
+    /// Totals of one callsite.
+    pub fn callsite(&self, id: CallsiteId) -> Option<&CallsiteTotals> {
+        let s = *self.slot_of.get(&id)?;
+        self.slots.get(s as usize)
+    }
+
+    /// The value of a callsite at the peak of live sampled bytes:
+    /// (bytes, count).
+    pub fn max_of(&self, t: &CallsiteTotals) -> (u64, u64) {
+        if t.max_version < self.max_version {
+            (t.live_bytes, t.live_count)
+        } else {
+            (t.max_bytes, t.max_count)
+        }
+    }
+
+    /// Live sampled bytes.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Live sampled allocations.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Highest live sampled bytes so far.
+    pub fn max_live_bytes(&self) -> u64 {
+        self.max_live_bytes
+    }
+
+    /// Timestamp of the operation that reached the peak.
+    pub fn max_timestamp(&self) -> u64 {
+        self.max_timestamp
+    }
+
+    /// Latest timestamp of a committed malloc (0 if none).
+    pub fn committed_timestamp(&self) -> u64 {
+        self.committed_timestamp
+    }
+
+    /// Timestamp of the first committed malloc.
+    pub fn first_timestamp(&self) -> Option<u64> {
+        self.first_timestamp
+    }
+
+    /// Timestamp of the last dump of this heap.
+    pub fn last_dump_timestamp(&self) -> Option<u64> {
+        self.last_dump_timestamp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cs(n: u32) -> CallsiteId {
+        CallsiteId::new(n).unwrap()
+    }
+
+    #[test]
+    fn malloc_free_and_implicit_free() {
+        let mut h = HeapState::new(0, "libc.malloc".into(), 1);
+        h.commit_malloc(1, 0x10, 100, cs(2), 5, true);
+        h.commit_malloc(2, 0x20, 50, cs(3), 6, true);
+        assert_eq!(h.live_bytes(), 150);
+        assert!(h.commit_free(3, 0x10));
+        assert!(!h.commit_free(4, 0x99), "unknown address ignored");
+        h.commit_malloc(5, 0x20, 70, cs(2), 7, true); // implicit free of seq 2
+        let a = h.callsite(cs(2)).unwrap();
+        assert_eq!(
+            (a.allocated, a.freed, a.alloc_count, a.free_count),
+            (170, 100, 2, 1)
+        );
+        let b = h.callsite(cs(3)).unwrap();
+        assert_eq!((b.allocated, b.freed, b.live_count), (50, 50, 0));
+        assert_eq!(h.live_bytes(), 70);
+        assert_eq!(h.max_live_bytes(), 150);
+        assert_eq!(h.max_timestamp(), 6);
+        assert_eq!(h.max_of(h.callsite(cs(2)).unwrap()), (100, 1));
+        assert_eq!(h.max_of(h.callsite(cs(3)).unwrap()), (50, 1));
+    }
+
+    #[test]
+    fn late_operations_do_not_undo_newer_ones() {
+        let mut h = HeapState::new(0, "x".into(), 1);
+        h.commit_malloc(10, 0x10, 8, cs(2), 1, true);
+        // A late free older than the live allocation: ignored.
+        assert!(!h.commit_free(5, 0x10));
+        // A late malloc older than the live one: counted and freed.
+        h.commit_malloc(7, 0x10, 4, cs(3), 1, false);
+        let t = h.callsite(cs(3)).unwrap();
+        assert_eq!((t.allocated, t.freed, t.live_count), (4, 4, 0));
+        assert_eq!(h.live_bytes(), 8);
+    }
+
+    #[test]
+    fn needs_dump_drops_dead_callsites_once_dumped() {
+        let mut h = HeapState::new(0, "x".into(), 1);
+        h.commit_malloc(1, 0x10, 8, cs(2), 1, true);
+        assert!(h.callsites()[0].needs_dump());
+        h.callsites_mut()[0].mark_dumped();
+        assert!(h.callsites()[0].needs_dump(), "still live");
+        h.commit_free(2, 0x10);
+        assert!(h.callsites()[0].needs_dump(), "changed");
+        h.callsites_mut()[0].mark_dumped();
+        assert!(!h.callsites()[0].needs_dump(), "dead and unchanged");
+        h.commit_malloc(3, 0x10, 8, cs(2), 1, true);
+        assert!(h.callsites()[0].needs_dump());
+        assert_eq!(h.callsites()[0].allocated, 16, "totals kept");
+    }
+}

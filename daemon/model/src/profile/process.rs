@@ -1,0 +1,277 @@
+//! Per-process state: identity, statistics, error flags and heaps.
+
+use std::collections::BTreeMap;
+
+use super::heap::HeapState;
+use super::histogram::UnwindHistogram;
+use super::order::{Release, Reorder};
+use super::tree::CallsiteId;
+
+/// Unwinding statistics of a process (Perfetto's `ProcessStats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessStats {
+    /// Samples whose unwinding ended in an error frame.
+    pub unwinding_errors: u64,
+    /// Samples unwound.
+    pub heap_samples: u64,
+    /// Times `/proc/PID/maps` was read again.
+    pub map_reparses: u64,
+    /// Unwinding times.
+    pub unwinding_time_us: UnwindHistogram,
+    /// Sum of unwinding times.
+    pub total_unwinding_time_us: u64,
+    /// Time the client spent waiting for the ring buffer's lock.
+    pub client_spinlock_blocked_us: u64,
+}
+
+impl ProcessStats {
+    /// Counts one unwound sample.
+    pub fn record_unwind(&mut self, time_us: u64, error: bool) {
+        self.heap_samples += 1;
+        if error {
+            self.unwinding_errors += 1;
+        }
+        self.unwinding_time_us.add_us(time_us, 1);
+        self.total_unwinding_time_us = self.total_unwinding_time_us.saturating_add(time_us);
+    }
+}
+
+/// Why the client stopped sending (Perfetto's `ClientError`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClientError {
+    /// No error.
+    #[default]
+    None,
+    /// The ring buffer stayed full past the block timeout.
+    HitTimeout,
+    /// The client could not find its thread's stack.
+    InvalidStackBounds,
+}
+
+/// What went wrong for a process; written to every dump once set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessFlags {
+    /// The client disconnected before the session ended.
+    pub disconnected: bool,
+    /// Records were lost because the ring buffer was full.
+    pub buffer_overran: bool,
+    /// The ring buffer held malformed data.
+    pub buffer_corrupted: bool,
+    /// Profiling stopped at a resource guardrail.
+    pub hit_guardrail: bool,
+    /// Another session was already profiling the process.
+    pub rejected_concurrent: bool,
+    /// Error the client reported.
+    pub client_error: ClientError,
+}
+
+/// Counters of the sequence-ordering step (not part of the trace format).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OrderStats {
+    /// Frees that matched no live sampled allocation (unsampled memory,
+    /// memory allocated before profiling started).
+    pub unknown_frees: u64,
+    /// Operations that arrived after a later one had been committed
+    /// (beyond the reordering window).
+    pub late_ops: u64,
+    /// Operations with a sequence number already waiting.
+    pub duplicate_seqs: u64,
+    /// Operations for a heap that was never declared.
+    pub undeclared_heap_ops: u64,
+}
+
+/// An operation waiting for its turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PendingOp {
+    Malloc {
+        heap_id: u32,
+        address: u64,
+        sample_size: u64,
+        timestamp: u64,
+        callsite: CallsiteId,
+    },
+    Free {
+        heap_id: u32,
+        address: u64,
+    },
+}
+
+/// One profiled process.
+#[derive(Debug)]
+pub struct ProcessState {
+    /// Process id.
+    pub pid: u32,
+    /// Command line (argv), if known.
+    pub cmdline: Vec<String>,
+    /// Profiled from its start rather than attached to while running.
+    pub from_startup: bool,
+    /// Unwinding statistics.
+    pub stats: ProcessStats,
+    /// Error flags.
+    pub flags: ProcessFlags,
+    pub(crate) heaps: BTreeMap<u32, HeapState>,
+    pub(crate) order: Reorder<PendingOp>,
+    pub(crate) order_stats: OrderStats,
+}
+
+impl ProcessState {
+    pub(crate) fn new(pid: u32, window: u64) -> Self {
+        ProcessState {
+            pid,
+            cmdline: Vec::new(),
+            from_startup: false,
+            stats: ProcessStats::default(),
+            flags: ProcessFlags::default(),
+            heaps: BTreeMap::new(),
+            order: Reorder::new(1, window),
+            order_stats: OrderStats::default(),
+        }
+    }
+
+    /// The heaps, by heap id.
+    pub fn heaps(&self) -> impl Iterator<Item = &HeapState> {
+        self.heaps.values()
+    }
+
+    /// One heap.
+    pub fn heap(&self, heap_id: u32) -> Option<&HeapState> {
+        self.heaps.get(&heap_id)
+    }
+
+    /// Counters of the ordering step.
+    pub fn order_stats(&self) -> OrderStats {
+        OrderStats {
+            late_ops: self.order.late,
+            duplicate_seqs: self.order.duplicates,
+            ..self.order_stats
+        }
+    }
+
+    /// Operations waiting for earlier sequence numbers.
+    pub fn pending_ops(&self) -> usize {
+        self.order.pending()
+    }
+
+    /// Sum of live sampled bytes over the heaps.
+    pub fn live_bytes(&self) -> u64 {
+        self.heaps.values().map(|h| h.live_bytes()).sum()
+    }
+
+    pub(crate) fn heap_or_default(&mut self, heap_id: u32) -> &mut HeapState {
+        heap_or_default(&mut self.heaps, heap_id)
+    }
+
+    /// Adds an operation; commits whatever is ready.
+    pub(crate) fn push(&mut self, seq: u64, op: PendingOp) {
+        let Self {
+            order,
+            heaps,
+            order_stats,
+            ..
+        } = self;
+        order.push(seq, op, |s, op, rel| apply(heaps, order_stats, s, op, rel));
+    }
+
+    /// Commits everything up to `seq`.
+    pub(crate) fn release_through(&mut self, seq: u64) {
+        let Self {
+            order,
+            heaps,
+            order_stats,
+            ..
+        } = self;
+        order.release_through(seq, |s, op, rel| apply(heaps, order_stats, s, op, rel));
+    }
+
+    /// A new client session for the same pid (the process called exec, or
+    /// the pid was reused): commits what is pending, forgets the old image's
+    /// live allocations, and starts a new sequence-number space at 1.
+    pub(crate) fn new_session(&mut self, window: u64) {
+        self.flush();
+        for h in self.heaps.values_mut() {
+            h.forget_live();
+        }
+        self.order = Reorder::new(1, window);
+        self.flags.disconnected = false;
+    }
+
+    /// Commits everything pending.
+    pub(crate) fn flush(&mut self) {
+        let Self {
+            order,
+            heaps,
+            order_stats,
+            ..
+        } = self;
+        order.flush(|s, op, rel| apply(heaps, order_stats, s, op, rel));
+    }
+}
+
+fn heap_or_default(heaps: &mut BTreeMap<u32, HeapState>, heap_id: u32) -> &mut HeapState {
+    heaps
+        .entry(heap_id)
+        .or_insert_with(|| HeapState::new(heap_id, default_heap_name(heap_id), 0))
+}
+
+fn apply(
+    heaps: &mut BTreeMap<u32, HeapState>,
+    stats: &mut OrderStats,
+    seq: u64,
+    op: PendingOp,
+    release: Release,
+) {
+    match op {
+        PendingOp::Malloc {
+            heap_id,
+            address,
+            sample_size,
+            timestamp,
+            callsite,
+        } => {
+            if !heaps.contains_key(&heap_id) {
+                stats.undeclared_heap_ops += 1;
+            }
+            heap_or_default(heaps, heap_id).commit_malloc(
+                seq,
+                address,
+                sample_size,
+                callsite,
+                timestamp,
+                release == Release::InOrder,
+            );
+        }
+        PendingOp::Free { heap_id, address } => {
+            let freed = heaps
+                .get_mut(&heap_id)
+                .is_some_and(|h| h.commit_free(seq, address));
+            if !freed {
+                stats.unknown_frees += 1;
+            }
+        }
+    }
+}
+
+/// Name of a heap that was used before it was declared.
+pub fn default_heap_name(heap_id: u32) -> String {
+    if heap_id == heapprofd_proto::wire::HEAP_LIBC_MALLOC {
+        heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME.to_owned()
+    } else {
+        format!("heap{heap_id}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_unwind_counts() {
+        let mut s = ProcessStats::default();
+        s.record_unwind(300, false);
+        s.record_unwind(5, true);
+        assert_eq!((s.heap_samples, s.unwinding_errors), (2, 1));
+        assert_eq!(s.total_unwinding_time_us, 305);
+        assert_eq!(s.unwinding_time_us[9], 1); // 256 < 300 <= 512
+        assert_eq!(s.unwinding_time_us[3], 1);
+    }
+}

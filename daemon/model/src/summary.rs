@@ -1,0 +1,97 @@
+//! The data of the end-of-run summary: per process, what was sampled and
+//! what makes its profile incomplete. The daemon turns it into text.
+
+use std::collections::BTreeMap;
+
+use crate::messages::SessionStats;
+use crate::profile::{ClientError, Profile};
+
+/// Something that makes a process's profile incomplete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessWarning {
+    /// The client dropped this many samples because its ring buffer was full.
+    SamplesDropped(u64),
+    /// The program waited longer than the block timeout; its profile ended early.
+    BlockTimeout,
+    /// The ring buffer was corrupt; some records were lost.
+    BufferCorrupt,
+    /// More than a tenth of the stacks could not be fully unwound.
+    UnwindErrors {
+        /// Stacks whose unwinding ended in an error.
+        errors: u64,
+        /// Stacks unwound.
+        samples: u64,
+    },
+}
+
+/// One process of the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessSummary {
+    /// Process id.
+    pub pid: u32,
+    /// Command line.
+    pub cmdline: Vec<String>,
+    /// Malloc samples unwound.
+    pub samples: u64,
+    /// Estimated bytes allocated (sum of sample sizes).
+    pub allocated: u64,
+    /// Estimated bytes freed.
+    pub freed: u64,
+    /// Unwinds that ended in an error.
+    pub unwind_errors: u64,
+    /// Records the client dropped (buffer full).
+    pub dropped: u64,
+    /// Anything that makes this process's profile incomplete.
+    pub warnings: Vec<ProcessWarning>,
+}
+
+/// The summary of every process of `profile`; `sessions` are the (pid,
+/// stats) of every session, ended or not.
+pub(crate) fn summarize<'a>(
+    profile: &Profile,
+    sessions: impl Iterator<Item = (u32, &'a SessionStats)>,
+) -> Vec<ProcessSummary> {
+    let mut dropped_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    for (pid, s) in sessions {
+        *dropped_by_pid.entry(pid).or_default() += s.ring.writes_overflow;
+    }
+    profile
+        .processes()
+        .map(|p| {
+            let (mut allocated, mut freed) = (0, 0);
+            for h in p.heaps() {
+                for c in h.callsites() {
+                    allocated += c.allocated;
+                    freed += c.freed;
+                }
+            }
+            let dropped = dropped_by_pid.get(&p.pid).copied().unwrap_or(0);
+            let mut warnings = Vec::new();
+            if dropped > 0 {
+                warnings.push(ProcessWarning::SamplesDropped(dropped));
+            }
+            if p.flags.client_error == ClientError::HitTimeout {
+                warnings.push(ProcessWarning::BlockTimeout);
+            }
+            if p.flags.buffer_corrupted {
+                warnings.push(ProcessWarning::BufferCorrupt);
+            }
+            if p.stats.heap_samples > 0 && p.stats.unwinding_errors * 10 > p.stats.heap_samples {
+                warnings.push(ProcessWarning::UnwindErrors {
+                    errors: p.stats.unwinding_errors,
+                    samples: p.stats.heap_samples,
+                });
+            }
+            ProcessSummary {
+                pid: p.pid,
+                cmdline: p.cmdline.clone(),
+                samples: p.stats.heap_samples,
+                allocated,
+                freed,
+                unwind_errors: p.stats.unwinding_errors,
+                dropped,
+                warnings,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,389 @@
+//! Reading heap profiles back from a Perfetto trace: ours, and heapprofd's.
+//!
+//! The reader follows trace processor's rules: interned data per trusted
+//! packet sequence (reset when a packet clears incremental state),
+//! ProfilePacket-local tables (Android Q traces) looked up first, and a
+//! dump group resolved when its last packet (`continued` unset) arrives, so
+//! interned data written after the samples (heapprofd's order) works too.
+//!
+//! Values are cumulative, and a dump may leave out callsites that did not
+//! change; the result keeps, per (process, heap), the latest values of
+//! every callstack seen in any dump.
+use std::collections::BTreeMap;
+use std::io::{self, Read};
+
+use heapprofd_proto::perfetto::{self as pf, Message, TracePacket, profile_packet, trace_packet};
+use rustc_hash::FxHashMap;
+
+use super::TraceError;
+use super::data::{CallstackValues, HeapProfile, ProcessInfo, ResolvedFrame, TraceData};
+use super::interned::{Resolver, Tables};
+use crate::profile::{ClientError, ProcessStats, UNWIND_HISTOGRAM_BUCKETS};
+
+#[derive(Debug, Default)]
+struct Sequence {
+    tables: Tables,
+    local: Tables,
+    generation: u64,
+    last_index: Option<u64>,
+    group: Vec<profile_packet::ProcessHeapSamples>,
+}
+
+#[derive(Debug, Default)]
+struct HeapAcc {
+    profile: HeapProfile,
+    /// Latest values per (sequence, generation, callstack iid).
+    latest: FxHashMap<(u32, u64, u64), CallstackValues>,
+    order: Vec<(u32, u64, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct Reader {
+    seqs: FxHashMap<u32, Sequence>,
+    heaps: BTreeMap<(u32, String), HeapAcc>,
+    data: TraceData,
+}
+
+impl Reader {
+    fn warn(&mut self, w: String) {
+        if self.data.warnings.len() < 100 && !self.data.warnings.contains(&w) {
+            self.data.warnings.push(w);
+        }
+    }
+
+    fn packet(&mut self, offset: u64, p: TracePacket) {
+        self.data.packets += 1;
+        let seq_id = p.trusted_packet_sequence_id().unwrap_or(0);
+        let cleared = p.sequence_flags.unwrap_or(0) & pf::SEQ_INCREMENTAL_STATE_CLEARED != 0
+            || p.incremental_state_cleared == Some(true);
+        let seq = self.seqs.entry(seq_id).or_default();
+        if cleared {
+            seq.tables = Tables::default();
+            seq.generation += 1;
+        }
+        if let Some(d) = p.interned_data {
+            seq.tables.add_interned(d);
+        }
+        match p.data {
+            Some(trace_packet::Data::ProcessTree(t)) => {
+                for pr in t.processes {
+                    let pid = pr.pid() as u32;
+                    self.data.processes.insert(
+                        pid,
+                        ProcessInfo {
+                            pid,
+                            cmdline: pr.cmdline,
+                        },
+                    );
+                }
+            }
+            Some(trace_packet::Data::ProfilePacket(pp)) => self.profile_packet(offset, seq_id, pp),
+            _ => {}
+        }
+    }
+
+    fn profile_packet(&mut self, offset: u64, seq_id: u32, pp: pf::ProfilePacket) {
+        let seq = self.seqs.entry(seq_id).or_default();
+        let index = pp.index();
+        let expected = seq.last_index.map_or(0, |i| i + 1);
+        seq.last_index = Some(index);
+        let local = &mut seq.local;
+        for s in pp.strings {
+            local.strings.insert(s.iid(), s.str.unwrap_or_default());
+        }
+        local
+            .mappings
+            .extend(pp.mappings.into_iter().map(|m| (m.iid(), m)));
+        local
+            .frames
+            .extend(pp.frames.into_iter().map(|f| (f.iid(), f)));
+        local
+            .callstacks
+            .extend(pp.callstacks.into_iter().map(|c| (c.iid(), c.frame_ids)));
+        seq.group.extend(pp.process_dumps);
+        let finished = !pp.continued.unwrap_or(false);
+        if index != expected {
+            self.warn(format!(
+                "packet at byte {offset}: ProfilePacket.index {index}, expected {expected} \
+                 (packets lost?)"
+            ));
+        }
+        if finished {
+            self.finish_group(seq_id);
+        }
+    }
+
+    fn finish_group(&mut self, seq_id: u32) {
+        let Some(seq) = self.seqs.get_mut(&seq_id) else {
+            return;
+        };
+        let group = std::mem::take(&mut seq.group);
+        let local = std::mem::take(&mut seq.local);
+        let generation = seq.generation;
+        let mut warnings = Vec::new();
+        let mut resolver = Resolver {
+            interned: &seq.tables,
+            local: &local,
+            cache: FxHashMap::default(),
+            warnings: &mut warnings,
+        };
+        // Heap samples of the group, merged per (pid, heap): a header is
+        // repeated in every continued packet.
+        let mut counted: Vec<(u32, String)> = Vec::new();
+        for d in group {
+            let pid = d.pid() as u32;
+            let name = d.heap_name.clone().unwrap_or_else(|| "unknown".to_owned());
+            let key = (pid, name.clone());
+            let acc = self.heaps.entry(key.clone()).or_default();
+            let hp = &mut acc.profile;
+            if !counted.contains(&key) {
+                hp.dumps += 1;
+                counted.push(key);
+            }
+            hp.pid = pid;
+            hp.heap_name = name;
+            if d.sampling_interval_bytes.is_some() {
+                hp.sampling_interval_bytes = d.sampling_interval_bytes();
+            }
+            if d.orig_sampling_interval_bytes.is_some() {
+                hp.orig_sampling_interval_bytes = d.orig_sampling_interval_bytes();
+            }
+            let end = d.timestamp;
+            let start = d.start_timestamp.or(end);
+            if hp.start_timestamp.is_none() {
+                hp.start_timestamp = start;
+            }
+            if end.is_some() {
+                hp.timestamp = hp.timestamp.max(end);
+            }
+            hp.from_startup |= d.from_startup();
+            let f = &mut hp.flags;
+            f.disconnected |= d.disconnected();
+            f.buffer_overran |= d.buffer_overran();
+            f.buffer_corrupted |= d.buffer_corrupted();
+            f.hit_guardrail |= d.hit_guardrail();
+            f.rejected_concurrent |= d.rejected_concurrent();
+            use profile_packet::process_heap_samples::ClientError as CE;
+            match d.client_error() {
+                CE::HitTimeout => f.client_error = ClientError::HitTimeout,
+                CE::InvalidStackBounds => f.client_error = ClientError::InvalidStackBounds,
+                CE::None => {}
+            }
+            if let Some(s) = &d.stats {
+                hp.stats = Some(convert_stats(s));
+            }
+            for s in &d.samples {
+                let iid = s.callstack_id();
+                let key = (seq_id, generation, iid);
+                let at_max = s.self_max.is_some() || s.self_max_count.is_some();
+                hp.dump_at_max |= at_max;
+                let values = CallstackValues {
+                    frames: Vec::new(),
+                    self_allocated: if at_max && s.self_allocated.is_none() {
+                        s.self_max()
+                    } else {
+                        s.self_allocated()
+                    },
+                    self_freed: s.self_freed(),
+                    alloc_count: if at_max && s.alloc_count.is_none() {
+                        s.self_max_count()
+                    } else {
+                        s.alloc_count()
+                    },
+                    free_count: s.free_count(),
+                    self_max: s.self_max(),
+                    self_max_count: s.self_max_count(),
+                };
+                match acc.latest.get_mut(&key) {
+                    Some(v) => {
+                        let frames = std::mem::take(&mut v.frames);
+                        *v = CallstackValues { frames, ..values };
+                    }
+                    None => {
+                        let frames = resolver.callstack(iid);
+                        acc.latest.insert(key, CallstackValues { frames, ..values });
+                        acc.order.push(key);
+                    }
+                }
+            }
+        }
+        for w in warnings {
+            self.warn(w);
+        }
+    }
+
+    fn finish(mut self) -> TraceData {
+        let seq_ids: Vec<u32> = self
+            .seqs
+            .iter()
+            .filter(|(_, s)| !s.group.is_empty())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in seq_ids {
+            self.warn(format!(
+                "sequence {id}: the last heap dump was not finished (trace cut short?); \
+                 its samples are included"
+            ));
+            self.finish_group(id);
+        }
+        for (_, acc) in std::mem::take(&mut self.heaps) {
+            let HeapAcc {
+                mut profile,
+                mut latest,
+                order,
+            } = acc;
+            // Merge distinct iids that resolve to the same stack.
+            let mut by_stack: FxHashMap<Vec<ResolvedFrame>, usize> = FxHashMap::default();
+            for key in order {
+                let Some(v) = latest.remove(&key) else {
+                    continue;
+                };
+                match by_stack.get(&v.frames) {
+                    Some(&i) => {
+                        let c: &mut CallstackValues = &mut profile.callstacks[i];
+                        c.self_allocated += v.self_allocated;
+                        c.self_freed += v.self_freed;
+                        c.alloc_count += v.alloc_count;
+                        c.free_count += v.free_count;
+                        c.self_max += v.self_max;
+                        c.self_max_count += v.self_max_count;
+                    }
+                    None => {
+                        by_stack.insert(v.frames.clone(), profile.callstacks.len());
+                        profile.callstacks.push(v);
+                    }
+                }
+            }
+            self.data.heaps.push(profile);
+        }
+        self.data
+    }
+}
+
+fn convert_stats(s: &profile_packet::ProcessStats) -> ProcessStats {
+    let mut out = ProcessStats {
+        unwinding_errors: s.unwinding_errors(),
+        heap_samples: s.heap_samples(),
+        map_reparses: s.map_reparses(),
+        total_unwinding_time_us: s.total_unwinding_time_us(),
+        client_spinlock_blocked_us: s.client_spinlock_blocked_us(),
+        ..Default::default()
+    };
+    if let Some(h) = &s.unwinding_time_us {
+        for (i, b) in h.buckets.iter().take(UNWIND_HISTOGRAM_BUCKETS).enumerate() {
+            out.unwinding_time_us[i] = b.count();
+        }
+    }
+    out
+}
+
+/// Largest packet accepted (trace processor's limit is similar).
+const MAX_PACKET: u64 = 256 << 20;
+
+fn read_varint(r: &mut impl Read, pos: &mut u64) -> io::Result<Option<u64>> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let mut b = [0u8];
+        if r.read(&mut b)? == 0 {
+            return if i == 0 {
+                Ok(None)
+            } else {
+                Err(io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        *pos += 1;
+        v |= u64::from(b[0] & 0x7f) << (7 * i);
+        if b[0] & 0x80 == 0 {
+            return Ok(Some(v));
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        "varint too long",
+    ))
+}
+
+/// Reads a trace from `r` (a file's bytes: concatenated `Trace.packet`
+/// records).
+pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
+    let mut r = io::BufReader::with_capacity(1 << 16, r);
+    let mut reader = Reader::default();
+    let mut pos = 0u64;
+    let mut buf = Vec::new();
+    let malformed = |offset, what: String| TraceError::Malformed { offset, what };
+    loop {
+        let start = pos;
+        let tag = match read_varint(&mut r, &mut pos) {
+            Ok(None) => break,
+            Ok(Some(t)) => t,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                reader.warn(format!("trace ends inside a packet header at byte {start}"));
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Err(malformed(start, e.to_string()));
+            }
+            Err(e) => return Err(TraceError::Read(e)),
+        };
+        if start == 0 && tag == 0x1f {
+            return Err(malformed(
+                0,
+                "this looks gzip-compressed; decompress it first (gunzip)".into(),
+            ));
+        }
+        let (field, wire) = (tag >> 3, tag & 7);
+        let len = match wire {
+            2 => match read_varint(&mut r, &mut pos) {
+                Ok(Some(n)) => n,
+                Ok(None) | Err(_) if reader.data.packets > 0 => {
+                    reader.warn(format!("trace ends inside a packet header at byte {start}"));
+                    break;
+                }
+                _ => return Err(malformed(start, "bad length".into())),
+            },
+            0 if field != 1 => {
+                read_varint(&mut r, &mut pos).map_err(TraceError::Read)?;
+                continue;
+            }
+            _ => {
+                return Err(malformed(
+                    start,
+                    format!("not a Perfetto trace (field {field}, wire type {wire} at top level)"),
+                ));
+            }
+        };
+        if len > MAX_PACKET {
+            return Err(malformed(
+                start,
+                format!("packet of {len} bytes is too large"),
+            ));
+        }
+        buf.clear();
+        let got = (&mut r)
+            .take(len)
+            .read_to_end(&mut buf)
+            .map_err(TraceError::Read)?;
+        pos += got as u64;
+        if (got as u64) < len {
+            reader.warn(format!(
+                "trace ends with a partial packet at byte {start} ({got} of {len} bytes); \
+                 it was ignored"
+            ));
+            break;
+        }
+        if field != 1 {
+            continue;
+        }
+        let packet = TracePacket::decode(buf.as_slice()).map_err(|e| {
+            malformed(
+                start,
+                format!("undecodable packet #{}: {e}", reader.data.packets),
+            )
+        })?;
+        reader.packet(start, packet);
+    }
+    if reader.data.packets == 0 {
+        return Err(malformed(0, "no trace packets (empty file?)".into()));
+    }
+    Ok(reader.finish())
+}

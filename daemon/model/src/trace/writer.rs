@@ -1,0 +1,617 @@
+//! The streaming trace writer (see the [module docs](super)).
+
+use std::io::Write;
+
+use heapprofd_proto::perfetto::{
+    self as pf, Callstack, ClockSnapshot, InternedData, InternedString, Message, ProcessTree,
+    ProfilePacket, TracePacket, clock, clock_snapshot, process_tree, profile_packet, trace_packet,
+};
+use rustc_hash::FxHashMap;
+
+use super::TraceError;
+use crate::profile::histogram::{UNWIND_HISTOGRAM_BUCKETS, unwind_bucket_limit};
+use crate::profile::{
+    CallsiteId, CallsiteTree, ClientError, FrameId, HeapState, Interner, InternerView, MappingId,
+    ProcessState, Profile, StringId,
+};
+
+/// `trusted_packet_sequence_id` of every packet we write.
+pub const DEFAULT_SEQUENCE_ID: u32 = 1;
+
+/// A `ProfilePacket` (or interned-data packet) is closed once it grows past
+/// this many bytes; heapprofd's `kPacketSizeThreshold`.
+pub const PACKET_SIZE_THRESHOLD: usize = 400_000;
+
+/// Readings of the clocks at one instant, in nanoseconds. Heap dump
+/// timestamps are MONOTONIC_COARSE; packet timestamps are BOOTTIME. The
+/// daemon reads them (the model does no system calls).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClockReadings {
+    /// `CLOCK_BOOTTIME`: the trace clock.
+    pub boottime_ns: u64,
+    /// `CLOCK_MONOTONIC_COARSE`: the clients' timestamps.
+    pub monotonic_coarse_ns: u64,
+    /// `CLOCK_MONOTONIC`.
+    pub monotonic_ns: u64,
+    /// `CLOCK_REALTIME`, for humans (wall-clock time of the trace).
+    pub realtime_ns: u64,
+}
+
+impl ClockReadings {
+    /// A MONOTONIC_COARSE time as BOOTTIME (same rate; they differ by the
+    /// time suspended, taken from these readings).
+    pub fn coarse_to_boottime(&self, coarse_ns: u64) -> u64 {
+        if coarse_ns >= self.monotonic_coarse_ns {
+            self.boottime_ns
+                .saturating_add(coarse_ns - self.monotonic_coarse_ns)
+        } else {
+            self.boottime_ns
+                .saturating_sub(self.monotonic_coarse_ns - coarse_ns)
+        }
+    }
+}
+
+/// Writer options.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Write the state at the peak of live sampled bytes (`self_max`,
+    /// `self_max_count`) instead of cumulative totals. Meant for a single
+    /// dump at the end (like heapprofd, don't combine with continuous dumps).
+    pub dump_at_max: bool,
+    /// Close packets past this size (tests use small values).
+    pub packet_size_threshold: usize,
+    /// `trusted_packet_sequence_id` (non-zero).
+    pub sequence_id: u32,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            dump_at_max: false,
+            packet_size_threshold: PACKET_SIZE_THRESHOLD,
+            sequence_id: DEFAULT_SEQUENCE_ID,
+        }
+    }
+}
+
+/// What one [`TraceWriter::dump`] wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DumpSummary {
+    /// Trace packets.
+    pub packets: u64,
+    /// `ProcessHeapSamples` groups (one per process and heap).
+    pub heap_dumps: u64,
+    /// `HeapSample`s.
+    pub samples: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// Growable bit set indexed by 1-based ids.
+#[derive(Debug, Default)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn insert(&mut self, id: u32) -> bool {
+        let (w, b) = ((id / 64) as usize, id % 64);
+        if self.0.len() <= w {
+            self.0.resize(w + 1, 0);
+        }
+        let new = self.0[w] & (1 << b) == 0;
+        self.0[w] |= 1 << b;
+        new
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        self.0
+            .get((id / 64) as usize)
+            .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+}
+
+/// String roles, one bit each: a string is emitted once per table.
+const FUNCTION_NAME: u8 = 1;
+const MAPPING_PATH: u8 = 2;
+const BUILD_ID: u8 = 4;
+const SOURCE_PATH: u8 = 8;
+
+/// Interned entries already written to the sequence.
+#[derive(Debug, Default)]
+struct Emitted {
+    strings: Vec<u8>,
+    mappings: Bits,
+    frames: Bits,
+    callstacks: Bits,
+}
+
+/// Interned entries waiting to be written, with their approximate size.
+#[derive(Debug, Default)]
+struct PendingInterned {
+    data: InternedData,
+    size: usize,
+}
+
+impl Emitted {
+    fn string(
+        &mut self,
+        v: &InternerView<'_>,
+        id: StringId,
+        role: u8,
+        pending: &mut PendingInterned,
+    ) {
+        let i = id.get() as usize;
+        if self.strings.len() <= i {
+            self.strings.resize(i + 1, 0);
+        }
+        if self.strings[i] & role != 0 {
+            return;
+        }
+        self.strings[i] |= role;
+        let s = InternedString::new(id.iid(), v.string(id).unwrap_or_default());
+        pending.size += s.encoded_len() + 4;
+        let d = &mut pending.data;
+        match role {
+            FUNCTION_NAME => d.function_names.push(s),
+            MAPPING_PATH => d.mapping_paths.push(s),
+            BUILD_ID => d.build_ids.push(s),
+            _ => d.source_paths.push(s),
+        }
+    }
+
+    fn mapping(&mut self, v: &InternerView<'_>, id: MappingId, pending: &mut PendingInterned) {
+        if self.mappings.contains(id.get()) {
+            return;
+        }
+        let Some(m) = v.mapping(id) else { return };
+        if let Some(b) = m.build_id {
+            self.string(v, b, BUILD_ID, pending);
+        }
+        for &c in m.path.iter() {
+            self.string(v, c, MAPPING_PATH, pending);
+        }
+        let msg = pf::Mapping {
+            iid: Some(id.iid()),
+            build_id: m.build_id.map(StringId::iid),
+            start_offset: Some(m.start_offset),
+            start: Some(m.start),
+            end: Some(m.end),
+            load_bias: Some(m.load_bias),
+            path_string_ids: m.path.iter().map(|s| s.iid()).collect(),
+            exact_offset: Some(m.exact_offset),
+        };
+        pending.size += msg.encoded_len() + 4;
+        pending.data.mappings.push(msg);
+        self.mappings.insert(id.get());
+    }
+
+    fn frame(&mut self, v: &InternerView<'_>, id: FrameId, pending: &mut PendingInterned) {
+        if self.frames.contains(id.get()) {
+            return;
+        }
+        let Some(f) = v.frame(id) else { return };
+        self.mapping(v, f.mapping, pending);
+        if let Some(s) = f.function {
+            self.string(v, s, FUNCTION_NAME, pending);
+        }
+        if let Some(s) = f.source_file {
+            self.string(v, s, SOURCE_PATH, pending);
+        }
+        let msg = pf::Frame {
+            iid: Some(id.iid()),
+            function_name_id: f.function.map(StringId::iid),
+            mapping_id: Some(f.mapping.iid()),
+            rel_pc: Some(f.rel_pc),
+            source_path_iid: f.source_file.map(StringId::iid),
+            line_number: (f.line != 0).then_some(f.line),
+            kind_field: None,
+        };
+        pending.size += msg.encoded_len() + 4;
+        pending.data.frames.push(msg);
+        self.frames.insert(id.get());
+    }
+
+    /// Queues callstack `c` and everything it needs that is not written yet.
+    fn callstack(
+        &mut self,
+        tree: &CallsiteTree,
+        interner: &Interner,
+        c: CallsiteId,
+        stack: &mut Vec<FrameId>,
+        pending: &mut PendingInterned,
+    ) {
+        if self.callstacks.contains(c.get()) {
+            return;
+        }
+        tree.stack(c, stack);
+        let v = interner.read();
+        let mut frame_ids = Vec::with_capacity(stack.len());
+        for &f in stack.iter() {
+            // A symbolized pc frame is written as its inline chain.
+            let chain = v.expansion(f).unwrap_or(std::slice::from_ref(&f));
+            for &e in chain {
+                self.frame(&v, e, pending);
+                frame_ids.push(e.iid());
+            }
+        }
+        let msg = Callstack {
+            iid: Some(c.iid()),
+            frame_ids,
+        };
+        pending.size += msg.encoded_len() + 4;
+        pending.data.callstacks.push(msg);
+        self.callstacks.insert(c.get());
+    }
+}
+
+/// Streams a Perfetto trace to `W`, packet by packet; see the
+/// [module docs](super).
+#[derive(Debug)]
+pub struct TraceWriter<W: Write> {
+    out: W,
+    cfg: WriterConfig,
+    clocks: ClockReadings,
+    failed: bool,
+    bytes: u64,
+    packets: u64,
+    next_index: u64,
+    emitted: Emitted,
+    processes_written: FxHashMap<u32, Vec<String>>,
+    buf: Vec<u8>,
+    stack: Vec<FrameId>,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Starts a trace: writes the packet that clears incremental state and
+    /// the clock snapshot. `clocks` are readings taken together at the start.
+    pub fn new(out: W, clocks: ClockReadings) -> Result<Self, TraceError> {
+        Self::with_config(out, clocks, WriterConfig::default())
+    }
+
+    /// [`TraceWriter::new`] with options.
+    pub fn with_config(
+        out: W,
+        clocks: ClockReadings,
+        mut cfg: WriterConfig,
+    ) -> Result<Self, TraceError> {
+        cfg.sequence_id = cfg.sequence_id.max(1);
+        cfg.packet_size_threshold = cfg.packet_size_threshold.max(1);
+        let mut w = TraceWriter {
+            out,
+            cfg,
+            clocks,
+            failed: false,
+            bytes: 0,
+            packets: 0,
+            next_index: 0,
+            emitted: Emitted::default(),
+            processes_written: FxHashMap::default(),
+            buf: Vec::new(),
+            stack: Vec::new(),
+        };
+        let empty = |iid| InternedString::new(iid, Vec::new());
+        let first = TracePacket {
+            timestamp: Some(clocks.boottime_ns),
+            sequence_flags: Some(pf::SEQ_INCREMENTAL_STATE_CLEARED),
+            first_packet_on_sequence: Some(true),
+            interned_data: Some(InternedData {
+                function_names: vec![empty(0)],
+                build_ids: vec![empty(0)],
+                mapping_paths: vec![empty(0)],
+                ..Default::default()
+            }),
+            data: Some(trace_packet::Data::ClockSnapshot(clock_snapshot_of(
+                &clocks,
+            ))),
+            ..Default::default()
+        };
+        w.emit(first)?;
+        Ok(w)
+    }
+
+    /// Bytes of complete packets written so far. After an I/O error the
+    /// output may end with part of a packet: truncating it to this length
+    /// leaves a clean trace.
+    pub fn valid_len(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Packets written so far.
+    pub fn packets_written(&self) -> u64 {
+        self.packets
+    }
+
+    /// The clock readings of the start of the trace.
+    pub fn clocks(&self) -> &ClockReadings {
+        &self.clocks
+    }
+
+    fn emit(&mut self, mut packet: TracePacket) -> Result<(), TraceError> {
+        if self.failed {
+            return Err(TraceError::Failed);
+        }
+        packet.set_trusted_packet_sequence_id(self.cfg.sequence_id);
+        self.buf.clear();
+        pf::encode_trace_packet(&packet, &mut self.buf);
+        if let Err(e) = self.out.write_all(&self.buf) {
+            self.failed = true;
+            return Err(e.into());
+        }
+        self.bytes += self.buf.len() as u64;
+        self.packets += 1;
+        Ok(())
+    }
+
+    /// Writes another clock snapshot (e.g. after a long session, so
+    /// suspend time is accounted for).
+    pub fn write_clock_snapshot(&mut self, clocks: &ClockReadings) -> Result<(), TraceError> {
+        self.emit(TracePacket {
+            timestamp: Some(clocks.boottime_ns),
+            data: Some(trace_packet::Data::ClockSnapshot(clock_snapshot_of(clocks))),
+            ..Default::default()
+        })
+    }
+
+    /// Writes a `ProcessTree` with the processes of `profile` not written
+    /// yet (or whose command line changed). [`TraceWriter::dump`] calls it.
+    pub fn write_processes(&mut self, profile: &Profile) -> Result<(), TraceError> {
+        let mut tree = ProcessTree::default();
+        for p in profile.processes() {
+            if self.processes_written.get(&p.pid) == Some(&p.cmdline) {
+                continue;
+            }
+            tree.processes.push(process_tree::Process {
+                pid: Some(p.pid as i32),
+                cmdline: p.cmdline.clone(),
+                ..Default::default()
+            });
+        }
+        if tree.processes.is_empty() {
+            return Ok(());
+        }
+        self.emit(TracePacket {
+            timestamp: Some(self.clocks.boottime_ns),
+            data: Some(trace_packet::Data::ProcessTree(tree)),
+            ..Default::default()
+        })?;
+        for p in profile.processes() {
+            self.processes_written.insert(p.pid, p.cmdline.clone());
+        }
+        Ok(())
+    }
+
+    /// Writes one dump of every process and heap of `profile`, as of
+    /// `timestamp_ns` (CLOCK_MONOTONIC_COARSE). Call at the end, on
+    /// continuous-dump ticks and on SIGUSR1. Operations still waiting for
+    /// earlier sequence numbers are not included (flush them first at the
+    /// end of a process's stream).
+    pub fn dump(
+        &mut self,
+        profile: &mut Profile,
+        interner: &Interner,
+        timestamp_ns: u64,
+    ) -> Result<DumpSummary, TraceError> {
+        let (bytes0, packets0) = (self.bytes, self.packets);
+        self.write_processes(profile)?;
+        let mut summary = DumpSummary::default();
+        let (tree, processes) = profile.split_mut();
+        for p in processes.values_mut() {
+            let pid = p.pid;
+            let header = heap_header_base(p);
+            for heap in p.heaps.values_mut() {
+                summary.samples +=
+                    self.dump_heap(tree, interner, pid, &header, heap, timestamp_ns)?;
+                summary.heap_dumps += 1;
+            }
+        }
+        summary.bytes = self.bytes - bytes0;
+        summary.packets = self.packets - packets0;
+        Ok(summary)
+    }
+
+    fn dump_heap(
+        &mut self,
+        tree: &CallsiteTree,
+        interner: &Interner,
+        pid: u32,
+        base: &profile_packet::ProcessHeapSamples,
+        heap: &mut HeapState,
+        now: u64,
+    ) -> Result<u64, TraceError> {
+        let at_max = self.cfg.dump_at_max;
+        let (start, end) = if at_max {
+            let end = if heap.max_timestamp() > 0 {
+                heap.max_timestamp()
+            } else {
+                now
+            };
+            (heap.first_timestamp().unwrap_or(end).min(end), end)
+        } else {
+            let start = heap
+                .last_dump_timestamp()
+                .or(heap.first_timestamp())
+                .unwrap_or(now);
+            (start.min(now), now)
+        };
+        let mut header = base.clone();
+        header.pid = Some(u64::from(pid));
+        header.heap_name = Some(heap.name.clone());
+        header.sampling_interval_bytes = Some(heap.sampling_interval);
+        header.orig_sampling_interval_bytes = Some(heap.orig_sampling_interval);
+        header.timestamp = Some(end);
+        header.start_timestamp = Some(start);
+        let boot = self.clocks.coarse_to_boottime(end);
+        let header_len = header.encoded_len() + 8;
+        let threshold = self.cfg.packet_size_threshold;
+
+        let mut pending = PendingInterned::default();
+        let mut samples: Vec<profile_packet::HeapSample> = Vec::new();
+        let mut size = header_len;
+        let mut count = 0;
+        let mut stack = std::mem::take(&mut self.stack);
+        for i in 0..heap.callsites().len() {
+            let t = &heap.callsites()[i];
+            let sample = if at_max {
+                let (bytes, n) = heap.max_of(t);
+                if bytes == 0 && n == 0 {
+                    continue;
+                }
+                profile_packet::HeapSample {
+                    callstack_id: Some(t.callsite.iid()),
+                    self_max: Some(bytes),
+                    self_max_count: Some(n),
+                    ..Default::default()
+                }
+            } else {
+                if !t.needs_dump() {
+                    continue;
+                }
+                profile_packet::HeapSample {
+                    callstack_id: Some(t.callsite.iid()),
+                    self_allocated: Some(t.allocated),
+                    self_freed: Some(t.freed),
+                    alloc_count: Some(t.alloc_count),
+                    free_count: Some(t.free_count),
+                    ..Default::default()
+                }
+            };
+            let callsite = t.callsite;
+            if !at_max {
+                heap.callsites_mut()[i].mark_dumped();
+            }
+            self.emitted
+                .callstack(tree, interner, callsite, &mut stack, &mut pending);
+            size += sample.encoded_len() + 4;
+            samples.push(sample);
+            count += 1;
+            if pending.size >= threshold {
+                self.flush_interned(&mut pending, boot)?;
+            }
+            if size >= threshold {
+                self.flush_interned(&mut pending, boot)?;
+                self.profile_packet(&header, std::mem::take(&mut samples), true, boot)?;
+                size = header_len;
+            }
+        }
+        self.stack = stack;
+        self.flush_interned(&mut pending, boot)?;
+        if !samples.is_empty() || size == header_len {
+            // The last samples, or the header alone when there were none.
+            self.profile_packet(&header, samples, true, boot)?;
+        }
+        // The empty packet that ends the group (heapprofd's layout).
+        self.profile_packet_raw(ProfilePacket::default(), boot)?;
+        heap.last_dump_timestamp = Some(end.max(heap.last_dump_timestamp.unwrap_or(0)));
+        Ok(count)
+    }
+
+    fn flush_interned(&mut self, p: &mut PendingInterned, boot: u64) -> Result<(), TraceError> {
+        if p.size == 0 {
+            return Ok(());
+        }
+        let data = std::mem::take(&mut p.data);
+        p.size = 0;
+        self.emit(TracePacket {
+            timestamp: Some(boot),
+            interned_data: Some(data),
+            ..Default::default()
+        })
+    }
+
+    fn profile_packet(
+        &mut self,
+        header: &profile_packet::ProcessHeapSamples,
+        samples: Vec<profile_packet::HeapSample>,
+        continued: bool,
+        boot: u64,
+    ) -> Result<(), TraceError> {
+        let mut dump = header.clone();
+        dump.samples = samples;
+        self.profile_packet_raw(
+            ProfilePacket {
+                process_dumps: vec![dump],
+                continued: continued.then_some(true),
+                ..Default::default()
+            },
+            boot,
+        )
+    }
+
+    fn profile_packet_raw(&mut self, mut pp: ProfilePacket, boot: u64) -> Result<(), TraceError> {
+        pp.index = Some(self.next_index);
+        self.next_index += 1;
+        self.emit(TracePacket {
+            timestamp: Some(boot),
+            data: Some(trace_packet::Data::ProfilePacket(pp)),
+            ..Default::default()
+        })
+    }
+
+    /// Flushes the output and returns it.
+    pub fn finish(mut self) -> Result<W, TraceError> {
+        if self.failed {
+            return Err(TraceError::Failed);
+        }
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+fn clock_snapshot_of(c: &ClockReadings) -> ClockSnapshot {
+    let clk = |id, ts| clock_snapshot::Clock {
+        clock_id: Some(id),
+        timestamp: Some(ts),
+        ..Default::default()
+    };
+    ClockSnapshot {
+        clocks: vec![
+            clk(clock::BOOTTIME, c.boottime_ns),
+            clk(clock::MONOTONIC_COARSE, c.monotonic_coarse_ns),
+            clk(clock::MONOTONIC, c.monotonic_ns),
+            clk(clock::REALTIME, c.realtime_ns),
+        ],
+        primary_trace_clock: None,
+    }
+}
+
+/// The per-process part of a `ProcessHeapSamples`: identity, stats, flags.
+fn heap_header_base(p: &ProcessState) -> profile_packet::ProcessHeapSamples {
+    use profile_packet::{Histogram, ProcessHeapSamples, ProcessStats, histogram};
+    let s = &p.stats;
+    let f = &p.flags;
+    let buckets = (0..UNWIND_HISTOGRAM_BUCKETS)
+        .map(|i| histogram::Bucket {
+            upper_limit: unwind_bucket_limit(i),
+            max_bucket: unwind_bucket_limit(i).is_none().then_some(true),
+            count: Some(s.unwinding_time_us[i]),
+        })
+        .collect();
+    let flag = |b: bool| b.then_some(true);
+    let client_error = match f.client_error {
+        ClientError::None => None,
+        ClientError::HitTimeout => {
+            Some(profile_packet::process_heap_samples::ClientError::HitTimeout as i32)
+        }
+        ClientError::InvalidStackBounds => {
+            Some(profile_packet::process_heap_samples::ClientError::InvalidStackBounds as i32)
+        }
+    };
+    ProcessHeapSamples {
+        pid: Some(u64::from(p.pid)),
+        from_startup: Some(p.from_startup),
+        rejected_concurrent: flag(f.rejected_concurrent),
+        stats: Some(ProcessStats {
+            unwinding_errors: Some(s.unwinding_errors),
+            heap_samples: Some(s.heap_samples),
+            map_reparses: Some(s.map_reparses),
+            unwinding_time_us: Some(Histogram { buckets }),
+            total_unwinding_time_us: Some(s.total_unwinding_time_us),
+            client_spinlock_blocked_us: Some(s.client_spinlock_blocked_us),
+        }),
+        disconnected: flag(f.disconnected),
+        buffer_overran: flag(f.buffer_overran),
+        buffer_corrupted: flag(f.buffer_corrupted),
+        hit_guardrail: flag(f.hit_guardrail),
+        client_error,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,365 @@
+//! pprof output: the messages of pprof's `profile.proto`
+//! (`perftools.profiles`, field numbers as published), written by hand with
+//! prost, and the conversion from a trace.
+//!
+//! Sample types, in order: `alloc_objects/count`, `alloc_space/bytes`,
+//! `inuse_objects/count`, `inuse_space/bytes` (Go's heap profile names, so
+//! `pprof -sample_index=inuse_space` and speedscope know them); "inuse"
+//! is what was allocated and not freed. Every sample has a `pid` (numeric)
+//! and a `heap` label. Locations carry the frame's `rel_pc` as address and
+//! are already symbolized (`has_functions`).
+
+use std::io::Write;
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use prost::Message;
+use rustc_hash::FxHashMap;
+
+use heapprofd_model::trace::{ResolvedFrame, TraceData};
+
+use crate::filter::Filter;
+
+/// `perftools.profiles.Profile`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Profile {
+    /// What each value of a sample is.
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    /// The samples.
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    /// Mapped modules.
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    /// Code locations.
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    /// Functions.
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    /// Strings; entry 0 is "".
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    /// Regexp of frames to drop (string index).
+    #[prost(int64, tag = "7")]
+    pub drop_frames: i64,
+    /// Regexp of frames to keep (string index).
+    #[prost(int64, tag = "8")]
+    pub keep_frames: i64,
+    /// Time of collection (Unix ns).
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    /// Duration of the profile.
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    /// Kind of events between samples.
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    /// Events between samples.
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    /// Free-form comments (string indices).
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    /// Preferred sample type (string index of its type).
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+/// `perftools.profiles.ValueType`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueType {
+    /// String index of the type (`inuse_space`).
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    /// String index of the unit (`bytes`).
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+/// `perftools.profiles.Sample`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Sample {
+    /// Location ids, leaf first.
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    /// One value per sample type.
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    /// Labels.
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+/// `perftools.profiles.Label`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Label {
+    /// String index of the key.
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    /// String index of a string value.
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    /// Numeric value.
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+    /// String index of the numeric value's unit.
+    #[prost(int64, tag = "4")]
+    pub num_unit: i64,
+}
+
+/// `perftools.profiles.Mapping`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Mapping {
+    /// Id (non-zero).
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Start address.
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    /// End address.
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    /// File offset.
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
+    /// String index of the path.
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    /// String index of the build id (hex).
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
+    /// Functions are known.
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+    /// File names are known.
+    #[prost(bool, tag = "8")]
+    pub has_filenames: bool,
+    /// Line numbers are known.
+    #[prost(bool, tag = "9")]
+    pub has_line_numbers: bool,
+    /// Inline frames are expanded.
+    #[prost(bool, tag = "10")]
+    pub has_inline_frames: bool,
+}
+
+/// `perftools.profiles.Location`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Location {
+    /// Id (non-zero).
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// Mapping id (0 = none).
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    /// Address.
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    /// Source lines, innermost inline frame first.
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+    /// Several frames folded into one.
+    #[prost(bool, tag = "5")]
+    pub is_folded: bool,
+}
+
+/// `perftools.profiles.Line`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Line {
+    /// Function id.
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    /// Line number.
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+    /// Column number.
+    #[prost(int64, tag = "3")]
+    pub column: i64,
+}
+
+/// `perftools.profiles.Function`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Function {
+    /// Id (non-zero).
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// String index of the name.
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    /// String index of the mangled name.
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    /// String index of the source file.
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+    /// First line of the function.
+    #[prost(int64, tag = "5")]
+    pub start_line: i64,
+}
+
+/// The four sample types, in order.
+pub const SAMPLE_TYPES: [(&str, &str); 4] = [
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+];
+
+#[derive(Default)]
+struct Builder {
+    p: Profile,
+    strings: FxHashMap<String, i64>,
+    mappings: FxHashMap<(String, Vec<u8>), u64>,
+    functions: FxHashMap<(String, String), u64>,
+    locations: FxHashMap<ResolvedFrame, u64>,
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Builder {
+    fn s(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.p.string_table.len() as i64;
+        self.p.string_table.push(s.to_owned());
+        self.strings.insert(s.to_owned(), i);
+        i
+    }
+
+    fn mapping(&mut self, f: &ResolvedFrame) -> u64 {
+        let Some(path) = f.mapping.clone() else {
+            return 0;
+        };
+        let key = (path, f.build_id.clone());
+        if let Some(&id) = self.mappings.get(&key) {
+            return id;
+        }
+        let id = self.p.mapping.len() as u64 + 1;
+        let hex: String = f.build_id.iter().map(|b| format!("{b:02x}")).collect();
+        let m = Mapping {
+            id,
+            filename: self.s(&key.0),
+            build_id: self.s(&hex),
+            has_functions: true,
+            has_filenames: f.source_file.is_some(),
+            has_line_numbers: f.line.is_some(),
+            ..Default::default()
+        };
+        self.p.mapping.push(m);
+        self.mappings.insert(key, id);
+        id
+    }
+
+    fn function(&mut self, f: &ResolvedFrame) -> u64 {
+        let key = (f.display_name(), f.source_file.clone().unwrap_or_default());
+        if let Some(&id) = self.functions.get(&key) {
+            return id;
+        }
+        let id = self.p.function.len() as u64 + 1;
+        let func = Function {
+            id,
+            name: self.s(&key.0),
+            system_name: self.s(&key.0),
+            filename: self.s(&key.1),
+            start_line: 0,
+        };
+        self.p.function.push(func);
+        self.functions.insert(key, id);
+        id
+    }
+
+    fn location(&mut self, f: &ResolvedFrame) -> u64 {
+        if let Some(&id) = self.locations.get(f) {
+            return id;
+        }
+        let id = self.p.location.len() as u64 + 1;
+        let loc = Location {
+            id,
+            mapping_id: self.mapping(f),
+            address: f.rel_pc,
+            line: vec![Line {
+                function_id: self.function(f),
+                line: i64::from(f.line.unwrap_or(0)),
+                column: 0,
+            }],
+            is_folded: false,
+        };
+        self.p.location.push(loc);
+        self.locations.insert(f.clone(), id);
+        id
+    }
+}
+
+/// Builds a pprof profile of the heaps `filter` selects.
+pub fn to_pprof(data: &TraceData, filter: &Filter) -> Profile {
+    let mut b = Builder::default();
+    b.s("");
+    for (t, u) in SAMPLE_TYPES {
+        let vt = ValueType {
+            r#type: b.s(t),
+            unit: b.s(u),
+        };
+        b.p.sample_type.push(vt);
+    }
+    let space = b.s("space");
+    let bytes = b.s("bytes");
+    b.p.period_type = Some(ValueType {
+        r#type: space,
+        unit: bytes,
+    });
+    b.p.default_sample_type = b.s("inuse_space");
+    let comment = b.s("converted by heapprofd-rs from a Perfetto heap profile");
+    b.p.comment.push(comment);
+    let pid_key = b.s("pid");
+    let heap_key = b.s("heap");
+    let mut duration = 0;
+    for h in data.heaps.iter().filter(|h| filter.matches(h)) {
+        if b.p.period == 0 {
+            b.p.period = to_i64(h.sampling_interval_bytes);
+        }
+        if let (Some(s), Some(e)) = (h.start_timestamp, h.timestamp) {
+            duration = duration.max(e.saturating_sub(s));
+        }
+        let heap = b.s(&h.heap_name);
+        for c in &h.callstacks {
+            if c.alloc_count == 0 && c.self_allocated == 0 {
+                continue;
+            }
+            let location_id = c.frames.iter().rev().map(|f| b.location(f)).collect();
+            b.p.sample.push(Sample {
+                location_id,
+                value: vec![
+                    to_i64(c.alloc_count),
+                    to_i64(c.self_allocated),
+                    to_i64(c.unreleased_count()),
+                    to_i64(c.unreleased()),
+                ],
+                label: vec![
+                    Label {
+                        key: pid_key,
+                        num: i64::from(h.pid),
+                        ..Default::default()
+                    },
+                    Label {
+                        key: heap_key,
+                        str: heap,
+                        ..Default::default()
+                    },
+                ],
+            });
+        }
+    }
+    b.p.duration_nanos = to_i64(duration);
+    b.p
+}
+
+/// Writes `p` gzip-compressed (what `pprof` reads).
+pub fn write_pprof_gz(p: &Profile, out: impl Write) -> std::io::Result<()> {
+    let mut gz = GzEncoder::new(out, Compression::default());
+    gz.write_all(&p.encode_to_vec())?;
+    gz.finish()?.flush()
+}

@@ -1,0 +1,96 @@
+//! The command line of `heapprofd-rs record` (`-- CMD` and `--pid PID`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::units::{parse_duration, parse_size};
+
+/// Options of `heapprofd-rs record`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "\
+EXAMPLES:
+  heapprofd-rs record -- ./my-server --port 8080
+  heapprofd-rs record -i 1 -o every-alloc.pftrace -- ./unit-tests
+  heapprofd-rs record -i 512k --duration 30s --continuous-dump 5s -- ./batch-job
+
+Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
+pub struct RecordArgs {
+    /// Mean bytes between samples (Poisson sampling); 1 records every
+    /// allocation. Accepts units: 4096, 32k, 1MiB.
+    #[arg(short = 'i', long, default_value = "4096", value_parser = parse_interval)]
+    pub interval: u64,
+
+    /// Where to write the trace [default: heapprofd-<cmd>-<pid>-<time>.pftrace].
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Stop profiling after this long (500ms, 30s, 2m). CMD keeps running;
+    /// `record` waits for it to exit.
+    #[arg(short = 'd', long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Also dump every this often (1s, 500ms), so the trace shows the heap over time.
+    #[arg(short = 'c', long, value_name = "PERIOD", value_parser = parse_duration)]
+    pub continuous_dump: Option<Duration>,
+
+    /// Report the heap at the moment of its peak (of live sampled bytes)
+    /// instead of at the end.
+    #[arg(long, conflicts_with = "continuous_dump")]
+    pub dump_at_max: bool,
+
+    /// Size of each client's ring buffer (a power of two: 8M, 64MiB).
+    #[arg(long, default_value = "8MiB", value_parser = parse_shmem_size)]
+    pub shmem_size: u64,
+
+    /// When a ring buffer is full, the program waits up to TIMEOUT for the
+    /// daemon instead of dropping the sample (0 = wait forever). This is the
+    /// default, with 5s; after a timeout the process's profile ends, flagged.
+    #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, default_missing_value = "0",
+          value_parser = parse_duration, conflicts_with = "no_block_client")]
+    pub block_client: Option<Duration>,
+
+    /// Drop samples (counted, and flagged in the trace) when a ring buffer
+    /// is full, instead of slowing the program down.
+    #[arg(long)]
+    pub no_block_client: bool,
+
+    /// Do not symbolize: the trace keeps build ids and addresses only, for
+    /// symbolization later on another machine.
+    #[arg(long)]
+    pub no_symbolize: bool,
+
+    /// The client library to preload [default: libheapprofd_client.so next to this binary].
+    #[arg(long, value_name = "PATH")]
+    pub client_lib: Option<PathBuf>,
+
+    /// Unwinding threads [default: number of CPUs, at most 4].
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+
+    /// Sampler seed, for reproducible sampling (testing).
+    #[arg(long, hide = true, default_value = "0")]
+    pub seed: u64,
+
+    /// Profile a running process instead of starting one.
+    #[arg(short = 'p', long, value_name = "PID", conflicts_with = "command")]
+    pub pid: Option<u32>,
+
+    /// The command to profile, after `--`.
+    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
+    pub command: Vec<String>,
+}
+
+fn parse_shmem_size(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    heapprofd_shmem::check_data_size(n).map_err(|e| e.to_string())?;
+    Ok(n)
+}
+
+fn parse_interval(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("the sampling interval must be at least 1 byte (1 = every allocation)".into()),
+        n => Ok(n),
+    }
+}

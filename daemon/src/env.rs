@@ -1,0 +1,105 @@
+//! The environment variables the daemon and `record` read, parsed once at
+//! start-up into one struct (nothing else reads the environment).
+//!
+//! * `HEAPPROFD_DEBUG` (any value): debug messages (timings, cache and
+//!   session statistics, the daemon's own CPU time and peak RSS).
+//! * `HEAPPROFD_ATTACH=signal|ptrace`: how `record --pid` activates the
+//!   client (default: the signal when the client is preloaded and catches
+//!   it, else ptrace).
+//! * `HEAPPROFD_ATTACH_TIMEOUT_MS`: how long `record --pid` looks for a
+//!   thread at a safe point (default 10 s; not a number: the default).
+//! * `LD_PRELOAD`: kept after the client library when `record` starts CMD.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+/// How `record --pid` activates the client (`HEAPPROFD_ATTACH`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AttachChoice {
+    /// Unset or empty: the signal when it works, else ptrace.
+    #[default]
+    Auto,
+    /// `signal`.
+    Signal,
+    /// `ptrace`.
+    Ptrace,
+    /// Anything else (an error when `record --pid` runs).
+    Invalid(String),
+}
+
+/// The environment, as the daemon uses it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Env {
+    /// `HEAPPROFD_DEBUG` is set.
+    pub debug: bool,
+    /// `HEAPPROFD_ATTACH`.
+    pub attach: AttachChoice,
+    /// `HEAPPROFD_ATTACH_TIMEOUT_MS`, if it is a number.
+    pub attach_timeout: Option<Duration>,
+    /// `LD_PRELOAD`, if set and not empty.
+    pub ld_preload: Option<OsString>,
+}
+
+impl Env {
+    /// Reads this process's environment.
+    pub fn from_process() -> Env {
+        Env::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// Parses the variables `get` returns (tests pass their own).
+    pub fn from_vars(get: impl Fn(&str) -> Option<OsString>) -> Env {
+        let attach = match get("HEAPPROFD_ATTACH") {
+            None => AttachChoice::Auto,
+            Some(v) => match v.to_string_lossy().as_ref() {
+                "" => AttachChoice::Auto,
+                "signal" => AttachChoice::Signal,
+                "ptrace" => AttachChoice::Ptrace,
+                other => AttachChoice::Invalid(other.to_owned()),
+            },
+        };
+        Env {
+            debug: get("HEAPPROFD_DEBUG").is_some(),
+            attach,
+            attach_timeout: get("HEAPPROFD_ATTACH_TIMEOUT_MS")
+                .and_then(|v| v.to_str()?.parse().ok())
+                .map(Duration::from_millis),
+            ld_preload: get("LD_PRELOAD").filter(|v| !v.is_empty()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Env {
+        Env::from_vars(|n| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| OsString::from(v))
+        })
+    }
+
+    #[test]
+    fn parses_every_variable() {
+        assert_eq!(env(&[]), Env::default());
+        let e = env(&[
+            ("HEAPPROFD_DEBUG", ""),
+            ("HEAPPROFD_ATTACH", "ptrace"),
+            ("HEAPPROFD_ATTACH_TIMEOUT_MS", "250"),
+            ("LD_PRELOAD", "/x.so"),
+        ]);
+        assert!(e.debug);
+        assert_eq!(e.attach, AttachChoice::Ptrace);
+        assert_eq!(e.attach_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(e.ld_preload.as_deref(), Some("/x.so".as_ref()));
+        let e = env(&[
+            ("HEAPPROFD_ATTACH", "gdb"),
+            ("HEAPPROFD_ATTACH_TIMEOUT_MS", "soon"),
+            ("LD_PRELOAD", ""),
+        ]);
+        assert_eq!(e.attach, AttachChoice::Invalid("gdb".into()));
+        assert_eq!((e.attach_timeout, e.ld_preload), (None, None));
+        assert_eq!(env(&[("HEAPPROFD_ATTACH", "")]).attach, AttachChoice::Auto);
+    }
+}

@@ -1,0 +1,123 @@
+//! What `record` and `record --pid` prepare before anything runs: the
+//! trace file (a path that cannot be created is a usage error, exit 2), the
+//! daemon's options, the client library, the default output name.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use heapprofd_proto::wire::ClientConfig;
+
+use super::bookkeeper::BookkeeperOptions;
+use super::server::DaemonOptions;
+use crate::cli::record_args::RecordArgs;
+use crate::cli::usage_error::UsageError;
+
+/// Creates the trace file and the daemon's options from the arguments
+/// shared by `record -- CMD` and `record --pid`. A trace path that cannot be
+/// created is a bad argument (exit 2), found before anything runs.
+pub(super) fn daemon_options(
+    args: &RecordArgs,
+    socket: PathBuf,
+    output: &Path,
+) -> Result<DaemonOptions> {
+    let file = std::fs::File::create(output).map_err(|e| {
+        UsageError(format!(
+            "cannot create the trace file {}: {e}; choose another path with -o",
+            output.display()
+        ))
+    })?;
+    let mut client = ClientConfig::new(args.interval, args.shmem_size);
+    client.seed = args.seed;
+    if !args.no_block_client {
+        client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
+        client.block_timeout_us = args
+            .block_client
+            .unwrap_or(Duration::from_secs(5))
+            .as_micros() as u64;
+    }
+    let workers = args.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(1, 4)
+    });
+    Ok(DaemonOptions {
+        socket,
+        client,
+        workers,
+        symbolize: !args.no_symbolize,
+        book: BookkeeperOptions {
+            output: file,
+            output_path: output.to_path_buf(),
+            interval: args.interval,
+            dump_at_max: args.dump_at_max,
+        },
+    })
+}
+
+/// Finds the client library: `--client-lib`, else next to this executable.
+pub(super) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
+    const NAME: &str = "libheapprofd_client.so";
+    let candidate = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let exe = std::env::current_exe().context("finding this executable's directory")?;
+            exe.parent()
+                .map(|d| d.join(NAME))
+                .unwrap_or_else(|| PathBuf::from(NAME))
+        }
+    };
+    if !candidate.is_file() {
+        bail!(
+            "client library {} not found; build it with `cargo build --release` \
+             (it is placed next to heapprofd-rs) or pass --client-lib PATH",
+            candidate.display()
+        );
+    }
+    // LD_PRELOAD needs an absolute path once CMD changes directory.
+    std::fs::canonicalize(&candidate).with_context(|| format!("resolving {}", candidate.display()))
+}
+
+/// `heapprofd-<program>-<pid>-<YYYYmmdd-HHMMSS>.pftrace` in the current directory.
+pub(super) fn default_output(program: &str) -> PathBuf {
+    let name = Path::new(program)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("cmd");
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    PathBuf::from(format!(
+        "heapprofd-{name}-{}-{}.pftrace",
+        std::process::id(),
+        local_timestamp()
+    ))
+}
+
+/// Local time as `YYYYmmdd-HHMMSS` (nix has no `localtime_r`).
+fn local_timestamp() -> String {
+    // SAFETY: time/localtime_r write into the zeroed struct we pass.
+    unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            return t.to_string();
+        }
+        format!(
+            "{:04}{:02}{:02}-{:02}{:02}{:02}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday,
+            tm.tm_hour,
+            tm.tm_min,
+            tm.tm_sec
+        )
+    }
+}

@@ -1,0 +1,98 @@
+//! What `record` prints at the end: the model's per-process summary data
+//! with the trace file, as text.
+
+use std::path::{Path, PathBuf};
+
+use heapprofd_model::summary::{ProcessSummary, ProcessWarning};
+
+use heapprofd_report::human_bytes;
+
+/// What `record` prints at the end.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// The trace file.
+    pub output_path: PathBuf,
+    /// Bytes written to it.
+    pub trace_bytes: u64,
+    /// Profiled processes.
+    pub processes: Vec<ProcessSummary>,
+    /// Sampling interval.
+    pub interval: u64,
+    /// The summary was already shown (record keeps waiting for CMD).
+    pub already_printed: bool,
+}
+
+/// A warning of the summary, with what to do about it.
+fn warning_text(w: &ProcessWarning) -> String {
+    match w {
+        ProcessWarning::SamplesDropped(n) => format!(
+            "{n} samples dropped because the ring buffer was full \
+             (use a larger --shmem-size or a larger --interval)"
+        ),
+        ProcessWarning::BlockTimeout => {
+            "the program waited longer than the --block-client timeout; its profile ended early"
+                .into()
+        }
+        ProcessWarning::BufferCorrupt => {
+            "its ring buffer was corrupt; some records were lost".into()
+        }
+        ProcessWarning::UnwindErrors { errors, samples } => {
+            format!("{errors} of {samples} stacks could not be fully unwound")
+        }
+    }
+}
+
+impl Summary {
+    /// Human-readable text for the end of `record`; the first line follows
+    /// the logger's `heapprofd-rs: `.
+    pub fn render(&self, output: &Path) -> String {
+        let mut s = String::new();
+        let total = |f: fn(&ProcessSummary) -> u64| self.processes.iter().map(f).sum::<u64>();
+        let samples = total(|p| p.samples);
+        let (alloc, freed) = (total(|p| p.allocated), total(|p| p.freed));
+        let every = if self.interval == 1 {
+            "every allocation".to_string()
+        } else {
+            format!("sampling every {} on average", human_bytes(self.interval))
+        };
+        s.push_str(&format!(
+            "{} process{}, {samples} samples ({every}): allocated {}, freed {}, unreleased {}\n",
+            self.processes.len(),
+            if self.processes.len() == 1 { "" } else { "es" },
+            human_bytes(alloc),
+            human_bytes(freed),
+            human_bytes(alloc.saturating_sub(freed)),
+        ));
+        for p in &self.processes {
+            let cmd = if p.cmdline.is_empty() {
+                "?".to_string()
+            } else {
+                p.cmdline.join(" ")
+            };
+            let cmd: String = cmd.chars().take(70).collect();
+            s.push_str(&format!(
+                "  pid {:<7} {:>8} samples  allocated {:>10}  unreleased {:>10}  {cmd}\n",
+                p.pid,
+                p.samples,
+                human_bytes(p.allocated),
+                human_bytes(p.allocated.saturating_sub(p.freed)),
+            ));
+            for w in &p.warnings {
+                s.push_str(&format!("    warning: {}\n", warning_text(w)));
+            }
+        }
+        if self.processes.is_empty() {
+            s.push_str(
+                "  no process connected: did the command allocate at all, and is it dynamically \
+                 linked (static binaries cannot be preloaded)?\n",
+            );
+        }
+        s.push_str(&format!(
+            "trace: {} ({}). Open it in https://ui.perfetto.dev or run: heapprofd-rs report {}",
+            output.display(),
+            human_bytes(self.trace_bytes),
+            output.display()
+        ));
+        s
+    }
+}
