@@ -89,10 +89,11 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
         && let Some(r) = originals::refusal(&hooks::MALLOC)
         && r.unprofilable != heapprofd_proto::wire::Unprofilable::None
     {
-        heapprofd_client_core::log::log(b"heapprofd-rs: ", r.message);
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        connect::notify_unprofilable(&path, pid, r.unprofilable);
+        if !connect::notify_unprofilable(&path, pid, r.unprofilable) {
+            heapprofd_client_core::log::log(b"heapprofd-rs: ", r.message);
+        }
         STATE.store(IDLE, Ordering::SeqCst);
         return;
     }

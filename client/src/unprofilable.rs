@@ -72,9 +72,15 @@ pub(crate) fn check(dirfd: c_int, path: *const c_char, fd: c_int) -> Option<Unpr
     why
 }
 
-/// Says on stderr that process `pid` runs unprofiled (it is about to run
-/// `path`, null when exec'd by descriptor), and tells the daemon.
+/// Tells the daemon that process `pid` runs unprofiled (it is about to
+/// run `path`, null when exec'd by descriptor); says it on stderr itself
+/// when the daemon cannot be told.
 pub(crate) fn report(why: Unprofilable, path: *const c_char, pid: u32) {
+    if let Some(socket) = inherit::socket_path()
+        && connect::notify_unprofilable(&socket, pid, why)
+    {
+        return;
+    }
     let mut line = [0u8; 600];
     let mut w = Writer {
         buf: &mut line,
@@ -95,9 +101,6 @@ pub(crate) fn report(why: Unprofilable, path: *const c_char, pid: u32) {
     w.put(b")");
     let n = w.at;
     heapprofd_client_core::log::log(&line[..n], b"");
-    if let Some(socket) = inherit::socket_path() {
-        connect::notify_unprofilable(&socket, pid, why);
-    }
 }
 
 /// Why the program open at `fd` cannot load the client, if it cannot.

@@ -171,17 +171,18 @@ fn dial(sock: RawFd, path: &SocketPath) -> bool {
 /// Tells the daemon at `path` that process `pid` (this one, or a child it
 /// just spawned) runs unprofiled, and why. Raw system calls on the stack
 /// only (no allocation, no lock): callable between `fork` and `exec`, in a
-/// `vfork` child, in an exec hook. Best effort: nothing is reported if the
-/// daemon cannot be reached.
-pub fn notify_unprofilable(path: &SocketPath, pid: u32, why: Unprofilable) {
+/// `vfork` child, in an exec hook. Returns whether the daemon got it
+/// (then it says so itself).
+pub fn notify_unprofilable(path: &SocketPath, pid: u32, why: Unprofilable) -> bool {
     let Some(arch) = wire::Arch::native() else {
-        return;
+        return false;
     };
     // SAFETY: socket() has no memory preconditions.
     let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if sock < 0 {
-        return;
+        return false;
     }
+    let mut sent = false;
     if dial(sock, path) {
         let hs = Handshake {
             version: wire::version::CURRENT,
@@ -193,7 +194,7 @@ pub fn notify_unprofilable(path: &SocketPath, pid: u32, why: Unprofilable) {
             client_text_end: 0,
             unprofilable: why,
         };
-        let _ = socket::send_with_fds(sock, &hs.encode(), &[]);
+        sent = socket::send_with_fds(sock, &hs.encode(), &[]).is_ok();
         // Wait (bounded by the receive timeout) for the daemon to close
         // the connection: it has read the notice before this process
         // execs or exits.
@@ -203,6 +204,7 @@ pub fn notify_unprofilable(path: &SocketPath, pid: u32, why: Unprofilable) {
     }
     // SAFETY: our own descriptor.
     unsafe { libc::close(sock) };
+    sent
 }
 
 fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams> {
