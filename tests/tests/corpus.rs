@@ -10,8 +10,8 @@
 //!   (`LD_PRELOAD=lib.so heapprofd-rs record`) and linked (`-ljemalloc`...),
 //!   against heaptrack's totals for the same program under glibc
 //!   (heaptrack misses `operator new` under a preloaded allocator);
-//! * `nopie_addr.c`: a non-PIE program allocating through pointers to
-//!   `malloc` and `free`;
+//! * `nopie_addr.c`: a non-PIE program allocating through a pointer to
+//!   `malloc` (issue 10's repro);
 //! * `spawner.c`: fourteen children, one per exec entry point, each started
 //!   with the profiler removed from its environment (heaptrack loses them
 //!   itself: it is compared on one child run alone, the others are exact);
