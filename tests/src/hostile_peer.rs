@@ -35,6 +35,7 @@ pub fn handshake() -> Handshake {
         flags: 0,
         client_text_start: 0,
         client_text_end: 0,
+        unprofilable: heapprofd_proto::wire::Unprofilable::None,
     }
 }
 

@@ -95,8 +95,10 @@ fn detach_call(cx: &Hijack<'_>, steps: &mut Steps) -> Result<(), CallError> {
 fn calls_after_errno(cx: &Hijack<'_>, sync: bool, steps: &mut Steps) -> Result<(), CallError> {
     let Hijack { plan, target, .. } = cx;
     let pid = target.pid;
-    // Another allocator interposing malloc cannot be mixed with our hooks
-    // (they call glibc's): refuse before loading anything.
+    // Attaching stops a thread at a safe point, which is checked against
+    // glibc's malloc code only: a thread inside another allocator's
+    // internals could hold its lock while our calls allocate. Refuse
+    // before loading anything (`record -- CMD` profiles other allocators).
     if let (Some(dlsym), None) = (plan.dlsym, &target.client) {
         let global = cx.call(dlsym, &[0, cx.path.name_malloc], SHORT)?;
         if global != 0 && global != plan.libc_malloc && Some(global) != plan.canonical_malloc {
@@ -107,7 +109,8 @@ fn calls_after_errno(cx: &Hijack<'_>, sync: bool, steps: &mut Steps) -> Result<(
                 .map_or("an unknown object".to_string(), |m| m.path.clone());
             return Err(CallError::Refused(format!(
                 "process {pid} ({}) does not use glibc's malloc (its malloc is in {owner}); \
-                 heapprofd-rs profiles glibc's allocator only",
+                 `record --pid` attaches to glibc's allocator only (`record -- CMD` profiles \
+                 jemalloc, tcmalloc, mimalloc... from the start)",
                 target.comm
             )));
         }
@@ -153,8 +156,8 @@ fn calls_after_errno(cx: &Hijack<'_>, sync: bool, steps: &mut Steps) -> Result<(
              or is connecting); stop that session first"
         ))),
         Some(AttachStatus::OtherAllocator) => Err(CallError::Failed(format!(
-            "process {pid} does not use glibc's malloc (another allocator interposes it); \
-             heapprofd-rs profiles glibc's allocator only"
+            "process {pid} cannot be profiled: its executable defines malloc itself (a \
+             statically linked allocator), whose calls cannot be intercepted"
         ))),
         Some(AttachStatus::NoThread) => Err(CallError::Failed(format!(
             "the profiler could not create its thread in process {pid}"

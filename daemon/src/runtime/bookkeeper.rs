@@ -95,7 +95,7 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperO
                 let force = match &*event {
                     SessionEvent::Started { .. } => None,
                     SessionEvent::Ops { .. } => Some(false),
-                    SessionEvent::Ended { .. } => Some(true),
+                    SessionEvent::Ended { .. } | SessionEvent::Unprofilable { .. } => Some(true),
                 };
                 if book.book.handle(*event)
                     && let Some(force) = force

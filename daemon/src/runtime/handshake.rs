@@ -22,7 +22,10 @@
 //!
 //! Anything unexpected is an error naming what was wrong; the connection is
 //! then dropped, which the client sees as a refusal and keeps running
-//! unprofiled.
+//! unprofiled. A handshake that says its process cannot be profiled
+//! ([`Unprofilable`]) carries no descriptors and gets no reply: it is
+//! [`Accepted::Unprofilable`], about the peer itself or a child it just
+//! spawned (checked in `/proc`).
 
 use std::fs::File;
 use std::io;
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use heapprofd_proto::socket::{recv_some_with_fds, send_with_fds};
-use heapprofd_proto::wire::{ClientConfig, Handshake};
+use heapprofd_proto::wire::{ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::RingBuffer;
 use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext, ProcessOptions};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -110,6 +113,30 @@ pub struct Received {
     deadline: Instant,
 }
 
+/// What an accepted connection brought.
+#[derive(Debug)]
+pub enum Accepted {
+    /// A session's handshake, to be [`establish`]ed.
+    Session(Box<Received>),
+    /// A notice: process `pid` runs unprofiled.
+    Unprofilable {
+        /// The process (the peer, or its child).
+        pid: u32,
+        /// Why.
+        why: Unprofilable,
+        /// Its command line (from /proc, best effort).
+        cmdline: Vec<String>,
+    },
+}
+
+/// The parent of `pid` (from `/proc/PID/stat`).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Step 1 (see the module docs): checks the peer's credentials (its user
 /// must be ours, root's, or `extra_uid`) and receives its handshake and
 /// descriptors before `deadline`.
@@ -117,7 +144,7 @@ pub async fn receive(
     stream: UnixStream,
     extra_uid: Option<u32>,
     deadline: Instant,
-) -> Result<Received> {
+) -> Result<Accepted> {
     let peer = peer_cred(&stream).context("reading the peer's credentials (SO_PEERCRED)")?;
     if !peer_allowed(peer) && Some(peer.uid) != extra_uid {
         bail!(
@@ -160,6 +187,20 @@ pub async fn receive(
     }
     let handshake =
         Handshake::decode(&buf).with_context(|| format!("handshake of pid {}", peer.pid))?;
+    if handshake.unprofilable != Unprofilable::None {
+        let pid = handshake.pid;
+        if pid != peer.pid && parent_of(pid) != Some(peer.pid) {
+            bail!(
+                "pid {} said pid {pid} runs unprofiled, but that is neither itself nor its child",
+                peer.pid
+            );
+        }
+        return Ok(Accepted::Unprofilable {
+            pid,
+            why: handshake.unprofilable,
+            cmdline: read_cmdline(pid),
+        });
+    }
     let [Some(maps), Some(mem)] = fds else {
         bail!(
             "pid {} sent {nfds} descriptors with its handshake; expected its maps and mem",
@@ -168,14 +209,14 @@ pub async fn receive(
     };
     let stream = stream.into_std()?;
     stream.set_nonblocking(false)?;
-    Ok(Received {
+    Ok(Accepted::Session(Box::new(Received {
         peer,
         handshake,
         maps,
         mem,
         stream,
         deadline,
-    })
+    })))
 }
 
 /// Step 2 (see the module docs): checks the descriptors, creates the ring
@@ -255,7 +296,8 @@ fn check_proc_file(fd: &OwnedFd, pid: u32, name: &str) -> Result<()> {
     let want = stat(path.as_str()).with_context(|| format!("stat of {path}"))?;
     if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino) {
         bail!(
-            "pid {pid}'s {name} descriptor is not its own {path} (another file or another              process's); refused"
+            "pid {pid}'s {name} descriptor is not its own {path} (another file or another \
+             process's); refused"
         );
     }
     Ok(())

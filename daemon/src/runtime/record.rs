@@ -107,6 +107,7 @@ impl Run {
             preload.push(":");
             preload.push(existing);
         }
+        let unprofilable = super::program::unprofilable(std::ffi::OsStr::new(&args.command[0]));
         let mut child = tokio::process::Command::new(&args.command[0])
             .args(&args.command[1..])
             .env("LD_PRELOAD", preload)
@@ -115,6 +116,9 @@ impl Run {
             .spawn()
             .with_context(|| format!("cannot run `{}`", args.command[0]))?;
         *cmd_started = true;
+        if let (Some(why), Some(pid)) = (unprofilable, child.id()) {
+            daemon.note_unprofilable(pid, args.command.clone(), why);
+        }
 
         let mut profiling = Profiling::start(
             args.duration,

@@ -35,12 +35,12 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
 use super::bookkeeper::{self, BookkeeperOptions, BookkeeperShared};
-use super::handshake::{HANDSHAKE_TIMEOUT, establish, receive};
+use super::handshake::{Accepted, HANDSHAKE_TIMEOUT, establish, receive};
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
 use super::{BookMsg, Counters};
-use heapprofd_model::messages::SessionId;
+use heapprofd_model::messages::{SessionEvent, SessionId, Unprofilable};
 use heapprofd_model::profile::Interner;
 
 /// Everything the daemon needs to know to serve clients.
@@ -98,6 +98,8 @@ struct Shared {
     establishing: Arc<tokio::sync::Semaphore>,
     /// Connections refused so far.
     refusals: AtomicU64,
+    /// The bookkeeping thread (notices of processes that run unprofiled).
+    book: mpsc::Sender<BookMsg>,
 }
 
 /// Counts a connection in [`Shared::in_flight`] until dropped.
@@ -169,6 +171,7 @@ impl Daemon {
             in_flight: AtomicUsize::new(0),
             establishing: Arc::new(tokio::sync::Semaphore::new(MAX_ESTABLISHING)),
             refusals: AtomicU64::new(0),
+            book: book_tx.clone(),
         });
         Ok(Daemon {
             listener: Some(listener),
@@ -233,6 +236,13 @@ impl Daemon {
             }
             let _ = done.send(());
         });
+    }
+
+    /// Records that process `pid` runs unprofiled, and says so (a client's
+    /// notice, or `record` found CMD statically linked): it is in the
+    /// trace, flagged, and the summary names it instead of counting it.
+    pub fn note_unprofilable(&self, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
+        note_unprofilable(&self.shared, pid, cmdline, why);
     }
 
     /// Asks for a dump of every process now (SIGUSR1, continuous dumps).
@@ -314,7 +324,11 @@ async fn handle_connection(
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let extra = Some(shared.extra_uid.load(Ordering::Relaxed)).filter(|&u| u != u32::MAX);
     let received = match receive(std_stream, extra, deadline).await {
-        Ok(r) => r,
+        Ok(Accepted::Session(r)) => r,
+        Ok(Accepted::Unprofilable { pid, why, cmdline }) => {
+            note_unprofilable(&shared, pid, cmdline, why);
+            return;
+        }
         Err(e) => {
             refused(&shared, format_args!("{e:#}"));
             return;
@@ -336,7 +350,7 @@ async fn handle_connection(
     let sh = Arc::clone(&shared);
     let joined = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        establish(received, &sh.client, &sh.cache)
+        establish(*received, &sh.client, &sh.cache)
     })
     .await;
     let session = match joined {
@@ -369,6 +383,24 @@ async fn handle_connection(
     drop(in_flight);
     watch_socket(watch, id, worker.clone(), &shared.counters).await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Says that `pid` runs unprofiled and why, and tells the bookkeeping.
+fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
+    let cmd = if cmdline.is_empty() {
+        "?".to_string()
+    } else {
+        cmdline.join(" ")
+    };
+    log::warn!("pid {pid} (`{cmd}`) runs unprofiled: {}", why.describe());
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let event = SessionEvent::Unprofilable {
+        id,
+        pid,
+        cmdline,
+        why,
+    };
+    let _ = shared.book.send(BookMsg::Session(Box::new(event)));
 }
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
@@ -436,6 +468,7 @@ mod tests {
             flags: 0,
             client_text_start: 0,
             client_text_end: 0,
+            unprofilable: heapprofd_proto::wire::Unprofilable::None,
         };
         send_with_fds(
             sock.as_raw_fd(),
