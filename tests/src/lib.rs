@@ -7,9 +7,12 @@
 //!   record test programs, driving `record`, and reading traces back through
 //!   the official-schema checker (`proto/tests/check_trace.py`).
 //! * [`attach_harness`]: the `record --pid` targets and their driving.
+//! * [`hostile_peer`]: a client of the socket protocol written for abuse
+//!   (bad descriptors, slow handshakes, made-up records).
 //! * [`bench_args`]: `--help` and usage errors for the bench binaries.
 
 pub mod attach_harness;
 pub mod bench_args;
 pub mod client_harness;
+pub mod hostile_peer;
 pub mod record_harness;

@@ -36,6 +36,7 @@ pub mod mapping;
 pub mod memo;
 pub mod program;
 pub mod record;
+pub mod rundir;
 pub mod server;
 pub mod session_unwinder;
 pub mod setup;
