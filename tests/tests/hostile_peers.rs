@@ -12,6 +12,7 @@
 //! * F3: `/dev/urandom` as the maps and mem descriptors, 8 at once.
 //! * F4: a handshake sent one byte every 500 ms.
 //! * F5: records of thousands of random heap ids with random sizes.
+//! * F6: thousands of notices that the peer runs unprofiled.
 //!
 //! In every case `record` must finish when the program exits, exit 0, write
 //! a trace that `check_trace.py --strict` accepts with the program's own
@@ -63,7 +64,13 @@ impl Recording {
 
     /// The program allocates more, exits; `record` must finish with a
     /// valid trace holding the program's samples, within a bounded RSS.
-    fn finish(mut self) -> (TraceSummary, u64) {
+    fn finish(self) -> (TraceSummary, u64) {
+        let (t, rss, _) = self.finish_with_stderr();
+        (t, rss)
+    }
+
+    /// [`Recording::finish`], also giving record's stderr.
+    fn finish_with_stderr(mut self) -> (TraceSummary, u64, String) {
         self.live.step("grow 20");
         let rss = peak_rss_kib(self.live.pid);
         let out = self.live.finish(Duration::from_secs(120));
@@ -83,7 +90,7 @@ impl Recording {
             rss >> 10,
             MAX_RSS_KIB >> 10
         );
-        (t, rss)
+        (t, rss, out.stderr)
     }
 }
 
@@ -316,6 +323,42 @@ fn random_heap_ids_are_bounded_and_flagged() {
         .filter(|d| d["pid"].as_u64() != Some(u64::from(std::process::id())))
         .any(|d| d["hit_guardrail"] == serde_json::Value::Bool(true));
     assert!(!stepper_flagged, "the well-behaved program was flagged");
+}
+
+/// F6: a peer that says thousands of times that it runs unprofiled is
+/// noted once: one warning, one process in the trace, flagged.
+#[test]
+fn repeated_unprofiled_notices_are_noted_once() {
+    let r = Recording::start("f6");
+    let notice = heapprofd_proto::wire::Handshake {
+        unprofilable: heapprofd_proto::wire::Unprofilable::StaticProgram,
+        ..heapprofd_tests::hostile_peer::handshake()
+    };
+    for _ in 0..2000 {
+        let sock = connect(&r.socket);
+        heapprofd_proto::socket::send_with_fds(sock.as_raw_fd(), &notice.encode(), &[])
+            .expect("sending a notice");
+    }
+    let (t, _, stderr) = r.finish_with_stderr();
+    let me = std::process::id();
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.contains(&format!("pid {me} ")) && l.contains("runs unprofiled"))
+        .count();
+    eprintln!("{warnings} warnings for 2000 notices");
+    assert!(
+        (1..=2).contains(&warnings),
+        "{warnings} warnings about pid {me} running unprofiled (2000 notices sent; want it said once)\n{stderr}"
+    );
+    let own = own_dumps(&t);
+    assert!(!own.is_empty(), "the notices left no trace of pid {me}");
+    let mut heaps: Vec<&str> = own.iter().filter_map(|d| d["heap_name"].as_str()).collect();
+    heaps.dedup();
+    assert_eq!(
+        heaps.len(),
+        1,
+        "one (empty) heap for the notices: {heaps:?}"
+    );
 }
 
 /// A `record` killed with SIGKILL leaves its socket behind; the next

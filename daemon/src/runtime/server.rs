@@ -100,7 +100,15 @@ struct Shared {
     refusals: AtomicU64,
     /// The bookkeeping thread (notices of processes that run unprofiled).
     book: mpsc::Sender<BookMsg>,
+    /// Pids already noted as running unprofiled: each is noted once, and at
+    /// most [`MAX_UNPROFILABLE`] in all (a peer cannot flood the trace or
+    /// the terminal with notices).
+    unprofilable: std::sync::Mutex<std::collections::HashSet<u32>>,
 }
+
+/// Most processes one daemon notes as running unprofiled; later notices are
+/// counted as refusals.
+const MAX_UNPROFILABLE: usize = 4096;
 
 /// Counts a connection in [`Shared::in_flight`] until dropped.
 struct InFlight(Arc<Shared>);
@@ -172,6 +180,7 @@ impl Daemon {
             establishing: Arc::new(tokio::sync::Semaphore::new(MAX_ESTABLISHING)),
             refusals: AtomicU64::new(0),
             book: book_tx.clone(),
+            unprofilable: std::sync::Mutex::new(std::collections::HashSet::new()),
         });
         Ok(Daemon {
             listener: Some(listener),
@@ -387,6 +396,23 @@ async fn handle_connection(
 
 /// Says that `pid` runs unprofiled and why, and tells the bookkeeping.
 fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
+    {
+        let mut noted = shared
+            .unprofilable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if noted.contains(&pid) {
+            return;
+        }
+        if noted.len() >= MAX_UNPROFILABLE {
+            refused(
+                shared,
+                format_args!("pid {pid}: {MAX_UNPROFILABLE} processes already noted as unprofiled"),
+            );
+            return;
+        }
+        noted.insert(pid);
+    }
     let cmd = if cmdline.is_empty() {
         "?".to_string()
     } else {
