@@ -2,10 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use super::heap::HeapState;
+use super::heap::{HeapState, MallocOp};
 use super::histogram::UnwindHistogram;
+use super::lifetime::LifetimeTracker;
 use super::order::{Release, Reorder};
-use super::tree::CallsiteId;
 
 /// Unwinding statistics of a process (Perfetto's `ProcessStats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,17 +83,17 @@ pub struct OrderStats {
 /// An operation waiting for its turn.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum PendingOp {
-    Malloc {
-        heap_id: u32,
-        address: u64,
-        sample_size: u64,
-        timestamp: u64,
-        callsite: CallsiteId,
-    },
-    Free {
-        heap_id: u32,
-        address: u64,
-    },
+    Malloc(MallocOp),
+    Free { heap_id: u32, address: u64 },
+}
+
+/// What the process tree says about a process besides its command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// Parent process id, if known.
+    pub ppid: Option<u32>,
+    /// Thread names by thread id (empty name: not known yet).
+    pub threads: BTreeMap<u32, String>,
 }
 
 /// One profiled process.
@@ -109,9 +109,17 @@ pub struct ProcessState {
     pub stats: ProcessStats,
     /// Error flags.
     pub flags: ProcessFlags,
+    /// Parent and threads, as the runtime read them from `/proc`.
+    pub identity: ProcessIdentity,
+    /// When profiling of the process started (MONOTONIC_COARSE ns; 0 if
+    /// unknown): the start of its first dump's window.
+    pub session_start_ns: u64,
     pub(crate) heaps: BTreeMap<u32, HeapState>,
     pub(crate) order: Reorder<PendingOp>,
     pub(crate) order_stats: OrderStats,
+    pub(crate) lifetimes: LifetimeTracker,
+    /// Threads seen in samples whose name the runtime has not looked up.
+    pub(crate) unnamed_threads: Vec<u32>,
 }
 
 impl ProcessState {
@@ -122,10 +130,32 @@ impl ProcessState {
             from_startup: false,
             stats: ProcessStats::default(),
             flags: ProcessFlags::default(),
+            identity: ProcessIdentity::default(),
+            session_start_ns: 0,
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
             order_stats: OrderStats::default(),
+            lifetimes: LifetimeTracker::default(),
+            unnamed_threads: Vec::new(),
         }
+    }
+
+    /// Sets a thread's name.
+    pub fn set_thread_name(&mut self, tid: u32, name: String) {
+        self.identity.threads.insert(tid, name);
+    }
+
+    /// Notes a thread seen in a sample; new ones wait for a name.
+    pub(crate) fn note_thread(&mut self, tid: u32) {
+        if tid != 0 && !self.identity.threads.contains_key(&tid) {
+            self.identity.threads.insert(tid, String::new());
+            self.unnamed_threads.push(tid);
+        }
+    }
+
+    /// Threads seen in samples since the last call, to be named.
+    pub fn take_unnamed_threads(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.unnamed_threads)
     }
 
     /// The heaps, by heap id.
@@ -167,9 +197,15 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
             ..
         } = self;
-        order.push(seq, op, |s, op, rel| apply(heaps, order_stats, s, op, rel));
+        let mut cx = Apply {
+            heaps,
+            stats: order_stats,
+            lifetimes,
+        };
+        order.push(seq, op, |s, op, rel| cx.apply(s, op, rel));
     }
 
     /// Commits everything up to `seq`.
@@ -178,9 +214,15 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
             ..
         } = self;
-        order.release_through(seq, |s, op, rel| apply(heaps, order_stats, s, op, rel));
+        let mut cx = Apply {
+            heaps,
+            stats: order_stats,
+            lifetimes,
+        };
+        order.release_through(seq, |s, op, rel| cx.apply(s, op, rel));
     }
 
     /// A new client session for the same pid (the process called exec, or
@@ -192,6 +234,7 @@ impl ProcessState {
             h.forget_live();
         }
         self.order = Reorder::new(1, window);
+        self.lifetimes = LifetimeTracker::default();
         self.flags.disconnected = false;
     }
 
@@ -201,9 +244,15 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
             ..
         } = self;
-        order.flush(|s, op, rel| apply(heaps, order_stats, s, op, rel));
+        let mut cx = Apply {
+            heaps,
+            stats: order_stats,
+            lifetimes,
+        };
+        order.flush(|s, op, rel| cx.apply(s, op, rel));
     }
 }
 
@@ -213,39 +262,40 @@ fn heap_or_default(heaps: &mut BTreeMap<u32, HeapState>, heap_id: u32) -> &mut H
         .or_insert_with(|| HeapState::new(heap_id, default_heap_name(heap_id), 0))
 }
 
-fn apply(
-    heaps: &mut BTreeMap<u32, HeapState>,
-    stats: &mut OrderStats,
-    seq: u64,
-    op: PendingOp,
-    release: Release,
-) {
-    match op {
-        PendingOp::Malloc {
-            heap_id,
-            address,
-            sample_size,
-            timestamp,
-            callsite,
-        } => {
-            if !heaps.contains_key(&heap_id) {
-                stats.undeclared_heap_ops += 1;
+/// What committing an operation touches.
+struct Apply<'a> {
+    heaps: &'a mut BTreeMap<u32, HeapState>,
+    stats: &'a mut OrderStats,
+    lifetimes: &'a mut LifetimeTracker,
+}
+
+impl Apply<'_> {
+    fn apply(&mut self, seq: u64, op: PendingOp, release: Release) {
+        let in_order = release == Release::InOrder;
+        match op {
+            PendingOp::Malloc(m) => {
+                if !self.heaps.contains_key(&m.heap_id) {
+                    self.stats.undeclared_heap_ops += 1;
+                }
+                let heap = heap_or_default(self.heaps, m.heap_id);
+                let exact = heap.sampling_interval == 1 && in_order;
+                let birth = self.lifetimes.malloc(seq, m.tid, exact);
+                heap.commit_malloc(seq, &m, birth, in_order);
             }
-            heap_or_default(heaps, heap_id).commit_malloc(
-                seq,
-                address,
-                sample_size,
-                callsite,
-                timestamp,
-                release == Release::InOrder,
-            );
-        }
-        PendingOp::Free { heap_id, address } => {
-            let freed = heaps
-                .get_mut(&heap_id)
-                .is_some_and(|h| h.commit_free(seq, address));
-            if !freed {
-                stats.unknown_frees += 1;
+            PendingOp::Free { heap_id, address } => {
+                let Some(heap) = self.heaps.get_mut(&heap_id) else {
+                    self.stats.unknown_frees += 1;
+                    return;
+                };
+                match heap.commit_free(seq, address) {
+                    Some(freed) => {
+                        if heap.sampling_interval == 1 && in_order {
+                            let (lifetime, temporary) = self.lifetimes.free(freed.seq, freed.birth);
+                            heap.note_lifetime(freed, lifetime, temporary);
+                        }
+                    }
+                    None => self.stats.unknown_frees += 1,
+                }
             }
         }
     }
