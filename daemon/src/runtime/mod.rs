@@ -32,6 +32,7 @@ pub mod clock;
 pub mod handshake;
 pub mod mapping;
 pub mod memo;
+pub mod procinfo;
 pub mod record;
 pub mod server;
 pub mod session_unwinder;
