@@ -28,6 +28,7 @@
 
 pub mod attach;
 pub mod bookkeeper;
+pub mod cleanup;
 pub mod clock;
 pub mod handshake;
 pub mod mapping;
