@@ -86,7 +86,11 @@ fn exact_mode_statistics_timeline_and_processes_round_trip() {
     let sizes: Vec<(u8, u64)> = a.sizes.iter().map(|b| (b.log2, b.samples)).collect();
     assert_eq!(sizes, [(7, 2)]);
     let b = by_leaf("alloc_b").stats.clone().unwrap();
-    assert_eq!((b.temporary, b.lifetimes[0].log2), (1, 1), "B lived 1 allocation (C)");
+    assert_eq!(
+        (b.temporary, b.lifetimes[0].log2),
+        (1, 1),
+        "B lived 1 allocation (C)"
+    );
     // Timeline: two dumps; the first window starts at the session start.
     assert_eq!(h.timeline.len(), 2);
     let (d1, d2) = (&h.timeline[0], &h.timeline[1]);

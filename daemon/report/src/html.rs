@@ -54,8 +54,11 @@ struct PageData {
 }
 
 fn heap_data(data: &TraceData, h: &HeapProfile) -> HeapData {
-    let mut ids: FxHashMap<(String, String, String), u32> = FxHashMap::default();
-    let mut frames = Vec::new();
+    // A frame of the flame graph is a function of a module: calls from
+    // different lines of one function merge (the location shown is the
+    // line when there is one, else the file).
+    let mut ids: FxHashMap<(String, String), u32> = FxHashMap::default();
+    let mut frames: Vec<(String, String, String)> = Vec::new();
     let mut id_of = |f: &ResolvedFrame| {
         let module = f
             .mapping
@@ -63,11 +66,22 @@ fn heap_data(data: &TraceData, h: &HeapProfile) -> HeapData {
             .and_then(|m| m.rsplit('/').next())
             .unwrap_or("")
             .to_owned();
-        let key = (f.display_name(), module, location(f).unwrap_or_default());
-        *ids.entry(key.clone()).or_insert_with(|| {
-            frames.push(key);
+        let key = (f.display_name(), module);
+        let loc = location(f).unwrap_or_default();
+        let id = *ids.entry(key.clone()).or_insert_with(|| {
+            frames.push((key.0, key.1, loc.clone()));
             frames.len() as u32 - 1
-        })
+        });
+        let shown = &mut frames[id as usize].2;
+        if *shown != loc {
+            let file = |l: &str| l.rsplit_once(':').map_or(l, |(f, _)| f).to_owned();
+            *shown = if file(shown) == file(&loc) {
+                file(&loc)
+            } else {
+                String::new()
+            };
+        }
+        id
     };
     let stacks = h
         .callstacks

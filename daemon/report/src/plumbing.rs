@@ -21,11 +21,14 @@
 //!   allocator shims); a name starting with `alloc::` or `<alloc::` (Box,
 //!   Vec, String, RawVec growth), `std::alloc::`, `<std::alloc::`,
 //!   `std::sys::alloc::`, `std::sys::pal::unix::alloc::`, `hashbrown::raw::`
-//!   (the std HashMap's table growth), or a trait method of `alloc`
-//!   (`<str as alloc::string::ToString>::to_string`: ` as alloc::` inside
-//!   the leading `<...>`); or its source file is in Rust's `library/alloc/`
-//!   or `library/std/src/alloc.rs` / `library/std/src/sys/alloc/` (inlined
-//!   frames are often named only `alloc` or `grow_one`).
+//!   (the std HashMap's table growth), `core::` or `<core::` (core never
+//!   allocates itself: its frames are formatting or iterator machinery
+//!   between the caller and `alloc`, as in `format!`), or a trait method of
+//!   `alloc` (`<str as alloc::string::ToString>::to_string`: ` as alloc::`
+//!   inside the leading `<...>`); or its source file is in Rust's
+//!   `library/alloc/`, `library/core/` or `library/std/src/alloc.rs` /
+//!   `library/std/src/sys/alloc/` (inlined frames of a release build with
+//!   line tables are named only `alloc` or `grow_one`).
 //! * **C**: the malloc family itself (`malloc`, `calloc`, `realloc`,
 //!   `reallocarray`, `posix_memalign`, `aligned_alloc`, `memalign`,
 //!   `valloc`, `pvalloc`, `__libc_*` of them), functions that return memory
@@ -66,6 +69,8 @@ const PLUMBING_PREFIXES: &[&str] = &[
     "alloc::",
     "<alloc::",
     "<std::alloc::",
+    "core::",
+    "<core::",
     "hashbrown::raw::",
     "__rdl_",
     "__rg_",
@@ -124,6 +129,7 @@ const PLUMBING_SOURCES: &[&str] = &[
     "/include/c++/",
     "/c++/v1/",
     "library/alloc/src/",
+    "library/core/src/",
     "library/std/src/alloc.rs",
     "library/std/src/sys/alloc/",
 ];
@@ -262,6 +268,15 @@ mod tests {
             frame("<str as alloc::string::ToString>::to_string"),
         ];
         assert_eq!(allocating_frame(&to_string), Some(0));
+        let format = [
+            frame("make_strings"),
+            frame("alloc::fmt::format::format_inner"),
+            frame("core::fmt::write"),
+            frame("<core::fmt::Formatter>::padding"),
+            frame("<alloc::string::String as core::fmt::Write>::write_str"),
+            frame("__rust_alloc"),
+        ];
+        assert_eq!(allocating_frame(&format), Some(0));
         let own = [frame("<app::Cache as app::Grow>::grow")];
         assert!(!is_allocator_frame(&own[0]));
     }

@@ -82,7 +82,6 @@ pub struct RecordArgs {
     pub command: Vec<String>,
 }
 
-
 /// A duration that must be more than zero (`--duration 0` would profile
 /// nothing).
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
