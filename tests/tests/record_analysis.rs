@@ -315,6 +315,18 @@ fn diff_puts_the_function_that_grew_first() {
         if interval == "1" {
             assert!(steady.is_none(), "{v}");
         }
+        // Per function (inclusive): grow_site too, not the entry frames or
+        // main (on every stack: its growth is the total's).
+        let inclusive: Vec<&str> = v["grew_inclusive"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["function"].as_str().unwrap())
+            .collect();
+        assert_eq!(inclusive.first(), Some(&"grow_site"), "{inclusive:?}");
+        for f in ["_start", "__libc_start_main_impl", "main"] {
+            assert!(!inclusive.contains(&f), "{f} in {inclusive:?}");
+        }
         let text = heapprofd_ok(&["report", "--diff", &s(&base), &s(&new)]).stdout;
         let first = text
             .split("GREW MOST (self")
@@ -447,6 +459,24 @@ fn temporary_allocations_are_exact() {
     assert_eq!(long["temporary"], 0, "long_site's are not");
     // Short-lived: temp_site's are freed within 0 allocations.
     assert_eq!(temp["short_lived"], n);
+    // Size histograms: every allocation of both sites asked for 32 bytes;
+    // the process's histogram has their 2M in the 32-63 bucket.
+    for site in [&temp, &long] {
+        let sizes = site["sizes"].as_array().unwrap();
+        assert_eq!(sizes.len(), 1, "{site}");
+        assert_eq!(
+            (&sizes[0]["low"], &sizes[0]["high"]),
+            (&32.into(), &63.into())
+        );
+        assert_eq!(sizes[0]["samples"], n);
+    }
+    let bucket = h["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["low"] == 32)
+        .unwrap();
+    assert!(bucket["samples"].as_u64().unwrap() >= 2 * n, "{bucket}");
     assert_eq!(h["top_temporary"][0]["function"], "temp_site");
     let text = heapprofd_ok(&["report", &s(&trace)]).stdout;
     assert!(text.contains("TOP TEMPORARY ALLOCATIONS"), "{text}");

@@ -20,7 +20,7 @@ use serde::Serialize;
 use heapprofd_model::trace::{CallstackValues, HeapProfile, ResolvedFrame, TraceData};
 
 use crate::folded::{ValueKind, clean, value_of};
-use crate::plumbing::allocating_frame;
+use crate::plumbing::{allocating_frame, is_entry_frame};
 use crate::sites::location;
 use crate::units::{human_bytes, human_count, human_count_delta, human_delta};
 
@@ -133,7 +133,7 @@ fn accumulate(
                 let mut seen = std::collections::HashSet::new();
                 c.frames
                     .iter()
-                    .filter(|f| seen.insert(frame_key(f)))
+                    .filter(|f| !is_entry_frame(f) && seen.insert(frame_key(f)))
                     .collect()
             } else {
                 allocating_frame(&c.frames)
@@ -213,6 +213,14 @@ pub fn diff(
         h.callstacks.iter().for_each(|c| total.new.add(c));
     }
     let self_rows = rows(base, new, heap, false);
+    // As in `report`, the inclusive rows leave out entry frames and the
+    // functions on every stack of both traces (`main` of a one-thread
+    // program): their growth is the total's.
+    let (all_base, all_new) = (total.base, total.new);
+    let everywhere =
+        |s: &Side, all: &Side| s.allocated == all.allocated && s.unreleased == all.unreleased;
+    let mut inclusive = rows(base, new, heap, true);
+    inclusive.retain(|r| !(everywhere(&r.base, &all_base) && everywhere(&r.new, &all_new)));
     DiffReport {
         base: base_name.to_owned(),
         new: new_name.to_owned(),
@@ -220,7 +228,7 @@ pub fn diff(
         total: row(("(all)".to_owned(), None), total),
         grew: top_by(self_rows.clone(), top, |r| r.delta_allocated),
         shrank: top_by(self_rows.clone(), top, |r| -r.delta_allocated),
-        grew_inclusive: top_by(rows(base, new, heap, true), top, |r| r.delta_allocated),
+        grew_inclusive: top_by(inclusive, top, |r| r.delta_allocated),
         grew_unreleased: top_by(self_rows, top, |r| r.delta_unreleased),
     }
 }
