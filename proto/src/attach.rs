@@ -57,7 +57,8 @@ pub enum AttachStatus {
     Busy = 1,
     /// The thread was inside the library (its reentrancy guard is held).
     Reentered = 2,
-    /// The program's malloc is not glibc's (another allocator interposes).
+    /// The program's malloc cannot be reached: its executable defines it
+    /// itself (a statically linked allocator).
     OtherAllocator = 3,
     /// The connecting thread could not be created.
     NoThread = 4,

@@ -414,8 +414,10 @@ fn calls_after_errno(
     } = *cx;
     let pid = target.pid;
     let short = Duration::from_secs(5);
-    // Another allocator interposing malloc cannot be mixed with our hooks
-    // (they call glibc's): refuse before loading anything.
+    // Attaching stops a thread at a safe point, which is checked against
+    // glibc's malloc code only: a thread inside another allocator's
+    // internals could hold its lock while our calls allocate. Refuse
+    // before loading anything (`record -- CMD` profiles other allocators).
     if let (Some(dlsym), None) = (plan.dlsym, &target.client) {
         let global = tr.call(saved, sp, dlsym, &[0, name_malloc], short)?;
         if global != 0 && global != plan.libc_malloc && Some(global) != plan.canonical_malloc {
@@ -426,7 +428,8 @@ fn calls_after_errno(
                 .map_or("an unknown object".to_string(), |m| m.path.clone());
             return Err(CallError::Refused(format!(
                 "process {pid} ({}) does not use glibc's malloc (its malloc is in {owner}); \
-                 heapprofd-rs profiles glibc's allocator only",
+                 `record --pid` attaches to glibc's allocator only (`record -- CMD` profiles \
+                 jemalloc, tcmalloc, mimalloc... from the start)",
                 target.comm
             )));
         }
@@ -476,8 +479,8 @@ fn calls_after_errno(
              or is connecting); stop that session first"
         ))),
         Some(AttachStatus::OtherAllocator) => Err(CallError::Failed(format!(
-            "process {pid} does not use glibc's malloc (another allocator interposes it); \
-             heapprofd-rs profiles glibc's allocator only"
+            "process {pid} cannot be profiled: its executable defines malloc itself (a \
+             statically linked allocator), whose calls cannot be intercepted"
         ))),
         Some(AttachStatus::NoThread) => Err(CallError::Failed(format!(
             "the profiler could not create its thread in process {pid}"

@@ -9,6 +9,8 @@
 //! stacks starts its ids again); [`SCRATCH_STACK`] is redefined before each
 //! use, for stacks the worker does not cache.
 
+pub use heapprofd_proto::wire::Unprofilable;
+
 use crate::profile::{ClientError, FrameId, UnwindHistogram};
 
 /// Identifies one client connection for its whole life (pids can be
@@ -141,6 +143,19 @@ pub enum SessionEvent {
         /// Stats snapshot.
         stats: SessionStats,
     },
+    /// A process runs unprofiled (a client's notice, or `record` found
+    /// its program statically linked): not a session of its own; `id` is
+    /// a fresh one that no other event uses.
+    Unprofilable {
+        /// A fresh id.
+        id: SessionId,
+        /// Process id.
+        pid: u32,
+        /// Command line.
+        cmdline: Vec<String>,
+        /// Why.
+        why: Unprofilable,
+    },
     /// A session is over and fully drained.
     Ended {
         /// Session.
@@ -160,6 +175,7 @@ impl SessionEvent {
         match self {
             SessionEvent::Started { id, .. }
             | SessionEvent::Ops { id, .. }
+            | SessionEvent::Unprofilable { id, .. }
             | SessionEvent::Ended { id, .. } => *id,
         }
     }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::messages::SessionStats;
+use crate::messages::{SessionStats, Unprofilable};
 use crate::profile::{ClientError, Profile};
 
 /// Something that makes a process's profile incomplete.
@@ -22,6 +22,9 @@ pub enum ProcessWarning {
         /// Stacks unwound.
         samples: u64,
     },
+    /// After a profiled image, the process ran unprofiled (it exec'd a
+    /// program that cannot load the client).
+    ThenUnprofiled(Unprofilable),
 }
 
 /// One process of the summary.
@@ -47,6 +50,8 @@ pub struct ProcessSummary {
     pub dropped: u64,
     /// Anything that makes this process's profile incomplete.
     pub warnings: Vec<ProcessWarning>,
+    /// Never profiled: why (it is in the trace, flagged, with no samples).
+    pub not_profiled: Option<Unprofilable>,
 }
 
 /// The summary of every process of `profile`; `sessions` are the (pid,
@@ -88,6 +93,10 @@ pub(crate) fn summarize<'a>(
                     samples: p.stats.heap_samples,
                 });
             }
+            let not_profiled = p.unprofilable.filter(|_| p.sessions == 0);
+            if let Some(why) = p.unprofilable.filter(|_| p.sessions > 0) {
+                warnings.push(ProcessWarning::ThenUnprofiled(why));
+            }
             ProcessSummary {
                 pid: p.pid,
                 cmdline: p.cmdline.clone(),
@@ -99,6 +108,7 @@ pub(crate) fn summarize<'a>(
                 unwind_errors: p.stats.unwinding_errors,
                 dropped,
                 warnings,
+                not_profiled,
             }
         })
         .collect()

@@ -96,7 +96,9 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperO
                 let (force, started) = match &*event {
                     SessionEvent::Started { pid, .. } => (None, Some(*pid)),
                     SessionEvent::Ops { .. } => (Some(false), None),
-                    SessionEvent::Ended { .. } => (Some(true), None),
+                    SessionEvent::Ended { .. } | SessionEvent::Unprofilable { .. } => {
+                        (Some(true), None)
+                    }
                 };
                 if book.book.handle(*event) {
                     if let Some(force) = force {

@@ -5,7 +5,10 @@
 //! descriptors, creates and seals the ring buffer, parses the client's maps,
 //! and replies with the [`ClientConfig`] and the memfd. Anything unexpected
 //! is an error naming what was wrong; the connection is then dropped, which
-//! the client sees as a refusal and keeps running unprofiled.
+//! the client sees as a refusal and keeps running unprofiled. A handshake
+//! that says its process cannot be profiled ([`Unprofilable`]) carries no
+//! descriptors and gets no reply: it is [`Accepted::Unprofilable`], about
+//! the peer itself or a child it just spawned (checked in `/proc`).
 
 use std::fs::File;
 use std::io;
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use heapprofd_proto::socket::{recv_with_fds, send_with_fds};
-use heapprofd_proto::wire::{ClientConfig, Handshake};
+use heapprofd_proto::wire::{ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::RingBuffer;
 use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -75,12 +78,36 @@ impl std::fmt::Debug for NewSession {
     }
 }
 
+/// What an accepted connection brought.
+#[derive(Debug)]
+pub enum Accepted {
+    /// A session.
+    Session(Box<NewSession>),
+    /// A notice: process `pid` runs unprofiled.
+    Unprofilable {
+        /// The process (the peer, or its child).
+        pid: u32,
+        /// Why.
+        why: Unprofilable,
+        /// Its command line (from /proc, best effort).
+        cmdline: Vec<String>,
+    },
+}
+
+/// The parent of `pid` (from `/proc/PID/stat`).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Performs the daemon side of the handshake on a freshly accepted connection.
 pub fn accept_session(
     stream: UnixStream,
     config: &ClientConfig,
     cache: &Arc<ModuleCache>,
-) -> Result<NewSession> {
+) -> Result<Accepted> {
     accept_session_from(stream, config, cache, None)
 }
 
@@ -91,7 +118,7 @@ pub fn accept_session_from(
     config: &ClientConfig,
     cache: &Arc<ModuleCache>,
     extra_uid: Option<u32>,
-) -> Result<NewSession> {
+) -> Result<Accepted> {
     let peer = peer_cred(&stream).context("reading the peer's credentials (SO_PEERCRED)")?;
     if !peer_allowed(peer) && Some(peer.uid) != extra_uid {
         bail!(
@@ -109,6 +136,20 @@ pub fn accept_session_from(
         .with_context(|| format!("receiving the handshake of pid {}", peer.pid))?;
     let handshake =
         Handshake::decode(&buf).with_context(|| format!("handshake of pid {}", peer.pid))?;
+    if handshake.unprofilable != Unprofilable::None {
+        let pid = handshake.pid;
+        if pid != peer.pid && parent_of(pid) != Some(peer.pid) {
+            bail!(
+                "pid {} said pid {pid} runs unprofiled, but that is neither itself nor its child",
+                peer.pid
+            );
+        }
+        return Ok(Accepted::Unprofilable {
+            pid,
+            why: handshake.unprofilable,
+            cmdline: read_cmdline(pid),
+        });
+    }
     let [Some(maps_fd), Some(mem_fd)] = fds else {
         bail!(
             "pid {} sent {nfds} descriptors with its handshake; expected its maps and mem",
@@ -138,7 +179,7 @@ pub fn accept_session_from(
     stream.set_read_timeout(None)?;
     let cmdline = read_cmdline(peer.pid);
     let pidfd = pidfd_open(peer.pid);
-    Ok(NewSession {
+    Ok(Accepted::Session(Box::new(NewSession {
         peer,
         handshake,
         ring,
@@ -146,7 +187,7 @@ pub fn accept_session_from(
         stream,
         cmdline,
         pidfd,
-    })
+    })))
 }
 
 /// `/proc/PID/cmdline` split at NULs (empty if the process is gone).

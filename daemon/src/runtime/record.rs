@@ -154,6 +154,7 @@ impl Run {
             preload.push(":");
             preload.push(existing);
         }
+        let unprofilable = super::program::unprofilable(std::ffi::OsStr::new(&args.command[0]));
         let mut child = tokio::process::Command::new(&args.command[0])
             .args(&args.command[1..])
             .env("LD_PRELOAD", preload)
@@ -164,6 +165,9 @@ impl Run {
         *cmd_started = true;
         if let Some(pid) = child.id() {
             super::cleanup::set_child(pid);
+            if let Some(why) = unprofilable {
+                daemon.note_unprofilable(pid, args.command.clone(), why);
+            }
         }
 
         // CMD writes to the same terminal: no live status line there.

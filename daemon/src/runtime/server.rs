@@ -30,12 +30,12 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
 use super::bookkeeper::{self, BookkeeperOptions, BookkeeperShared};
-use super::handshake::accept_session_from;
+use super::handshake::{Accepted, accept_session_from};
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
 use super::{BookMsg, Counters};
-use heapprofd_model::messages::SessionId;
+use heapprofd_model::messages::{SessionEvent, SessionId, Unprofilable};
 use heapprofd_model::profile::Interner;
 
 /// Everything the daemon needs to know to serve clients.
@@ -81,6 +81,8 @@ struct Shared {
     extra_uid: AtomicU32,
     /// Connections accepted whose session has not reached a worker yet.
     in_flight: AtomicUsize,
+    /// The bookkeeping thread (notices of processes that run unprofiled).
+    book: mpsc::Sender<BookMsg>,
 }
 
 /// Counts a connection in [`Shared::in_flight`] until dropped.
@@ -150,6 +152,7 @@ impl Daemon {
             next_id: AtomicU64::new(1),
             extra_uid: AtomicU32::new(u32::MAX),
             in_flight: AtomicUsize::new(0),
+            book: book_tx.clone(),
         });
         Ok(Daemon {
             listener: Some(listener),
@@ -214,6 +217,13 @@ impl Daemon {
             }
             let _ = done.send(());
         });
+    }
+
+    /// Records that process `pid` runs unprofiled, and says so (a client's
+    /// notice, or `record` found CMD statically linked): it is in the
+    /// trace, flagged, and the summary names it instead of counting it.
+    pub fn note_unprofilable(&self, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
+        note_unprofilable(&self.shared, pid, cmdline, why);
     }
 
     /// Asks for a dump of every process now (SIGUSR1, continuous dumps).
@@ -281,7 +291,11 @@ async fn handle_connection(
     })
     .await;
     let session = match joined {
-        Ok(Ok(s)) => s,
+        Ok(Ok(Accepted::Session(s))) => s,
+        Ok(Ok(Accepted::Unprofilable { pid, why, cmdline })) => {
+            note_unprofilable(&shared, pid, cmdline, why);
+            return;
+        }
         Ok(Err(e)) => {
             log::warn!("client refused: {e:#}");
             return;
@@ -304,12 +318,30 @@ async fn handle_connection(
     let id: SessionId = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let worker = &shared.workers[session.peer.pid as usize % shared.workers.len()];
     shared.counters.sessions.fetch_add(1, Ordering::Relaxed);
-    if worker.send(WorkerMsg::Add(id, Box::new(session))).is_err() {
+    if worker.send(WorkerMsg::Add(id, session)).is_err() {
         return;
     }
     drop(in_flight);
     watch_socket(watch, id, worker.clone(), &shared.counters).await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Says that `pid` runs unprofiled and why, and tells the bookkeeping.
+fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
+    let cmd = if cmdline.is_empty() {
+        "?".to_string()
+    } else {
+        cmdline.join(" ")
+    };
+    log::warn!("pid {pid} (`{cmd}`) runs unprofiled: {}", why.describe());
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let event = SessionEvent::Unprofilable {
+        id,
+        pid,
+        cmdline,
+        why,
+    };
+    let _ = shared.book.send(BookMsg::Session(Box::new(event)));
 }
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
@@ -377,6 +409,7 @@ mod tests {
             flags: 0,
             client_text_start: 0,
             client_text_end: 0,
+            unprofilable: heapprofd_proto::wire::Unprofilable::None,
         };
         send_with_fds(
             sock.as_raw_fd(),

@@ -246,15 +246,13 @@ impl HeapState {
         self.check_peak();
     }
 
-    /// Forgets every live allocation without counting it freed: the address
-    /// space it lived in is gone (the process called exec). What was never
-    /// freed stays unreleased in the callsite totals.
-    pub(crate) fn forget_live(&mut self) {
-        for t in &mut self.slots {
-            t.live_bytes = 0;
-            t.live_count = 0;
+    /// Counts every live allocation freed: the address space it lived in
+    /// is gone (the process called exec), and memory exec threw away is not
+    /// unreleased. The peak, reached before, stays.
+    pub(crate) fn release_live(&mut self) {
+        for (_, a) in std::mem::take(&mut self.live) {
+            self.remove_live(a);
         }
-        self.live.clear();
         self.live_bytes = 0;
     }
 

@@ -285,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn exec_starts_a_new_sequence_space_and_forgets_the_old_image() {
+    fn exec_starts_a_new_sequence_space_and_releases_the_old_image() {
         let i = Interner::new();
         let mut p = Profile::new(&i);
         let shell = frames(&i, &["main", "sh_alloc"]);
@@ -338,10 +338,11 @@ mod tests {
         let h = p.heap(5, 0).unwrap();
         let sh = h.callsite(p.tree().find(&shell).unwrap()).unwrap();
         let pr = h.callsite(p.tree().find(&prog).unwrap()).unwrap();
-        // The shell's block at 0x100 was never freed: still unreleased.
+        // The shell's block at 0x100 was never freed, but the exec threw
+        // it away: released, not left unreleased.
         assert_eq!(
             (sh.allocated, sh.freed, sh.alloc_count, sh.free_count),
-            (30, 20, 2, 1)
+            (30, 30, 2, 2)
         );
         // Nothing of the new image was dropped as "late".
         assert_eq!((pr.allocated, pr.freed), (30, 30));

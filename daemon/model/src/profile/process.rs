@@ -25,6 +25,23 @@ pub struct ProcessStats {
 }
 
 impl ProcessStats {
+    /// Adds `other`'s counts to these (the sessions of one process: its
+    /// images before and after an exec).
+    pub fn add(&mut self, other: &ProcessStats) {
+        self.unwinding_errors += other.unwinding_errors;
+        self.heap_samples += other.heap_samples;
+        self.map_reparses += other.map_reparses;
+        for (i, n) in other.unwinding_time_us.0.iter().enumerate() {
+            self.unwinding_time_us[i] += n;
+        }
+        self.total_unwinding_time_us = self
+            .total_unwinding_time_us
+            .saturating_add(other.total_unwinding_time_us);
+        self.client_spinlock_blocked_us = self
+            .client_spinlock_blocked_us
+            .saturating_add(other.client_spinlock_blocked_us);
+    }
+
     /// Counts one unwound sample.
     pub fn record_unwind(&mut self, time_us: u64, error: bool) {
         self.heap_samples += 1;
@@ -114,6 +131,11 @@ pub struct ProcessState {
     /// When profiling of the process started (MONOTONIC_COARSE ns; 0 if
     /// unknown): the start of its first dump's window.
     pub session_start_ns: u64,
+    /// Client sessions it had (its images that were profiled).
+    pub sessions: u32,
+    /// It ran unprofiled at some point (never profiled when `sessions` is
+    /// 0), and why.
+    pub unprofilable: Option<heapprofd_proto::wire::Unprofilable>,
     pub(crate) heaps: BTreeMap<u32, HeapState>,
     pub(crate) order: Reorder<PendingOp>,
     pub(crate) order_stats: OrderStats,
@@ -132,6 +154,8 @@ impl ProcessState {
             flags: ProcessFlags::default(),
             identity: ProcessIdentity::default(),
             session_start_ns: 0,
+            sessions: 0,
+            unprofilable: None,
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
             order_stats: OrderStats::default(),
@@ -226,12 +250,13 @@ impl ProcessState {
     }
 
     /// A new client session for the same pid (the process called exec, or
-    /// the pid was reused): commits what is pending, forgets the old image's
-    /// live allocations, and starts a new sequence-number space at 1.
+    /// the pid was reused): commits what is pending, counts the old image's
+    /// live allocations freed (exec threw its memory away), and starts a
+    /// new sequence-number space at 1.
     pub(crate) fn new_session(&mut self, window: u64) {
         self.flush();
         for h in self.heaps.values_mut() {
-            h.forget_live();
+            h.release_live();
         }
         self.order = Reorder::new(1, window);
         self.lifetimes = LifetimeTracker::default();
