@@ -25,7 +25,7 @@
 //! The signal handler only records the request
 //! (`heapprofd_client_core::activation`): the next allocation outside the
 //! client starts the connecting thread. A `sigqueue` value `v > 0` selects
-//! `/tmp/heapprofd-rs-<v>.sock` (the daemon passes its pid); otherwise
+//! `/tmp/heapprofd-rs-<euid>/<v>.sock` (the daemon passes its pid); otherwise
 //! `HEAPPROFD_SOCKET` or the default path. fork: the core's child handler
 //! (`heapprofd_client_core::fork`) forgets the parent's session.
 

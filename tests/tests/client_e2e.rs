@@ -595,13 +595,21 @@ fn block_mode_timeout_ends_the_session_with_an_error() {
 }
 
 /// Loaded without a socket, the library is dormant; signal 36 with a
-/// `sigqueue` value starts a session with `/tmp/heapprofd-rs-<value>.sock`.
+/// `sigqueue` value starts a session with
+/// `/tmp/heapprofd-rs-<euid>/<value>.sock` (the attach ABI's rule).
 /// After that receiver goes away, a second signal starts a second session.
 #[test]
 fn dormant_then_activated_by_signal_twice() {
     use std::io::{BufRead, BufReader, Write};
     let id = 900_000 + std::process::id() % 100_000;
-    let sock = PathBuf::from(format!("/tmp/heapprofd-rs-{id}.sock"));
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let dir = PathBuf::from(format!("/tmp/heapprofd-rs-{uid}"));
+    if std::fs::create_dir(&dir).is_ok() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let sock = dir.join(format!("{id}.sock"));
     let mut child = prog("dormant", &[])
         .env("LD_PRELOAD", client_so())
         .env_remove("HEAPPROFD_SOCKET")

@@ -206,6 +206,12 @@ fn bad_usage_starts_nothing_and_leaves_nothing() {
     let trace = dir.join("t.pftrace");
     // A unique argument, to look for a leftover `sleep` afterwards.
     let marker = "4242.125";
+    std::fs::set_permissions(&dir, {
+        let mut p = std::fs::metadata(&dir).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut p, 0o700);
+        p
+    })
+    .unwrap();
     let mut c = heapprofd();
     c.env("TMPDIR", &dir).env("XDG_RUNTIME_DIR", &dir);
     c.args(["record", "-c", "0", "-o", &s(&trace), "--", "sleep", marker]);
@@ -217,11 +223,19 @@ fn bad_usage_starts_nothing_and_leaves_nothing() {
             .is_ok_and(|c| String::from_utf8_lossy(&c).split('\0').any(|a| a == marker))
     });
     assert!(!leftover, "a sleep was left running");
-    let socks: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
-        .collect();
+    // The runtime directory (XDG_RUNTIME_DIR/heapprofd-rs: the scratch
+    // directory is private) holds no socket.
+    fn sockets(d: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                sockets(&e.path(), out);
+            } else if e.file_name().to_string_lossy().ends_with(".sock") {
+                out.push(e.path());
+            }
+        }
+    }
+    let mut socks = Vec::new();
+    sockets(&dir, &mut socks);
     assert!(socks.is_empty(), "stale sockets: {socks:?}");
     assert!(!trace.exists());
     // A missing program: 127, as a shell; one that is not executable: 126.

@@ -15,6 +15,10 @@ pub enum ProcessWarning {
     BlockTimeout,
     /// The ring buffer was corrupt; some records were lost.
     BufferCorrupt,
+    /// The process named more heaps than a process may have; this many of
+    /// its declarations and records were dropped (it is flagged
+    /// `hit_guardrail` in the trace).
+    HeapLimit(u64),
     /// More than a tenth of the stacks could not be fully unwound.
     UnwindErrors {
         /// Stacks whose unwinding ended in an error.
@@ -86,6 +90,10 @@ pub(crate) fn summarize<'a>(
             }
             if p.flags.buffer_corrupted {
                 warnings.push(ProcessWarning::BufferCorrupt);
+            }
+            let over = p.order_stats().over_heap_limit;
+            if over > 0 {
+                warnings.push(ProcessWarning::HeapLimit(over));
             }
             if p.stats.heap_samples > 0 && p.stats.unwinding_errors * 10 > p.stats.heap_samples {
                 warnings.push(ProcessWarning::UnwindErrors {

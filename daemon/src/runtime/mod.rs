@@ -38,6 +38,7 @@ pub mod memo;
 pub mod procinfo;
 pub mod program;
 pub mod record;
+pub mod rundir;
 pub mod server;
 pub mod session_unwinder;
 pub mod setup;

@@ -2,7 +2,8 @@
 //! profile it (and the programs it starts), and write a trace.
 //!
 //! Lifecycle: open the output file (so a bad path fails before anything
-//! runs), start the daemon on a private socket, spawn CMD with `LD_PRELOAD`,
+//! runs), start the daemon on a socket in the private runtime directory
+//! ([`super::rundir`]; stale sockets of killed daemons removed), spawn CMD with `LD_PRELOAD`,
 //! `HEAPPROFD_SOCKET` and `HEAPPROFD_BLOCKING_INIT=1` (profiling starts at its
 //! first allocation), then wait for whichever comes first: CMD exits,
 //! `--duration` passes, or Ctrl-C / SIGTERM. Every sample already in a ring
@@ -28,6 +29,7 @@ use std::io::IsTerminal;
 use anyhow::{Context, Result};
 
 use super::Counters;
+use super::rundir::RuntimeDir;
 use super::server::{Daemon, DaemonOptions};
 use super::setup::{daemon_options, default_output, find_client_lib};
 use super::status::status_line_allowed;
@@ -44,7 +46,9 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         .output
         .clone()
         .unwrap_or_else(|| default_output(&program));
-    let socket = std::env::temp_dir().join(format!("heapprofd-rs-{}.sock", std::process::id()));
+    let dir = RuntimeDir::for_record(env.xdg_runtime_dir.as_deref())?;
+    dir.remove_stale();
+    let socket = dir.socket_for(std::process::id());
     super::cleanup::install();
     super::cleanup::set_socket(socket.clone());
     let options = daemon_options(&args, socket, &output)?;

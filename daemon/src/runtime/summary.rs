@@ -38,6 +38,11 @@ fn warning_text(w: &ProcessWarning) -> String {
         ProcessWarning::BufferCorrupt => {
             "its ring buffer was corrupt; some records were lost".into()
         }
+        ProcessWarning::HeapLimit(n) => format!(
+            "it named more than {} heaps; {n} records of the others were dropped \
+             (flagged hit_guardrail in the trace)",
+            heapprofd_model::profile::MAX_HEAPS_PER_PROCESS
+        ),
         ProcessWarning::UnwindErrors { errors, samples } => {
             format!("{errors} of {samples} stacks could not be fully unwound")
         }

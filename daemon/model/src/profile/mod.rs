@@ -49,7 +49,8 @@ pub use interner::{
     FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
 };
 pub use process::{
-    ClientError, OrderStats, ProcessFlags, ProcessIdentity, ProcessState, ProcessStats,
+    ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ProcessFlags, ProcessIdentity, ProcessState,
+    ProcessStats,
 };
 pub use tree::{CallsiteId, CallsiteTree};
 
@@ -109,7 +110,10 @@ impl Profile {
     /// changes the interval (adaptive sampling). `name` `None` keeps the
     /// current name. The first interval is kept as the original one.
     pub fn set_heap(&mut self, pid: u32, heap_id: u32, name: Option<&str>, sampling_interval: u64) {
-        let h = self.process_or_default(pid).heap_or_default(heap_id);
+        // Beyond the heap limit: dropped, and the process flagged.
+        let Some(h) = self.process_or_default(pid).heap_or_default(heap_id) else {
+            return;
+        };
         if let Some(name) = name.filter(|n| !n.is_empty()) {
             h.name = name.to_owned();
         }

@@ -1,4 +1,10 @@
 //! Per-process state: identity, statistics, error flags and heaps.
+//!
+//! Heap ids come from the profiled process and are not trusted: a process
+//! has at most [`MAX_HEAPS_PER_PROCESS`] heaps. Declarations and records
+//! of heaps beyond that are dropped (counted in
+//! [`OrderStats::over_heap_limit`]) and the process is flagged
+//! `hit_guardrail`, which every later dump of it carries.
 
 use std::collections::BTreeMap;
 
@@ -6,6 +12,9 @@ use super::heap::{HeapState, MallocOp};
 use super::histogram::UnwindHistogram;
 use super::lifetime::LifetimeTracker;
 use super::order::{Release, Reorder};
+
+/// Heaps one process may have (Perfetto's client configuration holds 64).
+pub const MAX_HEAPS_PER_PROCESS: usize = 64;
 
 /// Unwinding statistics of a process (Perfetto's `ProcessStats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,6 +104,9 @@ pub struct OrderStats {
     pub duplicate_seqs: u64,
     /// Operations for a heap that was never declared.
     pub undeclared_heap_ops: u64,
+    /// Declarations and operations dropped because they named a heap
+    /// beyond [`MAX_HEAPS_PER_PROCESS`].
+    pub over_heap_limit: u64,
 }
 
 /// An operation waiting for its turn.
@@ -211,8 +223,14 @@ impl ProcessState {
         self.heaps.values().map(|h| h.live_bytes()).sum()
     }
 
-    pub(crate) fn heap_or_default(&mut self, heap_id: u32) -> &mut HeapState {
-        heap_or_default(&mut self.heaps, heap_id)
+    /// Heap `heap_id`, created if new; `None` (counted, flagged) when the
+    /// process already has [`MAX_HEAPS_PER_PROCESS`] others.
+    pub(crate) fn heap_or_default(&mut self, heap_id: u32) -> Option<&mut HeapState> {
+        let mut limits = Limits {
+            flags: &mut self.flags,
+            stats: &mut self.order_stats,
+        };
+        heap_or_default(&mut self.heaps, &mut limits, heap_id)
     }
 
     /// Adds an operation; commits whatever is ready.
@@ -222,11 +240,15 @@ impl ProcessState {
             heaps,
             order_stats,
             lifetimes,
+            flags,
             ..
         } = self;
         let mut cx = Apply {
             heaps,
-            stats: order_stats,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
             lifetimes,
         };
         order.push(seq, op, |s, op, rel| cx.apply(s, op, rel));
@@ -239,11 +261,15 @@ impl ProcessState {
             heaps,
             order_stats,
             lifetimes,
+            flags,
             ..
         } = self;
         let mut cx = Apply {
             heaps,
-            stats: order_stats,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
             lifetimes,
         };
         order.release_through(seq, |s, op, rel| cx.apply(s, op, rel));
@@ -270,27 +296,48 @@ impl ProcessState {
             heaps,
             order_stats,
             lifetimes,
+            flags,
             ..
         } = self;
         let mut cx = Apply {
             heaps,
-            stats: order_stats,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
             lifetimes,
         };
         order.flush(|s, op, rel| cx.apply(s, op, rel));
     }
 }
 
-fn heap_or_default(heaps: &mut BTreeMap<u32, HeapState>, heap_id: u32) -> &mut HeapState {
-    heaps
-        .entry(heap_id)
-        .or_insert_with(|| HeapState::new(heap_id, default_heap_name(heap_id), 0))
+/// What committing an operation may count and flag.
+struct Limits<'a> {
+    flags: &'a mut ProcessFlags,
+    stats: &'a mut OrderStats,
+}
+
+fn heap_or_default<'h>(
+    heaps: &'h mut BTreeMap<u32, HeapState>,
+    limits: &mut Limits<'_>,
+    heap_id: u32,
+) -> Option<&'h mut HeapState> {
+    if !heaps.contains_key(&heap_id) && heaps.len() >= MAX_HEAPS_PER_PROCESS {
+        limits.stats.over_heap_limit += 1;
+        limits.flags.hit_guardrail = true;
+        return None;
+    }
+    Some(
+        heaps
+            .entry(heap_id)
+            .or_insert_with(|| HeapState::new(heap_id, default_heap_name(heap_id), 0)),
+    )
 }
 
 /// What committing an operation touches.
 struct Apply<'a> {
     heaps: &'a mut BTreeMap<u32, HeapState>,
-    stats: &'a mut OrderStats,
+    limits: Limits<'a>,
     lifetimes: &'a mut LifetimeTracker,
 }
 
@@ -299,17 +346,20 @@ impl Apply<'_> {
         let in_order = release == Release::InOrder;
         match op {
             PendingOp::Malloc(m) => {
-                if !self.heaps.contains_key(&m.heap_id) {
-                    self.stats.undeclared_heap_ops += 1;
+                let declared = self.heaps.contains_key(&m.heap_id);
+                let Some(heap) = heap_or_default(self.heaps, &mut self.limits, m.heap_id) else {
+                    return;
+                };
+                if !declared {
+                    self.limits.stats.undeclared_heap_ops += 1;
                 }
-                let heap = heap_or_default(self.heaps, m.heap_id);
                 let exact = heap.sampling_interval == 1 && in_order;
                 let birth = self.lifetimes.malloc(seq, m.tid, exact);
                 heap.commit_malloc(seq, &m, birth, in_order);
             }
             PendingOp::Free { heap_id, address } => {
                 let Some(heap) = self.heaps.get_mut(&heap_id) else {
-                    self.stats.unknown_frees += 1;
+                    self.limits.stats.unknown_frees += 1;
                     return;
                 };
                 match heap.commit_free(seq, address) {
@@ -319,7 +369,7 @@ impl Apply<'_> {
                             heap.note_lifetime(freed, lifetime, temporary);
                         }
                     }
-                    None => self.stats.unknown_frees += 1,
+                    None => self.limits.stats.unknown_frees += 1,
                 }
             }
         }
@@ -338,6 +388,35 @@ pub fn default_heap_name(heap_id: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::tree::CallsiteId;
+
+    #[test]
+    fn heaps_are_bounded_and_the_excess_flagged() {
+        let mut p = ProcessState::new(1, 16);
+        for id in 0..MAX_HEAPS_PER_PROCESS as u32 {
+            assert!(p.heap_or_default(id * 7).is_some());
+        }
+        assert!(!p.flags.hit_guardrail);
+        // An existing heap is still there; a new one is refused.
+        assert!(p.heap_or_default(7).is_some());
+        assert!(p.heap_or_default(u32::MAX).is_none());
+        assert!(p.flags.hit_guardrail);
+        // A malloc into a refused heap is dropped, counted.
+        let op = PendingOp::Malloc(MallocOp {
+            heap_id: 99_999,
+            address: 0x1000,
+            sample_size: 1 << 60,
+            size: 1 << 60,
+            tid: 1,
+            timestamp: 1,
+            callsite: CallsiteId::ROOT,
+        });
+        p.push(1, op);
+        p.flush();
+        assert_eq!(p.heaps().count(), MAX_HEAPS_PER_PROCESS);
+        assert_eq!(p.order_stats().over_heap_limit, 2);
+        assert_eq!(p.live_bytes(), 0);
+    }
 
     #[test]
     fn record_unwind_counts() {
