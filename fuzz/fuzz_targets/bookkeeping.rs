@@ -142,6 +142,7 @@ fuzz_target!(|data: &[u8]| {
                         pid: s.pid,
                         cmdline: vec![format!("p{}", s.pid)],
                         from_startup: true,
+                        started_ns: now,
                     });
                     continue;
                 }
@@ -172,6 +173,8 @@ fuzz_target!(|data: &[u8]| {
                                 seq: s.next_seq,
                                 address,
                                 sample_size: 1 + u64::from(input.u16()),
+                                size: u64::from(input.u16()),
+                                tid: u32::from(input.u8() % 4),
                                 timestamp_ns: now,
                                 stack: u32::from(k >> 2) % 5,
                             }

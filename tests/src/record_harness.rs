@@ -129,8 +129,9 @@ impl RecordPrograms {
     }
 }
 
-/// Compiles `alloc_truth.cpp` and `tests/programs/record/*.c` (once per
-/// process) with `-O2 -g`, frame pointers omitted as in a normal build.
+/// Compiles `alloc_truth.cpp`, `tests/programs/record/*.c` and the
+/// `sites` programs (C++ and Rust) once per process, optimized with debug
+/// information as in a normal build (frame pointers omitted).
 pub fn record_programs() -> &'static RecordPrograms {
     static P: OnceLock<RecordPrograms> = OnceLock::new();
     P.get_or_init(|| {
@@ -142,10 +143,30 @@ pub fn record_programs() -> &'static RecordPrograms {
         let o = |f: &str| dir.join(f).to_string_lossy().into_owned();
         let truth = (s("alloc_truth.cpp"), o("alloc_truth"));
         compile(&["g++", "-O2", "-g", "-pthread", "-o", &truth.1, &truth.0]);
-        for p in ["crash", "exit_now", "many_stacks", "stepper"] {
+        for p in ["crash", "exit_now", "many_stacks", "stepper", "analysis"] {
             let (src_f, out_f) = (s(&format!("record/{p}.c")), o(p));
             compile(&["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f, "-ldl"]);
         }
+        compile(&[
+            "g++",
+            "-O2",
+            "-g",
+            "-o",
+            &o("sites_cpp"),
+            &s("record/sites.cpp"),
+        ]);
+        // A Rust release build as users make them: optimized, line tables.
+        compile(&[
+            "rustc",
+            "-O",
+            "-C",
+            "debuginfo=line-tables-only",
+            "--edition",
+            "2021",
+            "-o",
+            &o("sites_rs"),
+            &s("record/sites.rs"),
+        ]);
         let (lib_src, lib_out) = (s("record/libdl_alloc.c"), o("libdl_alloc.so"));
         compile(&[
             "gcc", "-O2", "-g", "-shared", "-fPIC", "-o", &lib_out, &lib_src,

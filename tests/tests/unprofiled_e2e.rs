@@ -124,7 +124,8 @@ fn statically_linked_cmd_runs_and_is_named() {
     let pid = named_pid(&out.stderr, "statically linked");
     assert_eq!(flagged(&t, pid), 0, "no samples");
     assert!(
-        out.stderr.contains("0 processes, 0 samples"),
+        out.stderr
+            .contains("0 processes, 0 allocations (every allocation recorded)"),
         "not counted:\n{}",
         out.stderr
     );
@@ -183,7 +184,9 @@ fn allocator_built_into_the_executable_runs_and_is_named() {
     let pid = named_pid(&out.stderr, "defines malloc itself");
     assert_eq!(flagged(&t, pid), 0);
     assert!(
-        out.stderr.contains("0 processes, 0 samples") && out.stderr.contains("not profiled"),
+        out.stderr
+            .contains("0 processes, 0 allocations (every allocation recorded)")
+            && out.stderr.contains("not profiled"),
         "{}",
         out.stderr
     );

@@ -90,6 +90,7 @@ impl Bookkeeping {
                 pid,
                 cmdline,
                 from_startup,
+                started_ns,
             } => {
                 if self.sessions.values().any(|(p, _)| *p == pid) {
                     let started = SessionEvent::Started {
@@ -97,6 +98,7 @@ impl Bookkeeping {
                         pid,
                         cmdline,
                         from_startup,
+                        started_ns,
                     };
                     self.held.insert(id, vec![started]);
                     return false;
@@ -104,9 +106,11 @@ impl Bookkeeping {
                 // A pid we already know: the process called exec (its old
                 // image's session has ended) or the pid was reused.
                 self.profile.new_session(pid);
-                self.profile
-                    .add_process(pid, cmdline, from_startup)
-                    .sessions += 1;
+                let p = self.profile.add_process(pid, cmdline, from_startup);
+                p.sessions += 1;
+                if p.session_start_ns == 0 {
+                    p.session_start_ns = started_ns;
+                }
                 self.profile.set_heap(
                     pid,
                     heapprofd_proto::wire::HEAP_LIBC_MALLOC,
@@ -194,6 +198,8 @@ impl Bookkeeping {
                     seq,
                     address,
                     sample_size,
+                    size,
+                    tid,
                     timestamp_ns,
                     stack,
                 } => {
@@ -208,6 +214,8 @@ impl Bookkeeping {
                         seq,
                         address,
                         sample_size,
+                        size,
+                        tid,
                         timestamp_ns,
                     };
                     self.profile.malloc_at(pid, alloc, callsite)
@@ -294,6 +302,13 @@ impl Bookkeeping {
     /// Sessions started and not ended (held-back ones not included).
     pub fn active_sessions(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// Pids of the sessions started and not ended.
+    pub fn active_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.sessions.values().map(|(p, _)| *p).collect();
+        pids.dedup();
+        pids
     }
 
     /// Live sampled bytes over every process and heap.

@@ -33,6 +33,10 @@ pub enum Op {
         address: u64,
         /// Bytes the sample stands for.
         sample_size: u64,
+        /// Bytes the program asked for.
+        size: u64,
+        /// Kernel thread id of the allocating thread.
+        tid: u32,
         /// CLOCK_MONOTONIC_COARSE of the allocation.
         timestamp_ns: u64,
         /// The session's stack id, defined by an earlier [`Op::Stack`].
@@ -127,6 +131,8 @@ pub enum SessionEvent {
         cmdline: Vec<String>,
         /// Connected from its constructor (profiled from process start).
         from_startup: bool,
+        /// When the session started (MONOTONIC_COARSE ns, 0 if unknown).
+        started_ns: u64,
     },
     /// A batch of unwound records of one session, with its current stats.
     Ops {

@@ -32,7 +32,7 @@ pub enum ProcessWarning {
 }
 
 /// One process of the summary.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProcessSummary {
     /// Process id.
     pub pid: u32,
@@ -40,6 +40,10 @@ pub struct ProcessSummary {
     pub cmdline: Vec<String>,
     /// Malloc samples unwound.
     pub samples: u64,
+    /// Allocations the samples stand for (estimated; exact at interval 1).
+    pub estimated_allocations: f64,
+    /// Every allocation was recorded (interval 1 on every heap).
+    pub exact: bool,
     /// Estimated bytes allocated (sum of sample sizes).
     pub allocated: u64,
     /// Estimated bytes freed.
@@ -67,13 +71,15 @@ pub(crate) fn summarize<'a>(
     profile
         .processes()
         .map(|p| {
-            let (mut allocated, mut freed) = (0, 0);
+            let (mut allocated, mut freed, mut estimated) = (0, 0, 0.0);
             for h in p.heaps() {
                 for c in h.callsites() {
                     allocated += c.allocated;
                     freed += c.freed;
+                    estimated += c.stats.estimated_allocs;
                 }
             }
+            let exact = p.heaps().all(|h| h.sampling_interval == 1);
             let dropped = dropped_by_pid.get(&p.pid).copied().unwrap_or(0);
             let mut warnings = Vec::new();
             if dropped > 0 {
@@ -103,6 +109,8 @@ pub(crate) fn summarize<'a>(
                 pid: p.pid,
                 cmdline: p.cmdline.clone(),
                 samples: p.stats.heap_samples,
+                estimated_allocations: estimated,
+                exact,
                 allocated,
                 freed,
                 unwind_errors: p.stats.unwinding_errors,

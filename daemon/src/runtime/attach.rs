@@ -234,6 +234,10 @@ impl Attach {
                 self.args.continuous_dump,
                 Arc::clone(&counters),
                 self.started,
+                super::status::status_line_allowed(
+                    std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                    super::status::terminal_shared_with(pid),
+                ),
             );
             loop {
                 if first_sample.is_none() && C::get(&counters.samples) > 0 {

@@ -30,10 +30,12 @@
 
 pub mod attach;
 pub mod bookkeeper;
+pub mod cleanup;
 pub mod clock;
 pub mod handshake;
 pub mod mapping;
 pub mod memo;
+pub mod procinfo;
 pub mod program;
 pub mod record;
 pub mod rundir;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use heapprofd_model::summary::{ProcessSummary, ProcessWarning};
 
 use heapprofd_report::human_bytes;
+use heapprofd_report::units::human_count;
 
 /// What `record` prints at the end.
 #[derive(Debug, Clone, Default)]
@@ -64,13 +65,22 @@ impl Summary {
         let total = |f: fn(&ProcessSummary) -> u64| profiled.iter().map(|p| f(p)).sum::<u64>();
         let samples = total(|p| p.samples);
         let (alloc, freed) = (total(|p| p.allocated), total(|p| p.freed));
-        let every = if self.interval == 1 {
-            "every allocation".to_string()
+        let estimated: f64 = profiled.iter().map(|p| p.estimated_allocations).sum();
+        let counted = if self.interval == 1 {
+            format!(
+                "{} allocations (every allocation recorded)",
+                human_count(samples)
+            )
         } else {
-            format!("sampling every {} on average", human_bytes(self.interval))
+            format!(
+                "{} samples (1 per {} on average), ~{} allocations est.",
+                human_count(samples),
+                human_bytes(self.interval),
+                human_count(estimated.round() as u64)
+            )
         };
         s.push_str(&format!(
-            "{} process{}, {samples} samples ({every}): allocated {}, freed {}, unreleased {}\n",
+            "{} process{}, {counted}: allocated {}, freed {}, unreleased {}\n",
             profiled.len(),
             if profiled.len() == 1 { "" } else { "es" },
             human_bytes(alloc),
@@ -92,8 +102,9 @@ impl Summary {
                 ));
                 continue;
             }
+            let what = if p.exact { "allocations" } else { "samples" };
             s.push_str(&format!(
-                "  pid {:<7} {:>8} samples  allocated {:>10}  unreleased {:>10}  {cmd}\n",
+                "  pid {:<7} {:>8} {what:<11}  allocated {:>10}  unreleased {:>10}  {cmd}\n",
                 p.pid,
                 p.samples,
                 human_bytes(p.allocated),

@@ -19,6 +19,7 @@ fn started(id: SessionId, pid: u32, cmd: &str) -> SessionEvent {
         pid,
         cmdline: vec![cmd.to_owned()],
         from_startup: true,
+        started_ns: 0,
     }
 }
 
@@ -45,6 +46,8 @@ fn malloc(seq: u64, address: u64, size: u64, stack: u32) -> Op {
         seq,
         address,
         sample_size: size,
+        size,
+        tid: 1,
         timestamp_ns: seq,
         stack,
     }

@@ -29,9 +29,12 @@
 //! a sequence number has been delivered.
 
 pub mod alloc;
+pub mod callsite_stats;
+pub mod estimate;
 pub mod heap;
 pub mod histogram;
 pub mod interner;
+mod lifetime;
 pub mod order;
 pub mod process;
 pub mod tree;
@@ -39,16 +42,19 @@ pub mod tree;
 use std::collections::BTreeMap;
 
 pub use alloc::Alloc;
+pub use callsite_stats::{CallsiteStats, LifetimeBucket, SizeBucket};
 pub use heap::{CallsiteTotals, HeapState};
 pub use histogram::{UNWIND_HISTOGRAM_BUCKETS, UnwindHistogram};
 pub use interner::{
     FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
 };
 pub use process::{
-    ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ProcessFlags, ProcessState, ProcessStats,
+    ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ProcessFlags, ProcessIdentity, ProcessState,
+    ProcessStats,
 };
 pub use tree::{CallsiteId, CallsiteTree};
 
+use heap::MallocOp;
 use process::PendingOp;
 
 /// The bookkeeping of one profiling session; see the module docs.
@@ -135,14 +141,18 @@ impl Profile {
 
     /// [`Profile::malloc`] with a callsite from [`Profile::intern_callsite`].
     pub fn malloc_at(&mut self, pid: u32, alloc: Alloc, callsite: CallsiteId) {
-        let op = PendingOp::Malloc {
+        let op = PendingOp::Malloc(MallocOp {
             heap_id: alloc.heap,
             address: alloc.address,
             sample_size: alloc.sample_size,
+            size: alloc.size,
+            tid: alloc.tid,
             timestamp: alloc.timestamp_ns,
             callsite,
-        };
-        self.push(pid, alloc.seq, op);
+        });
+        let p = self.process_or_default(pid);
+        p.note_thread(alloc.tid);
+        p.push(alloc.seq, op);
     }
 
     /// Records a free (or the free half of a realloc).
@@ -202,6 +212,19 @@ impl Profile {
         self.processes.values()
     }
 
+    /// (pid, tid) of the threads seen in samples since the last call, for
+    /// the runtime to look their names up
+    /// ([`ProcessState::set_thread_name`]).
+    pub fn take_unnamed_threads(&mut self) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        for p in self.processes.values_mut() {
+            if !p.unnamed_threads.is_empty() {
+                out.extend(p.take_unnamed_threads().into_iter().map(|t| (p.pid, t)));
+            }
+        }
+        out
+    }
+
     /// Forgets a process (after its final dump) to free its memory.
     pub fn remove_process(&mut self, pid: u32) -> Option<ProcessState> {
         self.processes.remove(&pid)
@@ -253,6 +276,8 @@ mod tests {
                 seq: 1,
                 address: 0x100,
                 sample_size: 10,
+                size: 10,
+                tid: 1,
                 timestamp_ns: 5,
             },
             &st,
@@ -277,6 +302,8 @@ mod tests {
                 seq: 1,
                 address: 0x100,
                 sample_size: 10,
+                size: 10,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &shell,
@@ -288,6 +315,8 @@ mod tests {
                 seq: 2,
                 address: 0x200,
                 sample_size: 20,
+                size: 20,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &shell,
@@ -303,6 +332,8 @@ mod tests {
                 seq: 1,
                 address: 0x100,
                 sample_size: 30,
+                size: 30,
+                tid: 1,
                 timestamp_ns: 2,
             },
             &prog,
@@ -379,6 +410,8 @@ mod tests {
                 seq: 2,
                 address: 0x10,
                 sample_size: 8,
+                size: 8,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &st,
@@ -394,6 +427,8 @@ mod tests {
                 seq: 11,
                 address: 0x20,
                 sample_size: 8,
+                size: 8,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &st,

@@ -8,10 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use super::heap::HeapState;
+use super::heap::{HeapState, MallocOp};
 use super::histogram::UnwindHistogram;
+use super::lifetime::LifetimeTracker;
 use super::order::{Release, Reorder};
-use super::tree::CallsiteId;
 
 /// Heaps one process may have (Perfetto's client configuration holds 64).
 pub const MAX_HEAPS_PER_PROCESS: usize = 64;
@@ -112,17 +112,17 @@ pub struct OrderStats {
 /// An operation waiting for its turn.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum PendingOp {
-    Malloc {
-        heap_id: u32,
-        address: u64,
-        sample_size: u64,
-        timestamp: u64,
-        callsite: CallsiteId,
-    },
-    Free {
-        heap_id: u32,
-        address: u64,
-    },
+    Malloc(MallocOp),
+    Free { heap_id: u32, address: u64 },
+}
+
+/// What the process tree says about a process besides its command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// Parent process id, if known.
+    pub ppid: Option<u32>,
+    /// Thread names by thread id (empty name: not known yet).
+    pub threads: BTreeMap<u32, String>,
 }
 
 /// One profiled process.
@@ -138,6 +138,11 @@ pub struct ProcessState {
     pub stats: ProcessStats,
     /// Error flags.
     pub flags: ProcessFlags,
+    /// Parent and threads, as the runtime read them from `/proc`.
+    pub identity: ProcessIdentity,
+    /// When profiling of the process started (MONOTONIC_COARSE ns; 0 if
+    /// unknown): the start of its first dump's window.
+    pub session_start_ns: u64,
     /// Client sessions it had (its images that were profiled).
     pub sessions: u32,
     /// It ran unprofiled at some point (never profiled when `sessions` is
@@ -146,6 +151,9 @@ pub struct ProcessState {
     pub(crate) heaps: BTreeMap<u32, HeapState>,
     pub(crate) order: Reorder<PendingOp>,
     pub(crate) order_stats: OrderStats,
+    pub(crate) lifetimes: LifetimeTracker,
+    /// Threads seen in samples whose name the runtime has not looked up.
+    pub(crate) unnamed_threads: Vec<u32>,
 }
 
 impl ProcessState {
@@ -156,12 +164,34 @@ impl ProcessState {
             from_startup: false,
             stats: ProcessStats::default(),
             flags: ProcessFlags::default(),
+            identity: ProcessIdentity::default(),
+            session_start_ns: 0,
             sessions: 0,
             unprofilable: None,
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
             order_stats: OrderStats::default(),
+            lifetimes: LifetimeTracker::default(),
+            unnamed_threads: Vec::new(),
         }
+    }
+
+    /// Sets a thread's name.
+    pub fn set_thread_name(&mut self, tid: u32, name: String) {
+        self.identity.threads.insert(tid, name);
+    }
+
+    /// Notes a thread seen in a sample; new ones wait for a name.
+    pub(crate) fn note_thread(&mut self, tid: u32) {
+        if tid != 0 && !self.identity.threads.contains_key(&tid) {
+            self.identity.threads.insert(tid, String::new());
+            self.unnamed_threads.push(tid);
+        }
+    }
+
+    /// Threads seen in samples since the last call, to be named.
+    pub fn take_unnamed_threads(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.unnamed_threads)
     }
 
     /// The heaps, by heap id.
@@ -209,14 +239,19 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
             flags,
             ..
         } = self;
-        let mut limits = Limits {
-            flags,
-            stats: order_stats,
+        let mut cx = Apply {
+            heaps,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
+            lifetimes,
         };
-        order.push(seq, op, |s, op, rel| apply(heaps, &mut limits, s, op, rel));
+        order.push(seq, op, |s, op, rel| cx.apply(s, op, rel));
     }
 
     /// Commits everything up to `seq`.
@@ -225,14 +260,19 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
             flags,
             ..
         } = self;
-        let mut limits = Limits {
-            flags,
-            stats: order_stats,
+        let mut cx = Apply {
+            heaps,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
+            lifetimes,
         };
-        order.release_through(seq, |s, op, rel| apply(heaps, &mut limits, s, op, rel));
+        order.release_through(seq, |s, op, rel| cx.apply(s, op, rel));
     }
 
     /// A new client session for the same pid (the process called exec, or
@@ -245,6 +285,7 @@ impl ProcessState {
             h.release_live();
         }
         self.order = Reorder::new(1, window);
+        self.lifetimes = LifetimeTracker::default();
         self.flags.disconnected = false;
     }
 
@@ -254,14 +295,19 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
             flags,
             ..
         } = self;
-        let mut limits = Limits {
-            flags,
-            stats: order_stats,
+        let mut cx = Apply {
+            heaps,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
+            lifetimes,
         };
-        order.flush(|s, op, rel| apply(heaps, &mut limits, s, op, rel));
+        order.flush(|s, op, rel| cx.apply(s, op, rel));
     }
 }
 
@@ -288,43 +334,43 @@ fn heap_or_default<'h>(
     )
 }
 
-fn apply(
-    heaps: &mut BTreeMap<u32, HeapState>,
-    limits: &mut Limits<'_>,
-    seq: u64,
-    op: PendingOp,
-    release: Release,
-) {
-    match op {
-        PendingOp::Malloc {
-            heap_id,
-            address,
-            sample_size,
-            timestamp,
-            callsite,
-        } => {
-            let declared = heaps.contains_key(&heap_id);
-            let Some(heap) = heap_or_default(heaps, limits, heap_id) else {
-                return;
-            };
-            if !declared {
-                limits.stats.undeclared_heap_ops += 1;
+/// What committing an operation touches.
+struct Apply<'a> {
+    heaps: &'a mut BTreeMap<u32, HeapState>,
+    limits: Limits<'a>,
+    lifetimes: &'a mut LifetimeTracker,
+}
+
+impl Apply<'_> {
+    fn apply(&mut self, seq: u64, op: PendingOp, release: Release) {
+        let in_order = release == Release::InOrder;
+        match op {
+            PendingOp::Malloc(m) => {
+                let declared = self.heaps.contains_key(&m.heap_id);
+                let Some(heap) = heap_or_default(self.heaps, &mut self.limits, m.heap_id) else {
+                    return;
+                };
+                if !declared {
+                    self.limits.stats.undeclared_heap_ops += 1;
+                }
+                let exact = heap.sampling_interval == 1 && in_order;
+                let birth = self.lifetimes.malloc(seq, m.tid, exact);
+                heap.commit_malloc(seq, &m, birth, in_order);
             }
-            heap.commit_malloc(
-                seq,
-                address,
-                sample_size,
-                callsite,
-                timestamp,
-                release == Release::InOrder,
-            );
-        }
-        PendingOp::Free { heap_id, address } => {
-            let freed = heaps
-                .get_mut(&heap_id)
-                .is_some_and(|h| h.commit_free(seq, address));
-            if !freed {
-                limits.stats.unknown_frees += 1;
+            PendingOp::Free { heap_id, address } => {
+                let Some(heap) = self.heaps.get_mut(&heap_id) else {
+                    self.limits.stats.unknown_frees += 1;
+                    return;
+                };
+                match heap.commit_free(seq, address) {
+                    Some(freed) => {
+                        if heap.sampling_interval == 1 && in_order {
+                            let (lifetime, temporary) = self.lifetimes.free(freed.seq, freed.birth);
+                            heap.note_lifetime(freed, lifetime, temporary);
+                        }
+                    }
+                    None => self.limits.stats.unknown_frees += 1,
+                }
             }
         }
     }
@@ -342,6 +388,7 @@ pub fn default_heap_name(heap_id: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::tree::CallsiteId;
 
     #[test]
     fn heaps_are_bounded_and_the_excess_flagged() {
@@ -355,13 +402,15 @@ mod tests {
         assert!(p.heap_or_default(u32::MAX).is_none());
         assert!(p.flags.hit_guardrail);
         // A malloc into a refused heap is dropped, counted.
-        let op = PendingOp::Malloc {
+        let op = PendingOp::Malloc(MallocOp {
             heap_id: 99_999,
             address: 0x1000,
             sample_size: 1 << 60,
+            size: 1 << 60,
+            tid: 1,
             timestamp: 1,
             callsite: CallsiteId::ROOT,
-        };
+        });
         p.push(1, op);
         p.flush();
         assert_eq!(p.heaps().count(), MAX_HEAPS_PER_PROCESS);
