@@ -61,7 +61,7 @@ pub(crate) fn keep_entry() {
 }
 
 /// Starts a session with the daemon listening on
-/// `/tmp/heapprofd-rs-<id>.sock`. Returns an [`AttachStatus`] code.
+/// `/tmp/heapprofd-rs-<euid>/<id>.sock`. Returns an [`AttachStatus`] code.
 ///
 /// Called by the daemon through ptrace, on a thread it stopped at a safe
 /// point; never called by the program.
