@@ -21,8 +21,11 @@
 //! session's life), the distinct stacks, the replay memo's hits and misses,
 //! and a digest of every sample's frames (rel_pc sequence) to compare two
 //! builds' results. Module files are read from disk (the capture must be
-//! replayed on the machine it was made on); the process's memory is not
-//! available (reads outside the copied stack fail).
+//! replayed on the machine it was made on, with the same client library:
+//! rebuilding `libheapprofd_client.so` after the capture breaks the walks
+//! through its frames); the process's memory is not available (reads
+//! outside the copied stack fail). `--stack-use` prints instead how many of
+//! the stack bytes each malloc sample carries its walk reads.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -34,7 +37,10 @@ use heapprofd_daemon::runtime::stacks::InternCtx;
 use heapprofd_daemon::runtime::symbolize::Symbolizer;
 use heapprofd_model::messages::Op;
 use heapprofd_model::profile::Interner;
-use heapprofd_unwinder::{MapsSource, ModuleCache, NoMemory, ProcessContext};
+use heapprofd_proto::wire::Record;
+use heapprofd_unwinder::{
+    MapsSource, ModuleCache, NoMemory, ProcessContext, RawUnwind, StackSample, WalkTrace,
+};
 
 /// One chunk of a capture file.
 enum Chunk {
@@ -169,8 +175,56 @@ fn replay(cap: &Capture) -> Replay {
     }
 }
 
+/// `--stack-use`: of the stack bytes each malloc sample carries, how many
+/// its walk reads (up to the highest word read, from a traced walk of every
+/// sample with no memo), and how many walks read outside the copy.
+fn stack_use(cap: &Capture) {
+    let maps = Arc::new(Mutex::new(String::new()));
+    let mut process = None;
+    let (mut raw, mut trace) = (RawUnwind::default(), WalkTrace::default());
+    let (mut samples, mut copied, mut used, mut outside) = (0u64, 0u64, 0u64, 0u64);
+    for c in &cap.chunks {
+        match c {
+            Chunk::Maps(m) => *maps.lock().expect("maps") = m.clone(),
+            Chunk::Record(r) => {
+                let Ok(Record::Malloc(h, stack)) = Record::decode(r) else {
+                    continue;
+                };
+                let p = process.get_or_insert_with(|| {
+                    ProcessContext::new(
+                        cap.pid,
+                        Box::new(ReplayMaps(Arc::clone(&maps))),
+                        Box::new(NoMemory),
+                        Arc::new(ModuleCache::default()),
+                    )
+                });
+                let sample = StackSample {
+                    arch: h.arch,
+                    regs: &h.regs,
+                    stack_pointer: h.stack_pointer,
+                    stack,
+                    skip: cap.client_text.clone(),
+                };
+                p.unwind_raw_traced(&sample, &mut raw, &mut trace);
+                samples += 1;
+                copied += stack.len() as u64;
+                let top = trace.reads.iter().map(|&(a, _)| a + 8).max();
+                used += top.map_or(0, |t| t.saturating_sub(h.stack_pointer));
+                outside += u64::from(!trace.replayable);
+            }
+        }
+    }
+    let per = |v: u64| v as f64 / samples.max(1) as f64;
+    println!(
+        "stack_use: malloc_samples={samples} copied_bytes_per_sample={:.0} read_up_to_bytes_per_sample={:.0} not_replayable={outside}",
+        per(copied),
+        per(used)
+    );
+}
+
 fn main() {
     let mut path = None;
+    let mut use_only = false;
     let mut reps = 5usize;
     let mut limit = usize::MAX;
     let mut args = std::env::args().skip(1);
@@ -184,10 +238,11 @@ fn main() {
                     .unwrap_or(usize::MAX)
             }
             "--bench" => {}
+            "--stack-use" => use_only = true,
             _ if path.is_none() && !a.starts_with("--") => path = Some(a),
             other => {
                 eprintln!(
-                    "replay: unknown argument {other}\nusage: replay FILE.cap [--reps N] [--records N]"
+                    "replay: unknown argument {other}\nusage: replay FILE.cap [--reps N] [--records N] [--stack-use]"
                 );
                 std::process::exit(2);
             }
@@ -211,6 +266,10 @@ fn main() {
             records <= limit
         }
     });
+    if use_only {
+        stack_use(&cap);
+        return;
+    }
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..reps.max(1) {
