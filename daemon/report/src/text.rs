@@ -202,7 +202,9 @@ fn write_header(out: &mut impl Write, h: &HeapReport) -> io::Result<()> {
         n => format!("1 sample per {} on average", human_bytes(n)),
     };
     write!(out, "  sampling: {interval}; {} dump(s)", h.dumps)?;
-    if let Some(d) = h.duration_ns {
+    // As of an earlier dump (--peak) the span would end there: the next
+    // line says when that dump was.
+    if let (Some(d), None) = (h.duration_ns, &h.as_of) {
         write!(out, " over {:.3} s", d as f64 / 1e9)?;
     }
     writeln!(out)?;
@@ -237,10 +239,10 @@ fn write_totals(out: &mut impl Write, h: &HeapReport) -> io::Result<()> {
     let t = &h.totals;
     writeln!(
         out,
-        "  allocated: {} in {} ({} stacks)",
+        "  allocated: {} in {} ({})",
         human_bytes(t.allocated),
         count_phrase(t.alloc_count, t, h.exact),
-        h.stacks
+        counted(h.stacks as u64, "stack")
     )?;
     let frees = if h.exact { "frees" } else { "sampled frees" };
     writeln!(
@@ -249,12 +251,12 @@ fn write_totals(out: &mut impl Write, h: &HeapReport) -> io::Result<()> {
         human_bytes(t.freed),
         human_count(t.free_count)
     )?;
-    let unit = if h.exact { "allocations" } else { "samples" };
+    let unit = if h.exact { "allocation" } else { "sample" };
     writeln!(
         out,
-        "  unreleased: {} in {} {unit}",
+        "  unreleased: {} in {}",
         human_bytes(t.unreleased),
-        human_count(t.unreleased_count)
+        counted(t.unreleased_count, unit)
     )?;
     if let Some(tmp) = t.temporary {
         writeln!(
