@@ -303,7 +303,7 @@ impl ProcessContext {
         };
         let view = ProcessView {
             mappings: &self.mappings,
-            memory: &*self.memory,
+            memory: Some(&*self.memory),
         };
         self.walker.walk(&view, &sample, out, None);
     }
@@ -323,7 +323,7 @@ impl ProcessContext {
     ) {
         let view = ProcessView {
             mappings: &self.mappings,
-            memory: &*self.memory,
+            memory: Some(&*self.memory),
         };
         replay::walk_traced(&mut self.walker, &view, sample, out, trace);
     }
