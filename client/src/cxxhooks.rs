@@ -257,29 +257,6 @@ macro_rules! new_throwing {
     };
 }
 
-/// The exported name of an assembly hook (none in the unit-test build,
-/// whose own C++-free binary must not be interposed).
-#[cfg(all(target_arch = "x86_64", not(test)))]
-macro_rules! export {
-    ($sym:literal) => {
-        concat!(
-            ".globl ",
-            $sym,
-            "\n.type ",
-            $sym,
-            ", @function\n",
-            $sym,
-            ":"
-        )
-    };
-}
-#[cfg(all(target_arch = "x86_64", test))]
-macro_rules! export {
-    ($sym:literal) => {
-        ""
-    };
-}
-
 #[cfg(target_arch = "x86_64")]
 new_throwing!(NEW, heapprofd_rs_cxx_new, c"_Znwm", "_Znwm");
 #[cfg(target_arch = "x86_64")]

@@ -318,28 +318,6 @@ macro_rules! execl_asm {
     };
 }
 
-/// The exported name of an assembly hook (none in the unit-test build).
-#[cfg(all(target_arch = "x86_64", not(test)))]
-macro_rules! export {
-    ($sym:literal) => {
-        concat!(
-            ".globl ",
-            $sym,
-            "\n.type ",
-            $sym,
-            ", @function\n",
-            $sym,
-            ":"
-        )
-    };
-}
-#[cfg(all(target_arch = "x86_64", test))]
-macro_rules! export {
-    ($sym:literal) => {
-        ""
-    };
-}
-
 #[cfg(target_arch = "x86_64")]
 execl_asm!(EXECL_REC, heapprofd_rs_execl, c"execl", "execl", EXECL);
 #[cfg(target_arch = "x86_64")]

@@ -42,6 +42,8 @@
 //! these hooks and installs [`ownalloc::LibcAlloc`] as its Rust allocator; the
 //! rlib exists for the crate's own tests.
 
+#[macro_use]
+mod asm_export;
 mod attach;
 mod cxxhooks;
 mod dlhook;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::client_harness::{Output, run};
-use crate::record_harness::{check_trace, heapprofd, heapprofd_ok, record, record_programs};
+use crate::record_harness::{Live, check_trace, heapprofd, heapprofd_ok, record, record_programs};
 
 /// How long one command of these tests may take.
 pub const TIMEOUT: Duration = Duration::from_secs(180);
@@ -134,4 +134,25 @@ fn proto_fields(mut b: &[u8]) -> Vec<(u64, u64, &[u8])> {
         }
     }
     out
+}
+
+/// A `-c 100ms` recording of `analysis steps` into `dir/t.pftrace`: 100 MiB
+/// allocated by peak_site and freed, then 10 MiB kept by after_peak_site;
+/// each phase lasts until the trace has two dumps after it.
+pub fn peak_trace(dir: &Path) -> PathBuf {
+    let trace = dir.join("t.pftrace");
+    let mut live = Live::start(
+        &["-i", "4096", "-c", "100ms", "-o", &s(&trace)],
+        &[&prog("analysis"), "steps"],
+    );
+    let mut dumps = dumps_so_far(&trace);
+    for step in ["alloc100", "free100", "alloc10"] {
+        live.step(step);
+        wait_for_dumps(&trace, dumps + 2);
+        dumps = dumps_so_far(&trace);
+    }
+    let out = live.finish(TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    check_trace(&trace);
+    trace
 }

@@ -11,12 +11,9 @@
 
 use std::path::Path;
 
-use heapprofd_tests::record_harness::{
-    Live, check_trace, heapprofd, heapprofd_ok, record, scratch_dir,
-};
+use heapprofd_tests::record_harness::{check_trace, heapprofd, heapprofd_ok, record, scratch_dir};
 use heapprofd_tests::report_harness::{
-    TIMEOUT, cli_json as json, dumps_so_far, pprof_main_file, prog, recorded, run_cli as run, s,
-    wait_for_dumps,
+    TIMEOUT, cli_json as json, peak_trace, pprof_main_file, prog, recorded, run_cli as run, s,
 };
 
 #[test]
@@ -385,21 +382,7 @@ fn diff_puts_the_function_that_grew_first() {
 #[test]
 fn peak_and_timeline_of_a_continuous_dump_run() {
     let dir = scratch_dir("peak");
-    let trace = dir.join("t.pftrace");
-    let mut live = Live::start(
-        &["-i", "4096", "-c", "100ms", "-o", &s(&trace)],
-        &[&prog("analysis"), "steps"],
-    );
-    // Each phase lasts until the trace has a dump after it.
-    let mut dumps = dumps_so_far(&trace);
-    for step in ["alloc100", "free100", "alloc10"] {
-        live.step(step);
-        wait_for_dumps(&trace, dumps + 2);
-        dumps = dumps_so_far(&trace);
-    }
-    let out = live.finish(TIMEOUT);
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    check_trace(&trace);
+    let trace = peak_trace(&dir);
     let v = json(&["report", "--format", "json", "--peak", &s(&trace)]);
     let h = &v["heaps"][0];
     assert_eq!(h["as_of"]["why"], "peak of unreleased memory", "{h}");

@@ -9,13 +9,9 @@
 //! `tests/programs/record/sites.cpp` (std::vector growth: long C++ names)
 //! and `analysis.c steps` (a known peak).
 
-use std::path::Path;
-
 use heapprofd_tests::browser::Browser;
-use heapprofd_tests::record_harness::{Live, check_trace, heapprofd_ok, scratch_dir};
-use heapprofd_tests::report_harness::{
-    TIMEOUT, cli_json, dumps_so_far, prog, recorded, s, wait_for_dumps,
-};
+use heapprofd_tests::record_harness::{heapprofd_ok, scratch_dir};
+use heapprofd_tests::report_harness::{cli_json, peak_trace, prog, recorded, s};
 use serde_json::Value;
 
 fn folded(args: &[&str]) -> Vec<(String, u64)> {
@@ -134,26 +130,6 @@ fn filters_focus_ignore_fold_depth_and_names() {
     );
     assert_eq!(short_grow.1, full_grow.1);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A `-c` recording of `analysis steps`: 100 MiB allocated by peak_site
-/// and freed, then 10 MiB kept by after_peak_site.
-fn peak_trace(dir: &Path) -> std::path::PathBuf {
-    let trace = dir.join("t.pftrace");
-    let mut live = Live::start(
-        &["-i", "4096", "-c", "100ms", "-o", &s(&trace)],
-        &[&prog("analysis"), "steps"],
-    );
-    let mut dumps = dumps_so_far(&trace);
-    for step in ["alloc100", "free100", "alloc10"] {
-        live.step(step);
-        wait_for_dumps(&trace, dumps + 2);
-        dumps = dumps_so_far(&trace);
-    }
-    let out = live.finish(TIMEOUT);
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    check_trace(&trace);
-    trace
 }
 
 const FLAME_TEXTS: &str = "[...document.querySelectorAll('#flame .fr')].map(e => e.textContent)";
