@@ -73,7 +73,11 @@ pub fn dumps_so_far(trace: &Path) -> u64 {
 pub fn wait_for_dumps(trace: &Path, n: u64) {
     let start = Instant::now();
     while dumps_so_far(trace) < n {
-        assert!(start.elapsed() < TIMEOUT, "the trace never got {n} dumps");
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "the trace never got {n} dumps ({} so far)",
+            dumps_so_far(trace)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
