@@ -2,12 +2,19 @@
 # Installs what the test suite needs, skipping what is already there.
 # Debian packages: compilers and debuggers the end-to-end tests drive, glibc's
 # debug symbols (libc frames must be named), heaptrack (reference totals),
-# nodejs (a target of the attach tests).
+# nodejs (a target of the attach tests); for the corpus (tests/tests/corpus.rs):
+# python3, perl, sqlite3 and git as Debian ships them, and the allocators
+# jemalloc, tcmalloc (gperftools) and mimalloc with their development files
+# (the C++ test program is also linked with -ljemalloc, -ltcmalloc_minimal,
+# -lmimalloc); chromium (the HTML report's test loads the page in headless
+# Chromium).
 # Python: the official Perfetto trace schema. Cargo: cargo-fuzz.
 set -euo pipefail
 
 need_apt=()
-for pkg in gcc g++ gdb binutils xz-utils dwz libc6-dbg heaptrack python3-pip nodejs; do
+for pkg in gcc g++ gdb binutils xz-utils dwz libc6-dbg heaptrack python3-pip nodejs \
+  python3 perl sqlite3 git libjemalloc2 libjemalloc-dev libtcmalloc-minimal4 \
+  libgoogle-perftools-dev libmimalloc2.0 libmimalloc-dev chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

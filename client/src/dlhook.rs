@@ -11,13 +11,14 @@
 //! return address; it sets `newobjects::NEW_OBJECTS`, and the next sampled
 //! allocation (or the watcher's poll of `dlpi_adds`) patches those objects.
 //!
-//! glibc's `dlopen` is the original of the hook's record, [`DLOPEN`]: the
-//! assembly jumps through that field.
+//! glibc's `dlopen` (libc's since glibc 2.34, libdl's before) is the
+//! original of the hook's record, [`DLOPEN`]: the assembly jumps through
+//! that field.
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::sync::atomic::Ordering;
 
-use crate::hook::{Hook, Lookup};
+use crate::hook::{Hook, Kind};
 use crate::newobjects::{NEW_OBJECTS, after_dlopen};
 
 #[cfg(target_arch = "x86_64")]
@@ -31,10 +32,10 @@ unsafe extern "C" {
 pub(crate) static DLOPEN: Hook = Hook::new(
     c"dlopen",
     heapprofd_rs_dlopen_hook as *const (),
-    Lookup::GlibcOrGlobal,
+    Kind::Dlopen,
 );
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) static DLOPEN: Hook = Hook::new(c"dlopen", core::ptr::null(), Lookup::GlibcOrGlobal);
+pub(crate) static DLOPEN: Hook = Hook::new(c"dlopen", core::ptr::null(), Kind::Dlopen);
 
 /// Whether the hook should wrap this call (1) or tail-jump to glibc (0):
 /// only names that need no search and no substitution, while patched.

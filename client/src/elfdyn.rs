@@ -1,12 +1,12 @@
-//! Reading the dynamic sections of loaded objects (for `got`).
+//! Reading the dynamic sections of loaded objects (for `got` and
+//! `dynsym`).
 //!
 //! Everything here reads the structures the dynamic loader itself used for
 //! an object that `dl_iterate_phdr` reports, while the loader's lock keeps
 //! it mapped: `PT_DYNAMIC` (whose pointers glibc has already relocated in
 //! place; values below the load address are still file-relative), the
-//! relocation tables (`Elf64_Rela`) and the symbol table.
-
-use core::ffi::{CStr, c_char, c_int, c_void};
+//! relocation tables (`Elf64_Rela`), the symbol table and its hash tables
+//! and version indices.
 
 #[repr(C)]
 pub(crate) struct Dyn {
@@ -34,6 +34,8 @@ pub(crate) struct Sym {
 /// What `PT_DYNAMIC` says about an object's relocations.
 #[derive(Default)]
 pub(crate) struct Dynamic {
+    /// Where `PT_DYNAMIC` is mapped: identifies the object.
+    pub(crate) address: usize,
     pub(crate) symtab: usize,
     pub(crate) strtab: usize,
     pub(crate) strsz: usize,
@@ -44,6 +46,12 @@ pub(crate) struct Dynamic {
     pub(crate) relasz: usize,
     pub(crate) relaent: usize,
     pub(crate) relacount: usize,
+    /// `DT_GNU_HASH` (0 = none).
+    pub(crate) gnu_hash: usize,
+    /// `DT_HASH` (0 = none).
+    pub(crate) hash: usize,
+    /// `DT_VERSYM` (0 = the object has no symbol versions).
+    pub(crate) versym: usize,
 }
 
 /// # Safety
@@ -67,7 +75,10 @@ pub(crate) unsafe fn read_dynamic(info: &libc::dl_phdr_info) -> Option<Dynamic> 
         let v = v as usize;
         if v < base { v.wrapping_add(base) } else { v }
     };
-    let mut d = Dynamic::default();
+    let mut d = Dynamic {
+        address: dyn_addr,
+        ..Dynamic::default()
+    };
     let mut p = dyn_addr as *const Dyn;
     // Bounded: a dynamic section has far fewer entries.
     for _ in 0..4096 {
@@ -86,6 +97,9 @@ pub(crate) unsafe fn read_dynamic(info: &libc::dl_phdr_info) -> Option<Dynamic> 
             8 => d.relasz = v as usize,
             9 => d.relaent = v as usize,
             0x6fff_fff9 => d.relacount = v as usize, // DT_RELACOUNT
+            0x6fff_fef5 => d.gnu_hash = fix(v),      // DT_GNU_HASH
+            4 => d.hash = fix(v),                    // DT_HASH
+            0x6fff_fff0 => d.versym = fix(v),        // DT_VERSYM
             _ => {}
         }
         // SAFETY: still within the dynamic section (DT_NULL not reached).
@@ -104,58 +118,4 @@ pub(crate) fn in_object(info: &libc::dl_phdr_info, addr: usize) -> bool {
         let start = base.wrapping_add(ph.p_vaddr as usize);
         ph.p_type == libc::PT_LOAD && addr >= start && addr - start < ph.p_memsz as usize
     })
-}
-
-/// Whether `addr` is the main program's canonical PLT entry for `name`: its
-/// dynamic symbol is undefined but has this address.
-pub(crate) fn is_canonical_plt(name: &CStr, addr: usize) -> bool {
-    struct Q<'a> {
-        name: &'a CStr,
-        addr: usize,
-        found: bool,
-    }
-    unsafe extern "C" fn cb(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: glibc passes a valid info (the first object is the main
-        // program) and our query; the object stays mapped meanwhile.
-        unsafe {
-            let q = &mut *data.cast::<Q<'_>>();
-            let info = &*info;
-            if let Some(d) = read_dynamic(info)
-                && d.jmprel != 0
-                && d.pltrel_is_rela
-                && d.symtab != 0
-                && d.strtab != 0
-            {
-                let base = info.dlpi_addr as usize;
-                let n = d.pltrelsz / core::mem::size_of::<Rela>();
-                for i in 0..n {
-                    let r = &*(d.jmprel as *const Rela).add(i);
-                    let sym = &*(d.symtab as *const Sym).add((r.info >> 32) as usize);
-                    if sym.shndx != 0
-                        || sym.value == 0
-                        || (d.strsz != 0 && sym.name as usize >= d.strsz)
-                    {
-                        continue;
-                    }
-                    let n = CStr::from_ptr((d.strtab + sym.name as usize) as *const c_char);
-                    if n == q.name && base.wrapping_add(sym.value as usize) == q.addr {
-                        q.found = true;
-                    }
-                }
-            }
-        }
-        1 // the main program only
-    }
-    let mut q = Q {
-        name,
-        addr,
-        found: false,
-    };
-    // SAFETY: the callback only reads the object glibc reports.
-    unsafe { libc::dl_iterate_phdr(Some(cb), (&mut q as *mut Q<'_>).cast()) };
-    q.found
 }

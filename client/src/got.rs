@@ -73,15 +73,19 @@ pub(crate) struct PatchState {
     /// `dlpi_adds` at the last pass.
     adds: u64,
     /// An address inside each object to leave alone (0 = none).
-    skip: [usize; 3],
+    skip: [usize; 4],
 }
 
 static PATCH: Mutex<PatchState> = Mutex::new(PatchState {
     table: &[],
     slots: Vec::new(),
     adds: 0,
-    skip: [0; 3],
+    skip: [0; 4],
 });
+
+/// An address inside the object whose own slots [`bypass`] pointed at the
+/// originals (0 = none): sessions leave that object alone.
+static BYPASSED: AtomicUsize = AtomicUsize::new(0);
 
 /// Mirrors "a session is patched" for lock-free readers.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -125,9 +129,11 @@ impl PatchState {
         self.skip = [
             // This library, the dynamic linker, the vDSO.
             patch_pass as *const () as usize,
-            crate::originals::global_symbol(c"__tls_get_addr"),
+            global_symbol(c"__tls_get_addr"),
             // SAFETY: getauxval has no preconditions.
             unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) } as usize,
+            // An allocator calling its own entry points (see `bypass`).
+            BYPASSED.load(Ordering::SeqCst),
         ];
         self.slots.clear();
         ACTIVE.store(true, Ordering::SeqCst);
@@ -156,12 +162,19 @@ impl PatchState {
     }
 
     fn pass(&mut self, kind: Pass) {
+        self.pass_over(kind, 0);
+    }
+
+    /// A pass over every object (`only` = 0) or over the object containing
+    /// `only`.
+    fn pass_over(&mut self, kind: Pass, only: usize) {
         let maps = Protections::read();
         let mut ctx = PassCtx {
             st: self,
             maps,
             kind,
             adds: 0,
+            only,
         };
         // SAFETY: the callback only touches the objects glibc reports.
         unsafe { libc::dl_iterate_phdr(Some(patch_pass), (&mut ctx as *mut PassCtx<'_>).cast()) };
@@ -169,6 +182,40 @@ impl PatchState {
         self.adds = adds;
         self.slots.sort_unstable_by_key(|p| p.addr);
     }
+}
+
+/// Points the slots that the object containing `object` has for the
+/// records of `table` at the records' originals, for good: that object's
+/// own calls to those names no longer reach the hooks.
+///
+/// For an allocator that defines `operator new`/`delete` as well as
+/// `malloc`/`free` (jemalloc, tcmalloc, mimalloc), whose operators the C++
+/// hooks record: jemalloc's `operator delete` jumps to `free` through its
+/// PLT, its aligned `operator new` calls `aligned_alloc`, and with the
+/// client ahead of it in lookup order those calls would land in our hooks
+/// and be recorded a second time. Calls the allocator makes for its own
+/// bookkeeping (tcmalloc's `new` of its internal tables) are not the
+/// program's and are not recorded either. Call with the guard held; later
+/// sessions leave the object alone.
+pub(crate) fn bypass(table: &'static [&'static Hook], object: usize) {
+    if object == 0 {
+        return;
+    }
+    BYPASSED.store(object, Ordering::SeqCst);
+    let mut st = PatchState {
+        table,
+        slots: Vec::new(),
+        adds: 0,
+        skip: [0; 4],
+    };
+    st.pass_over(Pass::Bypass, object);
+}
+
+/// What a global lookup of `name` finds (0 = nothing). Call with the guard
+/// held (`dlsym` may allocate).
+fn global_symbol(name: &CStr) -> usize {
+    // SAFETY: dlsym with a valid NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
 
 /// `dlpi_adds` now: changes when an object is loaded.
@@ -195,6 +242,8 @@ pub(crate) fn current_adds() -> u64 {
 enum Pass {
     Patch,
     Restore,
+    /// Slots holding our hook (or a lazy stub) get the original, for good.
+    Bypass,
 }
 
 struct PassCtx<'a> {
@@ -202,6 +251,8 @@ struct PassCtx<'a> {
     maps: Protections,
     kind: Pass,
     adds: u64,
+    /// An address inside the one object to visit (0 = every object).
+    only: usize,
 }
 
 /// The `dl_iterate_phdr` callback of a pass.
@@ -226,7 +277,9 @@ unsafe extern "C" fn patch_pass(
 /// # Safety
 /// `info` describes a loaded object that stays mapped during the call.
 unsafe fn visit_object(ctx: &mut PassCtx<'_>, info: &libc::dl_phdr_info) {
-    if ctx.st.skip.iter().any(|&a| a != 0 && in_object(info, a)) {
+    if ctx.st.skip.iter().any(|&a| a != 0 && in_object(info, a))
+        || (ctx.only != 0 && !in_object(info, ctx.only))
+    {
         return;
     }
     // SAFETY: the caller's contract.
@@ -292,7 +345,7 @@ unsafe fn visit_relocs(
 /// `slot` is a GOT entry of the loaded object `info`.
 unsafe fn visit_slot(ctx: &mut PassCtx<'_>, info: &libc::dl_phdr_info, rec: &Hook, slot: usize) {
     let (hook, expected) = (rec.hook_addr(), rec.original());
-    if hook == 0 || expected == 0 {
+    if hook == 0 || expected == 0 || !rec.patched() {
         return;
     }
     if slot % 8 != 0 {
@@ -318,6 +371,11 @@ unsafe fn visit_slot(ctx: &mut PassCtx<'_>, info: &libc::dl_phdr_info, rec: &Hoo
                         old: cur,
                     }),
                 }
+            }
+        }
+        Pass::Bypass => {
+            if cur == hook || (cur != expected && in_object(info, cur)) {
+                ctx.maps.store(slot, expected);
             }
         }
         Pass::Restore => {

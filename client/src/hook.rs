@@ -1,58 +1,99 @@
 //! One hooked function as one record: its name, the original it replaces,
 //! and our hook (as heaptrack's `heaptrack_inject.cpp` keeps them).
 //!
+//! The original is what the name stands for without us: the first
+//! definition, in load order, in an object other than this library
+//! (`originals` finds it by reading the objects' symbol tables). Every
+//! hook forwards to it, so a program is served by the allocator that would
+//! have served it without the client (glibc, or jemalloc, tcmalloc,
+//! mimalloc... preloaded after the client or linked into the program), and
+//! GOT patching redirects only slots that hold it.
+//!
 //! The records are defined next to the hooks they describe (`hooks`,
-//! `dlhook`), so a hook can reach its own original; `hooktable` lists them.
+//! `cxxhooks`, `exechooks`, `dlhook`), so a hook can reach its own
+//! original; `hooktable` lists them.
 
 use core::ffi::CStr;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-/// Where a record's original is looked up, and what finding another
-/// definition means.
+/// What a record is, for recording and for GOT patching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lookup {
-    /// glibc's, and a global lookup of the name must find glibc's too (a
-    /// non-PIE program's canonical PLT entry for it counts as glibc's):
-    /// otherwise another allocator interposes and sessions are refused.
-    GlibcOnly,
-    /// glibc's; other definitions are left alone.
-    Glibc,
-    /// glibc's, or where a global lookup finds it (`dlopen` lived in libdl
-    /// before glibc 2.34).
-    GlibcOrGlobal,
+pub(crate) enum Kind {
+    /// The C malloc family: always recorded, patched.
+    Family,
+    /// C++ `operator new`/`delete` (every variant). Recorded (and patched)
+    /// only if the original comes from the object whose `malloc` (for a
+    /// `new`) or `free` (for a `delete`) the program uses: the allocator's
+    /// own operator (tcmalloc, mimalloc, jemalloc define them). libstdc++'s
+    /// calls `malloc`/`free`, which are recorded: recording it too would
+    /// count every allocation twice, so it passes through.
+    CxxNew,
+    /// See [`Kind::CxxNew`].
+    CxxDelete,
+    /// Forwarded, never recorded, never patched (`malloc_usable_size`, the
+    /// exec family).
+    Forward,
+    /// `dlopen`: patched (objects it loads get patched too), never
+    /// exported.
+    Dlopen,
 }
 
 /// One hooked function.
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct Hook {
-    /// The function the name stands for without us: glibc's own
-    /// definition, looked up when a patched session starts (0 = not known:
-    /// slots of this name are left alone). A slot is redirected only if it
-    /// holds this (or an unresolved lazy-binding stub), and gets it back at
-    /// the end. The `dlopen` hook forwards to it; the malloc family's
-    /// hooks call glibc's `__libc_*` twins of these directly (no load on
-    /// the fast path).
+    /// The function the name stands for without us (0 = not known yet:
+    /// the hooks then resolve it, see `originals::real`, and GOT patching
+    /// leaves slots of this name alone). A slot is redirected only if it holds this (or an
+    /// unresolved lazy-binding stub), and gets it back at the end.
     pub(crate) original: AtomicUsize,
+    /// For C++ records: 1 when calls are recorded (the original is the
+    /// allocator's own operator), 0 when the hook only forwards. Read by
+    /// the assembly of `cxxhooks`. (The malloc family always records.)
+    pub(crate) recorded: AtomicU8,
+    /// The object defining the original (the address of its `PT_DYNAMIC`,
+    /// 0 = not known).
+    pub(crate) owner: AtomicUsize,
     /// The symbol name.
     pub(crate) name: &'static CStr,
     /// Our replacement (null where this architecture has none).
     hook: *const (),
-    /// Where `original` comes from.
-    pub(crate) lookup: Lookup,
+    /// What the record is.
+    pub(crate) kind: Kind,
+    /// For C++ records: the record whose original must come from the same
+    /// object for this one to be recorded (`malloc` for a `new`, `free`
+    /// for a `delete`).
+    pub(crate) pair: Option<&'static Hook>,
 }
 
 // SAFETY: `hook` is the address of code, never read or written through;
-// `original` is atomic.
+// the mutable fields are atomic.
 unsafe impl Sync for Hook {}
 
 impl Hook {
-    pub(crate) const fn new(name: &'static CStr, hook: *const (), lookup: Lookup) -> Hook {
+    pub(crate) const fn new(name: &'static CStr, hook: *const (), kind: Kind) -> Hook {
         Hook {
             original: AtomicUsize::new(0),
+            recorded: AtomicU8::new(0),
+            owner: AtomicUsize::new(0),
             name,
             hook,
-            lookup,
+            kind,
+            pair: None,
+        }
+    }
+
+    /// A C++ record, recorded when its original and `pair`'s come from the
+    /// same object.
+    pub(crate) const fn cxx(
+        name: &'static CStr,
+        hook: *const (),
+        kind: Kind,
+        pair: &'static Hook,
+    ) -> Hook {
+        Hook {
+            pair: Some(pair),
+            ..Hook::new(name, hook, kind)
         }
     }
 
@@ -63,6 +104,21 @@ impl Hook {
 
     /// The original's address (0 = not known).
     pub(crate) fn original(&self) -> usize {
-        self.original.load(Ordering::SeqCst)
+        self.original.load(Ordering::Relaxed)
+    }
+
+    /// Whether calls through this hook are recorded.
+    #[inline(always)]
+    pub(crate) fn recorded(&self) -> bool {
+        self.recorded.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether GOT patching redirects slots of this name.
+    pub(crate) fn patched(&self) -> bool {
+        match self.kind {
+            Kind::Family | Kind::Dlopen => true,
+            Kind::CxxNew | Kind::CxxDelete => self.recorded(),
+            Kind::Forward => false,
+        }
     }
 }

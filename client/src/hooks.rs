@@ -1,17 +1,23 @@
-//! The exported malloc family: thin shims around glibc's `__libc_*`, and
-//! their hook records.
+//! The exported malloc family: thin shims around the originals (the
+//! program's allocator: glibc's, or jemalloc's, tcmalloc's... see
+//! `originals`), and their hook records.
 //!
 //! Every hook starts with one relaxed load of the mode and one branch
 //! (`heapprofd_client_core::hookpath`, which also has the slow paths the
 //! glibc and any other front-end share). While the library is dormant (or
 //! between sessions) that branch is always taken and the hook tail-calls
-//! glibc. While a session is active, an unsampled allocation still
-//! tail-calls glibc after the sampler's subtraction and compare; only a
-//! sampled one calls glibc and then records; a free does one load from the
-//! free set before it tail-calls glibc.
+//! the original (one load of its address from the record). While a
+//! session is active, an unsampled allocation still tail-calls the
+//! original after the sampler's subtraction and compare; only a sampled
+//! one calls it and then records; a free does one load from the free set
+//! before it tail-calls the original. Each function forwards to its own
+//! original with the caller's arguments (`posix_memalign` to the
+//! allocator's `posix_memalign`...): the checks and errors are the
+//! allocator's. The exception is `reallocarray`, which is the allocator's
+//! `realloc` with an overflow check (as glibc's is).
 //!
-//! Each hook's [`Hook`] record (name, glibc's original, the hook) sits next
-//! to it; `hooktable` lists them for GOT patching.
+//! Each hook's [`Hook`] record (name, original, the hook) sits next to it;
+//! `hooktable` lists them for GOT patching.
 //!
 //! The hooks never panic: no indexing, no unwrap, no overflowing arithmetic
 //! on these paths. `#[cfg_attr(not(test), no_mangle)]` keeps the unit-test
@@ -21,16 +27,20 @@ use core::ffi::c_void;
 
 use heapprofd_client_core::errno;
 use heapprofd_client_core::hookpath::{may_be_sampled, mode, on_alloc, on_free, resample, skip};
-use heapprofd_client_core::tls::Guard;
 
-use crate::hook::{Hook, Lookup};
-use crate::real::{
-    __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_pvalloc, __libc_realloc,
-    __libc_valloc,
-};
+use crate::hook::{Hook, Kind};
+use crate::originals;
+
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+type AlignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
 
 /// The record of [`malloc`].
-pub(crate) static MALLOC: Hook = Hook::new(c"malloc", malloc as *const (), Lookup::GlibcOnly);
+pub(crate) static MALLOC: Hook = Hook::new(c"malloc", malloc as *const (), Kind::Family);
 
 /// `malloc(3)`.
 ///
@@ -41,7 +51,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let m = mode();
     if m == 0 || skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { __libc_malloc(size) };
+        return unsafe { originals::real::<MallocFn>(&MALLOC)(size) };
     }
     malloc_slow(size, m)
 }
@@ -50,13 +60,13 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 #[inline(never)]
 fn malloc_slow(size: usize, m: u64) -> *mut c_void {
     // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { __libc_malloc(size) };
+    let p = unsafe { originals::real::<MallocFn>(&MALLOC)(size) };
     on_alloc(p, size, m);
     p
 }
 
 /// The record of [`free`].
-pub(crate) static FREE: Hook = Hook::new(c"free", free as *const (), Lookup::GlibcOnly);
+pub(crate) static FREE: Hook = Hook::new(c"free", free as *const (), Kind::Family);
 
 /// `free(3)`.
 ///
@@ -70,7 +80,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return unsafe { free_slow(p, m) };
     }
     // SAFETY: forwarding with the caller's arguments.
-    unsafe { __libc_free(p) }
+    unsafe { originals::real::<FreeFn>(&FREE)(p) }
 }
 
 #[cold]
@@ -78,11 +88,11 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 unsafe fn free_slow(p: *mut c_void, m: u64) {
     on_free(p, m);
     // SAFETY: forwarding with the caller's arguments.
-    unsafe { __libc_free(p) }
+    unsafe { originals::real::<FreeFn>(&FREE)(p) }
 }
 
 /// The record of [`calloc`].
-pub(crate) static CALLOC: Hook = Hook::new(c"calloc", calloc as *const (), Lookup::GlibcOnly);
+pub(crate) static CALLOC: Hook = Hook::new(c"calloc", calloc as *const (), Kind::Family);
 
 /// `calloc(3)`.
 ///
@@ -96,7 +106,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     let total = n.wrapping_mul(size);
     if m == 0 || skip(total, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { __libc_calloc(n, size) };
+        return unsafe { originals::real::<CallocFn>(&CALLOC)(n, size) };
     }
     calloc_slow(n, size, m)
 }
@@ -105,13 +115,13 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(never)]
 fn calloc_slow(n: usize, size: usize, m: u64) -> *mut c_void {
     // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { __libc_calloc(n, size) };
+    let p = unsafe { originals::real::<CallocFn>(&CALLOC)(n, size) };
     on_alloc(p, n.wrapping_mul(size), m);
     p
 }
 
 /// The record of [`realloc`].
-pub(crate) static REALLOC: Hook = Hook::new(c"realloc", realloc as *const (), Lookup::GlibcOnly);
+pub(crate) static REALLOC: Hook = Hook::new(c"realloc", realloc as *const (), Kind::Family);
 
 /// `realloc(3)`.
 ///
@@ -122,17 +132,24 @@ pub unsafe extern "C" fn realloc(old: *mut c_void, size: usize) -> *mut c_void {
     let m = mode();
     if m == 0 {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { __libc_realloc(old, size) };
+        return unsafe { originals::real::<ReallocFn>(&REALLOC)(old, size) };
     }
     let old_maybe_sampled = may_be_sampled(old, m);
     if !old_maybe_sampled && skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
-        return unsafe { __libc_realloc(old, size) };
+        return unsafe { originals::real::<ReallocFn>(&REALLOC)(old, size) };
     }
     // SAFETY: same contract.
-    unsafe { realloc_slow(old, size, m, old_maybe_sampled) }
+    unsafe {
+        realloc_slow(old, size, m, old_maybe_sampled, || {
+            originals::real::<ReallocFn>(&REALLOC)(old, size)
+        })
+    }
 }
 
+/// The sampled path of a realloc: the old block's free first (before the
+/// allocator can hand the address out again), then `call`, then the new
+/// block.
 #[cold]
 #[inline(never)]
 unsafe fn realloc_slow(
@@ -140,10 +157,10 @@ unsafe fn realloc_slow(
     size: usize,
     m: u64,
     old_maybe_sampled: bool,
+    call: impl FnOnce() -> *mut c_void,
 ) -> *mut c_void {
     let was_sampled = old_maybe_sampled && on_free(old, m);
-    // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { __libc_realloc(old, size) };
+    let p = call();
     if p.is_null() {
         if was_sampled && size != 0 {
             // The old block survives a failed realloc, but its free was
@@ -162,9 +179,12 @@ unsafe fn realloc_slow(
 
 /// The record of [`reallocarray`].
 pub(crate) static REALLOCARRAY: Hook =
-    Hook::new(c"reallocarray", reallocarray as *const (), Lookup::Glibc);
+    Hook::new(c"reallocarray", reallocarray as *const (), Kind::Family);
 
-/// `reallocarray(3)`: realloc with an overflow check on `n * size`.
+/// `reallocarray(3)`: realloc of `n * size` bytes, `ENOMEM` if the product
+/// overflows. Built on the allocator's `realloc`, as glibc builds its own:
+/// glibc's `reallocarray` calls `realloc` through libc's PLT, which would
+/// land in [`realloc`] and record the call twice.
 ///
 /// # Safety
 /// Same contract as glibc's `reallocarray`.
@@ -178,75 +198,85 @@ pub unsafe extern "C" fn reallocarray(old: *mut c_void, n: usize, size: usize) -
     unsafe { realloc(old, total) }
 }
 
-/// The record of [`memalign`].
-pub(crate) static MEMALIGN: Hook = Hook::new(c"memalign", memalign as *const (), Lookup::Glibc);
+/// An aligned allocation through `rec`'s original (`memalign`,
+/// `aligned_alloc`: same signature), recorded like malloc.
+#[inline(always)]
+fn aligned(rec: &'static Hook, align: usize, size: usize) -> *mut c_void {
+    let m = mode();
+    if m == 0 || skip(size, m) {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { originals::real::<AlignFn>(rec)(align, size) };
+    }
+    aligned_slow(rec, align, size, m)
+}
 
-/// `memalign(3)` (glibc semantics: a non-power-of-two alignment is rounded up).
+#[cold]
+#[inline(never)]
+fn aligned_slow(rec: &'static Hook, align: usize, size: usize, m: u64) -> *mut c_void {
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { originals::real::<AlignFn>(rec)(align, size) };
+    on_alloc(p, size, m);
+    p
+}
+
+/// The record of [`memalign`].
+pub(crate) static MEMALIGN: Hook = Hook::new(c"memalign", memalign as *const (), Kind::Family);
+
+/// `memalign(3)`.
 ///
 /// # Safety
 /// Same contract as glibc's `memalign`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    let m = mode();
-    // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { __libc_memalign(align, size) };
-    if m != 0 && !skip(size, m) {
-        on_alloc(p, size, m);
-    }
-    p
+    aligned(&MEMALIGN, align, size)
 }
 
 /// The record of [`aligned_alloc`].
 pub(crate) static ALIGNED_ALLOC: Hook =
-    Hook::new(c"aligned_alloc", aligned_alloc as *const (), Lookup::Glibc);
+    Hook::new(c"aligned_alloc", aligned_alloc as *const (), Kind::Family);
 
-/// `aligned_alloc(3)`: `EINVAL` unless the alignment is a power of two
-/// (C17; the check glibc 2.38 added), otherwise memalign.
+/// `aligned_alloc(3)`.
 ///
 /// # Safety
 /// Same contract as glibc's `aligned_alloc`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    if !align.is_power_of_two() {
-        errno::set(libc::EINVAL);
-        return core::ptr::null_mut();
-    }
-    // SAFETY: same contract.
-    unsafe { memalign(align, size) }
+    aligned(&ALIGNED_ALLOC, align, size)
 }
 
 /// The record of [`posix_memalign`].
-pub(crate) static POSIX_MEMALIGN: Hook = Hook::new(
-    c"posix_memalign",
-    posix_memalign as *const (),
-    Lookup::Glibc,
-);
+pub(crate) static POSIX_MEMALIGN: Hook =
+    Hook::new(c"posix_memalign", posix_memalign as *const (), Kind::Family);
 
-/// `posix_memalign(3)`: `EINVAL` unless the alignment is a power of two
-/// multiple of `sizeof(void *)`, `ENOMEM` on failure; errno is left alone.
+/// `posix_memalign(3)`.
 ///
 /// # Safety
 /// Same contract as glibc's `posix_memalign`; `out` must be writable.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    let word = core::mem::size_of::<*mut c_void>();
-    if align % word != 0 || !(align / word).is_power_of_two() {
-        return libc::EINVAL;
+    let m = mode();
+    if m == 0 || skip(size, m) {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { originals::real::<PosixMemalignFn>(&POSIX_MEMALIGN)(out, align, size) };
     }
-    let saved = errno::get();
     // SAFETY: same contract.
-    let p = unsafe { memalign(align, size) };
-    if p.is_null() {
-        errno::set(saved);
-        return libc::ENOMEM;
+    unsafe { posix_memalign_slow(out, align, size, m) }
+}
+
+#[cold]
+#[inline(never)]
+unsafe fn posix_memalign_slow(out: *mut *mut c_void, align: usize, size: usize, m: u64) -> i32 {
+    // SAFETY: forwarding with the caller's arguments.
+    let rc = unsafe { originals::real::<PosixMemalignFn>(&POSIX_MEMALIGN)(out, align, size) };
+    if rc == 0 {
+        // SAFETY: on success the allocator stored the block in `*out`.
+        on_alloc(unsafe { *out }, size, m);
     }
-    // SAFETY: the caller passes a writable pointer.
-    unsafe { *out = p };
-    0
+    rc
 }
 
 /// The record of [`valloc`].
-pub(crate) static VALLOC: Hook = Hook::new(c"valloc", valloc as *const (), Lookup::Glibc);
+pub(crate) static VALLOC: Hook = Hook::new(c"valloc", valloc as *const (), Kind::Family);
 
 /// `valloc(3)`.
 ///
@@ -255,16 +285,18 @@ pub(crate) static VALLOC: Hook = Hook::new(c"valloc", valloc as *const (), Looku
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     let m = mode();
-    // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { __libc_valloc(size) };
-    if m != 0 && !skip(size, m) {
-        on_alloc(p, size, m);
+    if m == 0 || skip(size, m) {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { originals::real::<MallocFn>(&VALLOC)(size) };
     }
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { originals::real::<MallocFn>(&VALLOC)(size) };
+    on_alloc(p, size, m);
     p
 }
 
 /// The record of [`pvalloc`].
-pub(crate) static PVALLOC: Hook = Hook::new(c"pvalloc", pvalloc as *const (), Lookup::Glibc);
+pub(crate) static PVALLOC: Hook = Hook::new(c"pvalloc", pvalloc as *const (), Kind::Family);
 
 /// `pvalloc(3)`.
 ///
@@ -273,28 +305,32 @@ pub(crate) static PVALLOC: Hook = Hook::new(c"pvalloc", pvalloc as *const (), Lo
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
     let m = mode();
-    // SAFETY: forwarding with the caller's arguments.
-    let p = unsafe { __libc_pvalloc(size) };
-    if m != 0 && !skip(size, m) {
-        on_alloc(p, size, m);
+    if m == 0 || skip(size, m) {
+        // SAFETY: forwarding with the caller's arguments.
+        return unsafe { originals::real::<MallocFn>(&PVALLOC)(size) };
     }
+    // SAFETY: forwarding with the caller's arguments.
+    let p = unsafe { originals::real::<MallocFn>(&PVALLOC)(size) };
+    on_alloc(p, size, m);
     p
 }
 
-/// `malloc_usable_size(3)`, forwarded to glibc's.
+/// The record of [`malloc_usable_size`] (forwarded, never patched: a
+/// program that reaches the allocator's directly gets the same answer).
+pub(crate) static MALLOC_USABLE_SIZE: Hook = Hook::new(
+    c"malloc_usable_size",
+    malloc_usable_size as *const (),
+    Kind::Forward,
+);
+
+/// `malloc_usable_size(3)`, forwarded to the allocator's.
 ///
 /// # Safety
 /// Same contract as glibc's `malloc_usable_size`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
-    // Resolved by the constructor; the guard covers a late first lookup
-    // (dlsym may allocate).
-    let f = {
-        let _g = Guard::enter();
-        crate::real::usable_size(malloc_usable_size)
-    };
-    // SAFETY: glibc's function with the caller's argument.
-    unsafe { f(p) }
+    // SAFETY: forwarding with the caller's argument.
+    unsafe { originals::real::<UsableSizeFn>(&MALLOC_USABLE_SIZE)(p) }
 }
 
 #[cfg(test)]
@@ -302,7 +338,7 @@ mod tests {
     use super::*;
 
     // The hooks are plain functions in the test build (not interposed) and
-    // the mode is 0, so they are glibc with our argument checks on top.
+    // the mode is 0, so they forward to glibc: its argument checks hold.
     #[test]
     fn argument_checks() {
         let mut p: *mut c_void = core::ptr::null_mut();
@@ -314,8 +350,6 @@ mod tests {
             assert_eq!(posix_memalign(&mut p, 64, 100), 0);
             assert_eq!(p as usize % 64, 0);
             free(p);
-            assert!(aligned_alloc(48, 96).is_null());
-            assert_eq!(*libc::__errno_location(), libc::EINVAL);
             let q = aligned_alloc(256, 512);
             assert_eq!(q as usize % 256, 0);
             free(q);

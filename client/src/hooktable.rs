@@ -1,13 +1,17 @@
-//! The hook table: every function whose GOT slots a patched session
-//! redirects, one record each (the malloc family and `dlopen`;
-//! `malloc_usable_size` is exported but never patched: a program that
-//! reaches glibc's directly gets the same answer).
+//! The hook tables: every hooked function, one record each.
+//!
+//! [`HOOKS`] are the functions whose GOT slots a patched session redirects
+//! (the malloc family, C++ `operator new`/`delete` when they are recorded,
+//! and `dlopen`); [`FORWARDED`] are exported and forwarded but never
+//! patched (`malloc_usable_size`: a program that reaches the allocator's
+//! directly gets the same answer; the exec family, which matters only for
+//! a preloaded client). `originals` resolves both.
 
 use crate::hook::Hook;
-use crate::{dlhook, hooks};
+use crate::{cxxhooks as cxx, dlhook, exechooks as exec, hooks};
 
-/// Every hooked function.
-pub(crate) static HOOKS: [&Hook; 11] = [
+/// Every function GOT patching may redirect.
+pub(crate) static HOOKS: [&Hook; 31] = [
     &hooks::MALLOC,
     &hooks::FREE,
     &hooks::CALLOC,
@@ -18,5 +22,59 @@ pub(crate) static HOOKS: [&Hook; 11] = [
     &hooks::ALIGNED_ALLOC,
     &hooks::VALLOC,
     &hooks::PVALLOC,
+    &cxx::NEW,
+    &cxx::NEW_ARRAY,
+    &cxx::NEW_ALIGNED,
+    &cxx::NEW_ARRAY_ALIGNED,
+    &cxx::NEW_NOTHROW,
+    &cxx::NEW_ARRAY_NOTHROW,
+    &cxx::NEW_ALIGNED_NOTHROW,
+    &cxx::NEW_ARRAY_ALIGNED_NOTHROW,
+    &cxx::DELETE,
+    &cxx::DELETE_ARRAY,
+    &cxx::DELETE_SIZED,
+    &cxx::DELETE_ARRAY_SIZED,
+    &cxx::DELETE_NOTHROW,
+    &cxx::DELETE_ARRAY_NOTHROW,
+    &cxx::DELETE_ALIGNED,
+    &cxx::DELETE_ARRAY_ALIGNED,
+    &cxx::DELETE_SIZED_ALIGNED,
+    &cxx::DELETE_ARRAY_SIZED_ALIGNED,
+    &cxx::DELETE_ALIGNED_NOTHROW,
+    &cxx::DELETE_ARRAY_ALIGNED_NOTHROW,
     &dlhook::DLOPEN,
+];
+
+/// Exported, forwarded, never patched.
+#[cfg(target_arch = "x86_64")]
+pub(crate) static FORWARDED: [&Hook; 14] = [
+    &hooks::MALLOC_USABLE_SIZE,
+    &exec::EXECVE,
+    &exec::EXECVEAT,
+    &exec::FEXECVE,
+    &exec::EXECVPE,
+    &exec::EXECV,
+    &exec::EXECVP,
+    &exec::POSIX_SPAWN,
+    &exec::POSIX_SPAWNP,
+    &exec::SYSTEM,
+    &exec::POPEN,
+    &exec::EXECL_REC,
+    &exec::EXECLE_REC,
+    &exec::EXECLP_REC,
+];
+/// Exported, forwarded, never patched (no variadic execs here).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) static FORWARDED: [&Hook; 11] = [
+    &hooks::MALLOC_USABLE_SIZE,
+    &exec::EXECVE,
+    &exec::EXECVEAT,
+    &exec::FEXECVE,
+    &exec::EXECVPE,
+    &exec::EXECV,
+    &exec::EXECVP,
+    &exec::POSIX_SPAWN,
+    &exec::POSIX_SPAWNP,
+    &exec::SYSTEM,
+    &exec::POPEN,
 ];

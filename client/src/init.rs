@@ -3,15 +3,17 @@
 //! The constructor runs from `.init_array` when the library is loaded
 //! (`LD_PRELOAD`, or a later `dlopen`). With the guard held, so nothing it
 //! does is sampled, it:
-//! 1. registers the glibc front-end with the core (`patching`), looks up
-//!    glibc's `malloc_usable_size` and the size of its static TLS
-//!    area, and reads the main thread's `[stack]` range from
-//!    `/proc/self/maps` (all need allocation-free or guarded contexts, so
-//!    they are done once, here);
+//! 1. registers the glibc front-end with the core (`patching`), resolves
+//!    the hooks' originals (`originals`, which also decides whether the
+//!    library interposes the program's malloc: it was preloaded ahead of
+//!    every other definition; if not, sessions patch the GOTs, see
+//!    `patching`), points an allocator's calls to its own entry points
+//!    past the hooks (`got::bypass`, when the allocator has its own C++
+//!    operators), looks up the size of glibc's static TLS area, and reads
+//!    the main thread's `[stack]` range from `/proc/self/maps` (all need
+//!    allocation-free or guarded contexts, so they are done once, here);
 //! 2. registers a `pthread_atfork` child handler;
-//! 3. decides whether the library interposes the program's malloc (it was
-//!    preloaded) or not (it was `dlopen`ed by an attach: sessions then patch
-//!    the GOTs, see `patching`), and, only if it interposes, installs the
+//! 3. only if the library interposes, installs the
 //!    activation signal handler (signal 36, `__SIGRTMIN + 4`, as Android's
 //!    heapprofd) unless `HEAPPROFD_NO_SIGNAL=1` or the program already has a
 //!    handler for it (only a `SIG_DFL` disposition is replaced; a program
@@ -27,7 +29,7 @@
 //! The signal handler only records the request
 //! (`heapprofd_client_core::activation`): the next allocation outside the
 //! client starts the connecting thread. A `sigqueue` value `v > 0` selects
-//! `/tmp/heapprofd-rs-<v>.sock` (the daemon passes its pid); otherwise
+//! `/tmp/heapprofd-rs-<euid>/<v>.sock` (the daemon passes its pid); otherwise
 //! `HEAPPROFD_SOCKET` or the default path. fork: the core's child handler
 //! (`heapprofd_client_core::fork`) forgets the parent's session.
 
@@ -42,7 +44,8 @@ use heapprofd_client_core::{
 };
 use heapprofd_proto::wire::Handshake;
 
-use crate::{attach, hooks, interpose, patching};
+use crate::hooktable::{FORWARDED, HOOKS};
+use crate::{attach, cxxhooks, got, hooks, inherit, interpose, originals, patching};
 
 /// The activation signal (36, `__SIGRTMIN + 4`), from the attach ABI.
 pub use heapprofd_proto::attach::ACTIVATION_SIGNAL;
@@ -56,10 +59,13 @@ static CONSTRUCTOR: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) = c
 extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mut c_char) {
     let Some(_g) = Guard::enter() else { return };
     frontend::install(&patching::GLIBC);
-    crate::real::usable_size(hooks::malloc_usable_size);
+    originals::resolve(&[&HOOKS, &FORWARDED]);
+    if cxxhooks::NEW.recorded() {
+        got::bypass(&HOOKS, hooks::MALLOC.original());
+    }
+    inherit::capture();
     capture::set_main_stack(procmaps::main_stack());
     capture::resolve_tls_static_size();
-    interpose::decide();
     attach::keep_entry();
     // SAFETY: registering a handler that is valid for the process lifetime
     // (the library is never unloaded while a session may run).
@@ -77,7 +83,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     // start anyway). Otherwise the library stays dormant.
     let (path, blocking) = if env::get(SOCKET_ENV).is_some() {
         (
-            SocketPath::from_env_or_default(),
+            SocketPath::from_env_or(trigger::service_socket),
             env::is_1(c"HEAPPROFD_BLOCKING_INIT"),
         )
     } else if interpose::interposing() {
@@ -93,6 +99,20 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
         .compare_exchange(IDLE, CONNECTING, Ordering::SeqCst, Ordering::SeqCst)
         .is_err()
     {
+        return;
+    }
+    // A program whose calls cannot be reached runs unprofiled; the daemon
+    // is told why instead of getting a session.
+    if interpose::needs_patching()
+        && let Some(r) = originals::refusal(&hooks::MALLOC)
+        && r.unprofilable != heapprofd_proto::wire::Unprofilable::None
+    {
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        if !connect::notify_unprofilable(&path, pid, r.unprofilable) {
+            heapprofd_client_core::log::log(b"heapprofd-rs: ", r.message);
+        }
+        STATE.store(IDLE, Ordering::SeqCst);
         return;
     }
     let flags = Handshake::FLAG_FROM_STARTUP;

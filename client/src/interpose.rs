@@ -1,27 +1,28 @@
-//! Whether the library interposes the program's malloc (it was preloaded)
-//! or was loaded later without interposing (`dlopen`ed by an attach), in
-//! which case a session reaches the program's calls by patching GOTs.
+//! Whether the library interposes the program's malloc (it was preloaded
+//! ahead of every other definition) or not (it was `dlopen`ed by an
+//! attach, or preloaded after another allocator), in which case a session
+//! reaches the program's calls by patching GOTs.
 //!
-//! Decided once, in the constructor: the library interposes if a global
-//! lookup of `malloc` finds our own (the library is linked
-//! `-Bsymbolic-functions`, so its own reference to its hook binds locally).
+//! Decided by the first walk of `originals` that sees this library (the
+//! first hook call or the constructor, whichever comes first): the library
+//! interposes if no object before it in load order defines `malloc`. (Not
+//! `dlsym(RTLD_DEFAULT, "malloc") == ours`: for a non-PIE program that
+//! takes `malloc`'s address, a global lookup returns the program's
+//! canonical PLT entry, which jumps to us.)
 
-use core::ffi::c_void;
 use core::sync::atomic::{AtomicU8, Ordering};
 
-/// [`interposing`]: not decided (the constructor did not run).
+/// [`interposing`]: not decided (no walk ran).
 const UNKNOWN: u8 = 0;
 const YES: u8 = 1;
 const NO: u8 = 2;
 static INTERPOSING: AtomicU8 = AtomicU8::new(UNKNOWN);
 
-/// Decides whether the library is the program's `malloc`. Called by the
-/// constructor with the guard held (`dlsym` may allocate).
-pub(crate) fn decide() {
-    // SAFETY: dlsym with a valid NUL-terminated name.
-    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-    let ours = crate::hooks::malloc as *const () as *mut c_void;
-    INTERPOSING.store(if global == ours { YES } else { NO }, Ordering::SeqCst);
+/// Records the decision (only the first one counts: objects loaded later
+/// come after this library and cannot change it).
+pub(crate) fn set(yes: bool) {
+    let v = if yes { YES } else { NO };
+    let _ = INTERPOSING.compare_exchange(UNKNOWN, v, Ordering::SeqCst, Ordering::SeqCst);
 }
 
 /// Whether the library interposes the program's malloc (false also when

@@ -2,17 +2,19 @@
 //! front-end of `heapprofd-client-core`.
 //!
 //! Loaded into a program with `LD_PRELOAD` (or later, by an attach), it
-//! exports the glibc malloc family and nothing else. Sampling, stack
-//! capture, the session and its ring buffer, the connection to the daemon
-//! live in the core; this crate is what is glibc-specific: the hooks and
-//! the allocator they forward to, how the hooks are reached (interposition,
-//! or GOT patching when the library was loaded without interposing), the
+//! exports the glibc malloc family, C++ `operator new`/`delete` and
+//! nothing else. Sampling, stack capture, the session and its ring
+//! buffer, the connection to the daemon live in the core; this crate is
+//! what is glibc-specific: the hooks and the allocator they forward to
+//! (whatever would serve the program without the client: glibc, jemalloc,
+//! tcmalloc, mimalloc...), how the hooks are reached (interposition, or
+//! GOT patching when the library was loaded without interposing), the
 //! attach entry points and the constructor.
 //!
 //! # Design constraints (the core's, plus)
 //! * **No allocation through our own hooks.** The library's Rust
 //!   allocations, the core's included, go to glibc's `__libc_*` directly
-//!   ([`real::LibcAlloc`], the `#[global_allocator]`).
+//!   ([`ownalloc::LibcAlloc`], the `#[global_allocator]`).
 //! * **Only the ABI exported.** A version script (`exports.map`) keeps every
 //!   symbol but the malloc family local.
 //!
@@ -22,40 +24,49 @@
 //! * `HEAPPROFD_NO_SIGNAL=1`: do not install the activation signal handler.
 //!
 //! # Modules
-//! [`hooks`] (the exported functions, each with its `hook` record) forward
-//! to [`real`] (glibc's allocator) around the core's hook paths. `init` (the
+//! [`hooks`] and `cxxhooks` (the exported functions, each with its `hook`
+//! record) forward to the records' originals (`originals`: the first
+//! definition in load order, found with `dynsym` and `elfdyn`) around the
+//! core's hook paths. `init` (the
 //! constructor, the activation signal) registers `patching` (the core's
 //! `Frontend`: what a session does before it connects and after it ends)
 //! with the core. A library that does not interpose (`interpose`) patches
-//! GOTs: `hooktable` (every hooked function), `originals` (glibc's
-//! definitions, the other-allocator refusal), `got` (the patch and restore
-//! passes), `protections` (page protections, the store into a RELRO slot),
+//! GOTs: `hooktable` (every hooked function), `got` (the patch and restore
+//! passes, and the allocator's own slots), `protections` (page
+//! protections, the store into a RELRO slot),
 //! `elfdyn` (reading loaded objects' dynamic sections), `newobjects` and
 //! `dlhook` (objects loaded later, the `dlopen` hook). `attach` has the
 //! entry points the daemon calls in a running process.
 //!
 //! Linking the rlib into a program interposes that program's malloc with
-//! these hooks and installs [`real::LibcAlloc`] as its Rust allocator; the
+//! these hooks and installs [`ownalloc::LibcAlloc`] as its Rust allocator; the
 //! rlib exists for the crate's own tests.
 
+#[macro_use]
+mod asm_export;
 mod attach;
+mod cxxhooks;
 mod dlhook;
+mod dynsym;
 mod elfdyn;
+mod exechooks;
 mod got;
 mod hook;
 pub mod hooks;
 mod hooktable;
+mod inherit;
 mod init;
 mod interpose;
 mod newobjects;
 mod originals;
+pub mod ownalloc;
 mod patching;
 mod protections;
-pub mod real;
+mod unprofilable;
 
 pub use init::ACTIVATION_SIGNAL;
 
 /// The library's own allocations bypass the hooks.
 #[cfg(not(test))]
 #[global_allocator]
-static ALLOC: real::LibcAlloc = real::LibcAlloc;
+static ALLOC: ownalloc::LibcAlloc = ownalloc::LibcAlloc;

@@ -1,104 +1,220 @@
-//! Finding the originals of the hook table (glibc's own definitions), and
-//! refusing a program whose malloc is another allocator's.
+//! Finding the original of every hook record: the definition the name
+//! stands for without us, the one that would serve the program's call if
+//! the client were not loaded.
 //!
-//! The originals are looked up in libc itself (the object our
-//! `__libc_malloc` comes from), not in the global scope, so that a slot
-//! holding anything else (another interposer, an object defining its own
-//! `malloc`) is recognised and left alone. If a global lookup of one of the
-//! core of the malloc family ([`Lookup::GlibcOnly`]) finds someone else's,
-//! nothing is patched and the session is refused: our hooks call
-//! `__libc_*`, so mixing them with another allocator would corrupt the heap.
+//! That is the first definition in load order (`dl_iterate_phdr`'s order:
+//! the program, the preloaded libraries, their dependencies breadth-first,
+//! then what was `dlopen`ed) in an object other than this library: glibc's
+//! `malloc`, or jemalloc's when it is preloaded after the client or linked
+//! into the program; libstdc++'s `operator new`, or tcmalloc's. Symbol
+//! tables are read directly (`dynsym`), never through `dlsym`, which may
+//! allocate: this runs on the first call of any hook, possibly before the
+//! constructor and with nowhere yet to forward an allocation to.
 //!
-//! A non-PIE program that takes the address of `malloc` makes its own PLT
-//! entry the canonical address (a global lookup returns it, and other
-//! objects' `GLOB_DAT` slots hold it); that entry jumps through the
-//! program's own `JUMP_SLOT`, which is patched, so it counts as glibc's.
+//! The same walk decides whether the library interposes (`interpose`):
+//! whether this library comes before every other definition of `malloc`.
+//! A non-PIE program that takes `malloc`'s address carries an undefined
+//! `malloc` with a value (its canonical PLT entry): not a definition, so it
+//! neither hides our interposition nor becomes an original.
+//!
+//! C++ records are recorded only when their original comes from the object
+//! that defines the original of their `pair` (`malloc` or `free`): see
+//! [`Kind::CxxNew`](crate::hook::Kind::CxxNew). The tables are the caller's (`init`, `patching`); a
+//! hook whose original is unknown resolves just itself and its pair.
+//!
+//! A program whose own executable defines `malloc` (an allocator linked
+//! statically into it) cannot be profiled: its calls are direct, no symbol
+//! lookup or GOT slot is involved ([`refusal`]).
 
-use core::ffi::{CStr, c_void};
+use core::ffi::{CStr, c_int, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use heapprofd_client_core::frontend::Refusal;
+use heapprofd_proto::wire::Unprofilable;
 
-use crate::elfdyn::is_canonical_plt;
-use crate::hook::{Hook, Lookup};
+use crate::elfdyn::read_dynamic;
+use crate::hook::Hook;
+use crate::{dynsym, interpose};
 
-/// The refusal when the program's malloc family is not glibc's.
-pub(crate) const OTHER_ALLOCATOR: Refusal = Refusal {
-    message: b"the program's malloc is not glibc's; profiling refused",
+/// The refusal when the program's executable defines malloc itself.
+pub(crate) const BUILT_IN_ALLOCATOR: Refusal = Refusal {
+    message: b"the program's executable defines malloc itself (a statically linked \
+allocator): its calls cannot be intercepted; not profiled",
+    unprofilable: Unprofilable::BuiltInAllocator,
 };
 
-/// What a global lookup of `name` finds (0 = nothing).
-pub(crate) fn global_symbol(name: &CStr) -> usize {
-    // SAFETY: dlsym with a valid NUL-terminated name.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+/// The refusal when no object defines malloc (cannot happen with glibc).
+const NO_MALLOC: Refusal = Refusal {
+    message: b"no object defines malloc; not profiled",
+    unprofilable: Unprofilable::None,
+};
+
+/// `PT_DYNAMIC` of the main program (0 = not seen yet).
+static MAIN_DYNAMIC: AtomicUsize = AtomicUsize::new(0);
+
+/// `rec`'s original, resolving it first if it is not known yet (a call
+/// before the constructor, or a name whose library was loaded later).
+/// Never 0: a name nobody defines ends the process with a message (the
+/// program could not have been linked to it without a definition).
+#[inline(always)]
+pub(crate) fn target(rec: &'static Hook) -> usize {
+    let f = rec.original();
+    if f != 0 {
+        return f;
+    }
+    resolve_late(rec)
 }
 
-/// glibc's definition of every record of `table`, or the refusal.
-/// Call with the guard held (`dlopen`/`dlsym` may allocate).
-pub(crate) fn find<const N: usize>(table: &[&Hook; N]) -> Result<[usize; N], Refusal> {
-    let mut out = [0usize; N];
-    let handle = libc_handle();
-    let mut result = Ok(());
-    for (slot, hook) in out.iter_mut().zip(table) {
-        let own = if handle.is_null() {
-            0
-        } else {
-            // SAFETY: dlsym on a valid handle with a NUL-terminated name.
-            unsafe { libc::dlsym(handle, hook.name.as_ptr()) as usize }
-        };
-        let global = global_symbol(hook.name);
-        *slot = match hook.lookup {
-            Lookup::GlibcOrGlobal if own == 0 => global,
-            _ => own,
-        };
-        if hook.lookup == Lookup::GlibcOnly
-            && (own == 0 || (global != own && !is_canonical_plt(hook.name, global)))
-        {
-            result = Err(OTHER_ALLOCATOR);
-            break;
-        }
-    }
-    if !handle.is_null() {
-        // SAFETY: the handle of our own dlopen (RTLD_NOLOAD took a reference).
-        unsafe { libc::dlclose(handle) };
-    }
-    result.map(|()| out)
+/// [`target`] as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` is a function pointer type with the C signature of the record's
+/// name (the original is the definition of that very name).
+#[inline(always)]
+pub(crate) unsafe fn real<F: Copy>(rec: &'static Hook) -> F {
+    const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<usize>()) };
+    let f = target(rec);
+    // SAFETY: the caller's contract; `f` is the address of a function.
+    unsafe { core::mem::transmute_copy::<usize, F>(&f) }
 }
 
-/// Looks up every record's original and stores it in the record.
-pub(crate) fn resolve<const N: usize>(table: &[&Hook; N]) -> Result<(), Refusal> {
-    let found = find(table)?;
-    for (hook, addr) in table.iter().zip(found) {
-        hook.original
-            .store(addr, core::sync::atomic::Ordering::SeqCst);
+#[cold]
+#[inline(never)]
+fn resolve_late(rec: &'static Hook) -> usize {
+    let one: [&'static Hook; 1] = [rec];
+    match rec.pair {
+        Some(p) => resolve(&[&one, &[p]]),
+        None => resolve(&[&one]),
     }
-    Ok(())
+    let f = rec.original();
+    if f == 0 {
+        heapprofd_client_core::log::log(
+            b"heapprofd-rs: no definition to forward this call to: ",
+            rec.name.to_bytes(),
+        );
+        // SAFETY: abort has no preconditions.
+        unsafe { libc::abort() };
+    }
+    f
 }
 
-/// A handle of the libc our `__libc_malloc` comes from (`RTLD_NOLOAD`).
-fn libc_handle() -> *mut c_void {
-    // SAFETY: dladdr fills the zeroed struct; dlopen with RTLD_NOLOAD only
-    // returns an already loaded object (and takes a reference the caller
-    // drops).
+struct Walk<'a> {
+    tables: &'a [&'a [&'static Hook]],
+    /// An address inside this library.
+    ours: usize,
+    /// Objects seen so far.
+    index: usize,
+    /// Whether a definition of `malloc` came before this library.
+    malloc_before_us: bool,
+    /// Whether this library was seen.
+    saw_us: bool,
+}
+
+/// Resolves every record of `tables` whose original is not known yet (one
+/// walk over the loaded objects), sets the C++ records' `recorded`, and
+/// decides interposition on the first walk that sees this library.
+/// Allocation-free; callable from any hook.
+pub(crate) fn resolve(tables: &[&[&'static Hook]]) {
+    let mut w = Walk {
+        tables,
+        ours: resolve as *const () as usize,
+        index: 0,
+        malloc_before_us: false,
+        saw_us: false,
+    };
+    // SAFETY: the callback only reads the objects glibc reports.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut w as *mut Walk<'_>).cast()) };
+    if w.saw_us {
+        interpose::set(!w.malloc_before_us);
+    }
+    for h in tables.iter().flat_map(|t| t.iter()) {
+        let Some(pair) = h.pair else { continue };
+        let own = h.owner.load(Ordering::Relaxed);
+        let recorded = own != 0 && own == pair.owner.load(Ordering::Relaxed);
+        // Release: the assembly hooks call the original once they see this.
+        h.recorded.store(u8::from(recorded), Ordering::Release);
+    }
+}
+
+/// Why a session of a library that does not interpose cannot patch its
+/// way in, if it cannot: `malloc` is the record of `malloc`, resolved.
+pub(crate) fn refusal(malloc: &Hook) -> Option<Refusal> {
+    let owner = malloc.owner.load(Ordering::Relaxed);
+    if owner == 0 {
+        return Some(NO_MALLOC);
+    }
+    (owner == MAIN_DYNAMIC.load(Ordering::Relaxed)).then_some(BUILT_IN_ALLOCATOR)
+}
+
+/// The name interposition is decided on.
+const MALLOC: &CStr = c"malloc";
+
+/// The `dl_iterate_phdr` callback of [`resolve`].
+unsafe extern "C" fn visit(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut c_void,
+) -> c_int {
+    // SAFETY: glibc passes a valid info and our walk; the object stays
+    // mapped while the callback runs.
     unsafe {
-        let mut info: libc::Dl_info = core::mem::zeroed();
-        let f = crate::real::__libc_malloc as *const () as *const c_void;
-        if libc::dladdr(f, &mut info) == 0 || info.dli_fname.is_null() {
-            return core::ptr::null_mut();
+        let w = &mut *data.cast::<Walk<'_>>();
+        let info = &*info;
+        let first = w.index == 0;
+        w.index += 1;
+        if crate::elfdyn::in_object(info, w.ours) {
+            w.saw_us = true;
+            return 0;
         }
-        libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+        let Some(d) = read_dynamic(info) else {
+            return 0;
+        };
+        let id = d.address;
+        if first {
+            MAIN_DYNAMIC.store(id, Ordering::Relaxed);
+        }
+        let base = info.dlpi_addr as usize;
+        if !w.saw_us && dynsym::lookup(base, &d, MALLOC).is_some() {
+            w.malloc_before_us = true;
+        }
+        for h in w.tables.iter().flat_map(|t| t.iter()) {
+            if h.original() != 0 {
+                continue;
+            }
+            if let Some(addr) = dynsym::lookup(base, &d, h.name) {
+                h.owner.store(id, Ordering::Relaxed);
+                h.original.store(addr, Ordering::Relaxed);
+            }
+        }
     }
+    0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hooktable::HOOKS;
+    use crate::hooks;
 
     #[test]
-    fn glibc_is_the_allocator_of_the_test_binary() {
-        // The hooks are not exported in the test build: glibc's malloc is global.
-        let found = find(&HOOKS).expect("glibc's allocator");
-        assert_eq!(found[0], global_symbol(c"malloc"));
-        assert_eq!(found[0], crate::real::__libc_malloc as *const () as usize);
+    fn glibc_is_the_original_in_the_test_binary() {
+        // The hooks are not exported in the test build: glibc's functions
+        // are the first definitions.
+        resolve(&[&crate::hooktable::HOOKS]);
+        let libc_malloc = crate::ownalloc::__libc_malloc as *const () as usize;
+        // SAFETY: dlsym with valid names.
+        let (malloc, free) = unsafe {
+            (
+                libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) as usize,
+                libc::dlsym(libc::RTLD_DEFAULT, c"free".as_ptr()) as usize,
+            )
+        };
+        assert_eq!(hooks::MALLOC.original(), malloc);
+        assert_eq!(hooks::MALLOC.original(), libc_malloc);
+        assert_eq!(hooks::FREE.original(), free);
+        assert_eq!(
+            hooks::MALLOC.owner.load(Ordering::Relaxed),
+            hooks::FREE.owner.load(Ordering::Relaxed)
+        );
+        assert!(refusal(&hooks::MALLOC).is_none());
     }
 }

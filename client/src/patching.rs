@@ -3,15 +3,16 @@
 //!
 //! A preloaded library interposes: its exported hooks already are the
 //! program's malloc, and a session needs nothing more. A library loaded
-//! later (attach) does not (see `interpose`): before it connects, a session
-//! looks up the originals of the hook table (refusing another allocator),
-//! then patches every loaded object's GOT (`got`), keeps patching objects
+//! later (attach), or preloaded after another allocator, does not (see
+//! `interpose`): before it connects, a session resolves the originals of
+//! the hook table (refusing an allocator built into the executable), then
+//! patches every loaded object's GOT (`got`), keeps patching objects
 //! loaded meanwhile (`newobjects`), and restores every slot at the end.
 
 use heapprofd_client_core::frontend::{Frontend, Refusal};
 
 use crate::hooktable::HOOKS;
-use crate::{got, interpose, newobjects, originals};
+use crate::{got, hooks, interpose, newobjects, originals};
 
 /// The glibc front-end, registered by the constructor.
 pub(crate) static GLIBC: Frontend = Frontend {
@@ -22,11 +23,15 @@ pub(crate) static GLIBC: Frontend = Frontend {
     after_sample: newobjects::catch_up,
 };
 
-/// Whether the program's malloc is glibc's, as far as patching is
-/// concerned (always true when the library interposes). Call with the
-/// guard held.
+/// Whether a session can reach the program's calls (always when the
+/// library interposes; by patching unless the executable has its own
+/// allocator built in). Call with the guard held.
 pub(crate) fn allocator_ok() -> bool {
-    !interpose::needs_patching() || originals::find(&HOOKS).is_ok()
+    if !interpose::needs_patching() {
+        return true;
+    }
+    originals::resolve(&[&HOOKS]);
+    originals::refusal(&hooks::MALLOC).is_none()
 }
 
 /// Before a session connects: patch, if the library does not interpose.
@@ -34,7 +39,11 @@ pub(crate) fn start() -> Result<(), Refusal> {
     if !interpose::needs_patching() {
         return Ok(());
     }
-    originals::resolve(&HOOKS)?;
+    // Objects loaded since the constructor (libstdc++ by a dlopen).
+    originals::resolve(&[&HOOKS]);
+    if let Some(r) = originals::refusal(&hooks::MALLOC) {
+        return Err(r);
+    }
     got::lock().start(&HOOKS);
     Ok(())
 }

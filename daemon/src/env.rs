@@ -9,8 +9,15 @@
 //! * `HEAPPROFD_ATTACH_TIMEOUT_MS`: how long `record --pid` looks for a
 //!   thread at a safe point (default 10 s; not a number: the default).
 //! * `LD_PRELOAD`: kept after the client library when `record` starts CMD.
+//! * `HEAPPROFD_ATTACH_TEST_STALL=<step>`: tests only; `record --pid`'s
+//!   injection stops for good at that step, for a test to kill it there
+//!   (`heapprofd-inject`'s `stall.rs` lists the steps).
+//! * `XDG_RUNTIME_DIR`: where `record -- CMD` makes its private runtime
+//!   directory (`heapprofd-rs` inside it) when it is a usable directory of
+//!   ours; otherwise `/tmp/heapprofd-rs-<uid>` (see `runtime::rundir`).
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How `record --pid` activates the client (`HEAPPROFD_ATTACH`).
@@ -38,6 +45,10 @@ pub struct Env {
     pub attach_timeout: Option<Duration>,
     /// `LD_PRELOAD`, if set and not empty.
     pub ld_preload: Option<OsString>,
+    /// `XDG_RUNTIME_DIR`, if set and not empty.
+    pub xdg_runtime_dir: Option<PathBuf>,
+    /// `HEAPPROFD_ATTACH_TEST_STALL`, if set and not empty.
+    pub attach_test_stall: Option<String>,
 }
 
 impl Env {
@@ -64,6 +75,12 @@ impl Env {
                 .and_then(|v| v.to_str()?.parse().ok())
                 .map(Duration::from_millis),
             ld_preload: get("LD_PRELOAD").filter(|v| !v.is_empty()),
+            xdg_runtime_dir: get("XDG_RUNTIME_DIR")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            attach_test_stall: get("HEAPPROFD_ATTACH_TEST_STALL")
+                .map(|v| v.to_string_lossy().into_owned())
+                .filter(|v| !v.is_empty()),
         }
     }
 }
@@ -88,17 +105,26 @@ mod tests {
             ("HEAPPROFD_ATTACH", "ptrace"),
             ("HEAPPROFD_ATTACH_TIMEOUT_MS", "250"),
             ("LD_PRELOAD", "/x.so"),
+            ("XDG_RUNTIME_DIR", "/run/user/1000"),
+            ("HEAPPROFD_ATTACH_TEST_STALL", "call-0-ready"),
         ]);
+        assert_eq!(e.attach_test_stall.as_deref(), Some("call-0-ready"));
         assert!(e.debug);
         assert_eq!(e.attach, AttachChoice::Ptrace);
         assert_eq!(e.attach_timeout, Some(Duration::from_millis(250)));
         assert_eq!(e.ld_preload.as_deref(), Some("/x.so".as_ref()));
+        assert_eq!(
+            e.xdg_runtime_dir.as_deref(),
+            Some(std::path::Path::new("/run/user/1000"))
+        );
         let e = env(&[
             ("HEAPPROFD_ATTACH", "gdb"),
             ("HEAPPROFD_ATTACH_TIMEOUT_MS", "soon"),
             ("LD_PRELOAD", ""),
+            ("XDG_RUNTIME_DIR", ""),
         ]);
         assert_eq!(e.attach, AttachChoice::Invalid("gdb".into()));
+        assert_eq!(e.xdg_runtime_dir, None);
         assert_eq!((e.attach_timeout, e.ld_preload), (None, None));
         assert_eq!(env(&[("HEAPPROFD_ATTACH", "")]).attach, AttachChoice::Auto);
     }

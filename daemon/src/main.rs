@@ -7,7 +7,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use heapprofd_daemon::cli::{self, Cli, Ran, UsageError};
 use heapprofd_daemon::env::Env;
 use heapprofd_daemon::logger;
@@ -15,7 +14,7 @@ use heapprofd_daemon::logger;
 fn main() -> ExitCode {
     let env = Env::from_process();
     logger::init(env.debug);
-    let cli = Cli::parse();
+    let cli: Cli = cli::parse();
     match cli::run(cli.command, &env) {
         Ok(Ran::Exit(code)) => ExitCode::from(code.clamp(0, 255) as u8),
         Ok(Ran::Wrote(files)) => {

@@ -9,8 +9,8 @@
 //! workers' threads shuffle them. After the final dump the trace is read
 //! back and, per (pid, heap), the allocated and freed bytes must equal a
 //! naive model that applies each session's operations in sequence order,
-//! one session of a pid after the other (an exec forgets the old image's
-//! live blocks without freeing them). Live bytes must agree too.
+//! one session of a pid after the other (an exec releases the old image's
+//! live blocks: they count as freed). Live bytes must agree too.
 
 #![no_main]
 
@@ -66,7 +66,9 @@ struct Naive {
 
 impl Naive {
     fn new_image(&mut self, pid: u32) {
-        self.live.insert(pid, HashMap::new());
+        for ((heap, _), size) in self.live.insert(pid, HashMap::new()).unwrap_or_default() {
+            self.totals.entry((pid, heap)).or_default().1 += size;
+        }
     }
 
     fn apply(&mut self, pid: u32, op: &Op) {
@@ -140,6 +142,7 @@ fuzz_target!(|data: &[u8]| {
                         pid: s.pid,
                         cmdline: vec![format!("p{}", s.pid)],
                         from_startup: true,
+                        started_ns: now,
                     });
                     continue;
                 }
@@ -170,6 +173,8 @@ fuzz_target!(|data: &[u8]| {
                                 seq: s.next_seq,
                                 address,
                                 sample_size: 1 + u64::from(input.u16()),
+                                size: u64::from(input.u16()),
+                                tid: u32::from(input.u8() % 4),
                                 timestamp_ns: now,
                                 stack: u32::from(k >> 2) % 5,
                             }

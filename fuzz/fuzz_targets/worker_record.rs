@@ -67,6 +67,7 @@ fn new_book(interner: &Interner) -> Bookkeeping {
         pid: 1,
         cmdline: Vec::new(),
         from_startup: true,
+        started_ns: 0,
     });
     book
 }

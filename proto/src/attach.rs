@@ -7,8 +7,8 @@
 //! * **Signal activation** (the client is preloaded and interposes): the
 //!   daemon sends [`ACTIVATION_SIGNAL`] with `sigqueue`, the value being its
 //!   id (its pid). At its next allocation the client connects to
-//!   [`socket_path_for_id`]`(id)`; a value of 0 (or a plain `kill`) means
-//!   `$HEAPPROFD_SOCKET`, else [`DEFAULT_SOCKET_PATH`].
+//!   [`socket_path_for_id`]`(geteuid(), id)`; a value of 0 (or a plain
+//!   `kill`) means `$HEAPPROFD_SOCKET`, else [`DEFAULT_SOCKET_PATH`].
 //! * **Injection** (the daemon loaded the client with `dlopen` in a thread it
 //!   stopped at a safe point): the daemon makes that thread call the entry
 //!   point whose symbol name contains [`ATTACH_ENTRY`], as
@@ -16,6 +16,11 @@
 //!   process has one thread. The result is an [`AttachStatus`] code. A
 //!   synchronous session is ended by calling the entry named
 //!   [`DETACH_ENTRY`], `extern "C" fn() -> i32`, the same way.
+//!
+//! The per-id socket lives in the private runtime directory of the
+//! client's user ([`runtime_dir_for_uid`]), never directly in `/tmp`: only
+//! that user (and root) can create or connect to a socket there, and a
+//! daemon removes the sockets that killed daemons left behind in it.
 //!
 //! The client names its connecting/watcher thread [`CLIENT_THREAD_NAME`];
 //! the daemon recognises a process that is already being profiled by it.
@@ -57,7 +62,8 @@ pub enum AttachStatus {
     Busy = 1,
     /// The thread was inside the library (its reentrancy guard is held).
     Reentered = 2,
-    /// The program's malloc is not glibc's (another allocator interposes).
+    /// The program's malloc cannot be reached: its executable defines it
+    /// itself (a statically linked allocator).
     OtherAllocator = 3,
     /// The connecting thread could not be created.
     NoThread = 4,
@@ -101,41 +107,43 @@ const _: () = assert!(CLIENT_THREAD_NAME.len() <= 15);
 /// nor `$HEAPPROFD_SOCKET`.
 pub const DEFAULT_SOCKET_PATH: &str = "/tmp/heapprofd-rs.sock";
 
-/// What [`socket_path_for_id`] puts before the id.
-pub const ID_SOCKET_PATH_PREFIX: &str = "/tmp/heapprofd-rs-";
+/// What [`runtime_dir_for_uid`] puts before the user id.
+pub const RUNTIME_DIR_PREFIX: &str = "/tmp/heapprofd-rs-";
 /// What [`socket_path_for_id`] puts after the id.
 pub const ID_SOCKET_PATH_SUFFIX: &str = ".sock";
-/// Longest path [`socket_path_for_id`] returns (ten digits of id).
+/// Longest path [`socket_path_for_id`] returns (ten digits of user id,
+/// `/`, ten digits of id).
 pub const ID_SOCKET_PATH_MAX: usize =
-    ID_SOCKET_PATH_PREFIX.len() + 10 + ID_SOCKET_PATH_SUFFIX.len();
+    RUNTIME_DIR_PREFIX.len() + 10 + 1 + 10 + ID_SOCKET_PATH_SUFFIX.len();
 
-/// `/tmp/heapprofd-rs-<id>.sock`: where the daemon with that id (its pid)
-/// listens for an attached client; the id is written in decimal.
-pub fn socket_path_for_id(id: u32) -> IdSocketPath {
+/// `/tmp/heapprofd-rs-<uid>`: the private runtime directory (mode 0700,
+/// owned by `uid`) where daemons listen for the clients of user `uid`.
+/// The daemon creates and checks it; a client only connects inside it.
+pub fn runtime_dir_for_uid(uid: u32) -> IdSocketPath {
     let mut p = IdSocketPath {
         buf: [0; ID_SOCKET_PATH_MAX],
         len: 0,
     };
-    p.push(ID_SOCKET_PATH_PREFIX.as_bytes());
-    let mut digits = [0u8; 10];
-    let mut n = id;
-    let mut i = digits.len();
-    while let Some(next) = i.checked_sub(1) {
-        i = next;
-        if let Some(d) = digits.get_mut(i) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    p.push(digits.get(i..).unwrap_or(&[]));
+    p.push(RUNTIME_DIR_PREFIX.as_bytes());
+    p.push_decimal(uid);
+    p
+}
+
+/// `/tmp/heapprofd-rs-<uid>/<id>.sock`: where the daemon with that id (its
+/// pid) listens for an attached client whose effective user id is `uid`
+/// (the client passes its own `geteuid()`; a root daemon attaching to
+/// another user's process listens in that user's directory). Both numbers
+/// are written in decimal.
+pub fn socket_path_for_id(uid: u32, id: u32) -> IdSocketPath {
+    let mut p = runtime_dir_for_uid(uid);
+    p.push(b"/");
+    p.push_decimal(id);
     p.push(ID_SOCKET_PATH_SUFFIX.as_bytes());
     p
 }
 
-/// A path from [`socket_path_for_id`], in a fixed buffer (no allocation).
+/// A path from [`socket_path_for_id`] or [`runtime_dir_for_uid`], in a
+/// fixed buffer (no allocation).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct IdSocketPath {
     buf: [u8; ID_SOCKET_PATH_MAX],
@@ -150,6 +158,23 @@ impl IdSocketPath {
                 self.len += 1;
             }
         }
+    }
+
+    fn push_decimal(&mut self, n: u32) {
+        let mut digits = [0u8; 10];
+        let mut n = n;
+        let mut i = digits.len();
+        while let Some(next) = i.checked_sub(1) {
+            i = next;
+            if let Some(d) = digits.get_mut(i) {
+                *d = b'0' + (n % 10) as u8;
+            }
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(digits.get(i..).unwrap_or(&[]));
     }
 
     /// The path's bytes (no NUL terminator).
@@ -181,18 +206,29 @@ mod tests {
 
     #[test]
     fn socket_paths_for_ids() {
-        assert_eq!(socket_path_for_id(0).as_str(), "/tmp/heapprofd-rs-0.sock");
-        assert_eq!(socket_path_for_id(7).as_str(), "/tmp/heapprofd-rs-7.sock");
+        assert_eq!(runtime_dir_for_uid(0).as_str(), "/tmp/heapprofd-rs-0");
+        assert_eq!(runtime_dir_for_uid(1000).as_str(), "/tmp/heapprofd-rs-1000");
         assert_eq!(
-            socket_path_for_id(4242).as_bytes(),
-            b"/tmp/heapprofd-rs-4242.sock"
+            socket_path_for_id(0, 0).as_str(),
+            "/tmp/heapprofd-rs-0/0.sock"
         );
-        let longest = socket_path_for_id(u32::MAX);
-        assert_eq!(longest.as_str(), "/tmp/heapprofd-rs-4294967295.sock");
+        assert_eq!(
+            socket_path_for_id(1000, 7).as_str(),
+            "/tmp/heapprofd-rs-1000/7.sock"
+        );
+        assert_eq!(
+            socket_path_for_id(5, 4242).as_bytes(),
+            b"/tmp/heapprofd-rs-5/4242.sock"
+        );
+        let longest = socket_path_for_id(u32::MAX, u32::MAX);
+        assert_eq!(
+            longest.as_str(),
+            "/tmp/heapprofd-rs-4294967295/4294967295.sock"
+        );
         assert_eq!(longest.as_bytes().len(), ID_SOCKET_PATH_MAX);
         assert_eq!(
-            format!("{} {longest:?}", socket_path_for_id(10)),
-            "/tmp/heapprofd-rs-10.sock \"/tmp/heapprofd-rs-4294967295.sock\""
+            format!("{} {longest:?}", socket_path_for_id(1, 10)),
+            "/tmp/heapprofd-rs-1/10.sock \"/tmp/heapprofd-rs-4294967295/4294967295.sock\""
         );
     }
 

@@ -105,60 +105,85 @@ pub fn recv_with_fds(
     let mut got = 0;
     let mut nfds = 0;
     while got < buf.len() {
-        let mut iov = libc::iovec {
-            iov_base: buf[got..].as_mut_ptr().cast(),
-            iov_len: buf.len() - got,
+        let (n, f) = match recv_some_with_fds(
+            sock,
+            buf.get_mut(got..).unwrap_or_default(),
+            fds.get_mut(nfds..).unwrap_or_default(),
+        ) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         };
-        let mut cmsg = CmsgBuf([0; 64]);
-        // SAFETY: msghdr is plain data; zero is a valid initial state.
-        let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cmsg.0.as_mut_ptr().cast();
-        msg.msg_controllen = cmsg.0.len() as _;
-        // SAFETY: msg points at live buffers for the duration of the call.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        // Take ownership of every descriptor received before anything else,
-        // so none leaks whatever happens next.
-        // SAFETY: walking the control messages the kernel wrote into our buffer.
-        unsafe {
-            let mut hdr = libc::CMSG_FIRSTHDR(&msg);
-            while !hdr.is_null() {
-                if (*hdr).cmsg_level == libc::SOL_SOCKET && (*hdr).cmsg_type == libc::SCM_RIGHTS {
-                    let data = libc::CMSG_DATA(hdr);
-                    let payload = (*hdr).cmsg_len as usize - (data as usize - hdr as usize);
-                    let count = payload / core::mem::size_of::<RawFd>();
-                    for i in 0..count {
-                        let raw = core::ptr::read_unaligned(data.cast::<RawFd>().add(i));
-                        let owned = OwnedFd::from_raw_fd(raw);
-                        if let Some(slot) = fds.get_mut(nfds) {
-                            *slot = Some(owned);
-                            nfds += 1;
-                        } // else: dropped, i.e. closed
-                    }
-                }
-                hdr = libc::CMSG_NXTHDR(&msg, hdr);
-            }
-        }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "too many descriptors attached",
-            ));
-        }
-        if n == 0 {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
-        }
-        got += n as usize;
+        got += n;
+        nfds += f;
     }
     Ok(nfds)
+}
+
+/// One `recvmsg` on the stream socket `sock`: up to `buf.len()` bytes and
+/// the descriptors attached to them (stored in `fds` from the start, at
+/// most `fds.len()`; the others are closed, never leaked). Returns (bytes,
+/// descriptors) received. EOF is an `UnexpectedEof` error, so is an empty
+/// `buf`; a non-blocking socket with nothing to read gives `WouldBlock`
+/// (what [`recv_with_fds`] loops over, and what a caller that waits with
+/// its own deadline calls once per readiness).
+pub fn recv_some_with_fds(
+    sock: RawFd,
+    buf: &mut [u8],
+    fds: &mut [Option<OwnedFd>],
+) -> io::Result<(usize, usize)> {
+    if buf.is_empty() {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+    }
+    let mut nfds = 0;
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cmsg = CmsgBuf([0; 64]);
+    // SAFETY: msghdr is plain data; zero is a valid initial state.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.0.as_mut_ptr().cast();
+    msg.msg_controllen = cmsg.0.len() as _;
+    // SAFETY: msg points at live buffers for the duration of the call.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Take ownership of every descriptor received before anything else,
+    // so none leaks whatever happens next.
+    // SAFETY: walking the control messages the kernel wrote into our buffer.
+    unsafe {
+        let mut hdr = libc::CMSG_FIRSTHDR(&msg);
+        while !hdr.is_null() {
+            if (*hdr).cmsg_level == libc::SOL_SOCKET && (*hdr).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(hdr);
+                let payload = (*hdr).cmsg_len as usize - (data as usize - hdr as usize);
+                let count = payload / core::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let raw = core::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    let owned = OwnedFd::from_raw_fd(raw);
+                    if let Some(slot) = fds.get_mut(nfds) {
+                        *slot = Some(owned);
+                        nfds += 1;
+                    } // else: dropped, i.e. closed
+                }
+            }
+            hdr = libc::CMSG_NXTHDR(&msg, hdr);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "too many descriptors attached",
+        ));
+    }
+    if n == 0 {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+    }
+    Ok((n as usize, nfds))
 }
 
 #[cfg(test)]
@@ -209,6 +234,30 @@ mod tests {
         let err = recv_with_fds(b.as_raw_fd(), &mut more, &mut []).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
         assert!(send_with_fds(b.as_raw_fd(), b"z", &[0; 5]).is_err());
+    }
+
+    #[test]
+    fn one_recvmsg_at_a_time() {
+        let (a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 8];
+        let mut fds: [Option<OwnedFd>; 2] = [None, None];
+        let err = recv_some_with_fds(b.as_raw_fd(), &mut buf, &mut fds).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        let f = tempfile_with(b"zz");
+        send_with_fds(a.as_raw_fd(), b"abc", &[f.as_raw_fd()]).unwrap();
+        // Part of what the caller wants, with its descriptor.
+        assert_eq!(
+            recv_some_with_fds(b.as_raw_fd(), &mut buf, &mut fds).unwrap(),
+            (3, 1)
+        );
+        assert_eq!(&buf[..3], b"abc");
+        assert!(fds[0].is_some());
+        drop(a);
+        let err = recv_some_with_fds(b.as_raw_fd(), &mut buf, &mut fds).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        let err = recv_some_with_fds(b.as_raw_fd(), &mut [], &mut fds).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     fn tempfile_with(content: &[u8]) -> std::fs::File {

@@ -12,6 +12,10 @@ official Perfetto protos.
         unknown enum values). Prints JSON: packet count, unknown-field paths,
         warnings (semantic problems trace processor would complain about,
         e.g. dangling interned ids) and a summary of what was parsed.
+        One field is not unknown: heapprofd-rs's own extension, field
+        EXTENSION_FIELD (2^29 - 1) of TracePacket (see daemon/model/src/
+        trace/extension.rs); it is counted under "extensions", and only at
+        the top level of a TracePacket.
 
     check_trace.py --schema FILE_DESCRIPTOR_SET
         Compares every message, field and enum of an encoded
@@ -44,6 +48,10 @@ SEQ_INCREMENTAL_STATE_CLEARED = 1
 SEQ_NEEDS_INCREMENTAL_STATE = 2
 CLOCK_MONOTONIC_COARSE = 4
 CLOCK_BOOTTIME = 6
+
+# heapprofd-rs's extension field of TracePacket (heapprofd_model::trace::
+# extension::EXTENSION_FIELD): a length-delimited field Perfetto skips.
+EXTENSION_FIELD = (1 << 29) - 1
 
 WIRE_TYPES = {0: "varint", 1: "fixed64", 2: "len", 3: "start_group", 4: "end_group", 5: "fixed32"}
 
@@ -101,8 +109,12 @@ UNKNOWN_API_NAME, unknown_fields_of = _pick_unknown_api()
 
 
 def walk_unknown(msg, path, out):
-    """Appends 'path#number (wire type)' for every unknown field under msg."""
+    """Appends 'path#number (wire type)' for every unknown field under msg
+    (heapprofd-rs's extension at the top of a TracePacket excepted)."""
+    top_packet = path.startswith("packet[") and "." not in path
     for number, wire_type in unknown_fields_of(msg):
+        if top_packet and number == EXTENSION_FIELD and wire_type == 2:
+            continue
         out.append("%s#%d (%s)" % (path or "<root>", number, WIRE_TYPES.get(wire_type, wire_type)))
     for field, value in msg.ListFields():
         if field.message_type is None:
@@ -118,6 +130,62 @@ def walk_unknown(msg, path, out):
                 walk_unknown(item, "%s[%d]" % (name, i), out)
         else:
             walk_unknown(value, name, out)
+
+
+def _varint(data, pos):
+    v, shift = 0, 0
+    while True:
+        b = data[pos]
+        pos += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, pos
+
+
+def extension_bytes(data):
+    """(count, bytes) of heapprofd-rs extension fields at the top level of
+    the trace's packets, found by scanning the raw bytes (independent of the
+    protobuf library)."""
+    count = size = 0
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        length, pos = _varint(data, pos) if key & 7 == 2 else (0, pos)
+        end = pos + length
+        if key >> 3 == 1 and key & 7 == 2:
+            p = pos
+            in_packet = 0
+            while p < end:
+                start = p
+                k, p = _varint(data, p)
+                wt = k & 7
+                if wt == 0:
+                    _, p = _varint(data, p)
+                elif wt == 1:
+                    p += 8
+                elif wt == 5:
+                    p += 4
+                elif wt == 2:
+                    n, p = _varint(data, p)
+                    p += n
+                else:
+                    break
+                if k >> 3 == EXTENSION_FIELD and wt == 2:
+                    count += 1
+                    in_packet += p - start
+            # The packet's length prefix shrinks with it.
+            size += in_packet + _varint_len(length) - _varint_len(length - in_packet)
+        pos = end
+    return count, size
+
+
+def _varint_len(v):
+    n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
 
 
 # ---------------------------------------------------------------------------
@@ -468,13 +536,20 @@ def check_trace(path, brief):
         return result
     result["packet_count"] = len(trace.packet)
     walk_unknown(trace, "", result["unknown_fields"])
+    try:
+        ext_count, ext_size = extension_bytes(data)
+    except IndexError:
+        ext_count, ext_size = 0, 0
+    result["extensions"] = {"heapprofd_rs": ext_count}
     # Backstop independent of the walker: dropping every unknown field must
-    # not change the size.
+    # change the size by the extensions' bytes only.
     stripped = pb.Trace()
     stripped.CopyFrom(trace)
     stripped.DiscardUnknownFields()
-    if stripped.ByteSize() != trace.ByteSize() and not result["unknown_fields"]:
-        result["error"] = "unknown fields present (%d bytes) but not located" % (trace.ByteSize() - stripped.ByteSize())
+    if stripped.ByteSize() + ext_size != trace.ByteSize() and not result["unknown_fields"]:
+        result["error"] = "unknown fields present (%d bytes) but not located" % (
+            trace.ByteSize() - stripped.ByteSize() - ext_size
+        )
     checker = Checker(brief)
     result["summary"] = checker.run(trace)
     result["warnings"] = checker.warnings

@@ -7,9 +7,18 @@
 //!   record test programs, driving `record`, and reading traces back through
 //!   the official-schema checker (`proto/tests/check_trace.py`).
 //! * [`attach_harness`]: the `record --pid` targets and their driving.
+//! * [`hostile_peer`]: a client of the socket protocol written for abuse
+//!   (bad descriptors, slow handshakes, made-up records).
 //! * [`bench_args`]: `--help` and usage errors for the bench binaries.
+//! * [`report_harness`]: recording test programs for the `report`/`convert`
+//!   tests and reading their JSON.
+//! * [`browser`]: a headless Chromium over the DevTools protocol (the HTML
+//!   page's tests).
 
 pub mod attach_harness;
 pub mod bench_args;
+pub mod browser;
 pub mod client_harness;
+pub mod hostile_peer;
 pub mod record_harness;
+pub mod report_harness;

@@ -129,8 +129,9 @@ impl RecordPrograms {
     }
 }
 
-/// Compiles `alloc_truth.cpp` and `tests/programs/record/*.c` (once per
-/// process) with `-O2 -g`, frame pointers omitted as in a normal build.
+/// Compiles `alloc_truth.cpp`, `tests/programs/record/*.c` and the
+/// `sites` programs (C++ and Rust) once per process, optimized with debug
+/// information as in a normal build (frame pointers omitted).
 pub fn record_programs() -> &'static RecordPrograms {
     static P: OnceLock<RecordPrograms> = OnceLock::new();
     P.get_or_init(|| {
@@ -142,10 +143,30 @@ pub fn record_programs() -> &'static RecordPrograms {
         let o = |f: &str| dir.join(f).to_string_lossy().into_owned();
         let truth = (s("alloc_truth.cpp"), o("alloc_truth"));
         compile(&["g++", "-O2", "-g", "-pthread", "-o", &truth.1, &truth.0]);
-        for p in ["crash", "exit_now", "many_stacks", "stepper"] {
+        for p in ["crash", "exit_now", "many_stacks", "stepper", "analysis"] {
             let (src_f, out_f) = (s(&format!("record/{p}.c")), o(p));
             compile(&["gcc", "-O2", "-g", "-pthread", "-o", &out_f, &src_f, "-ldl"]);
         }
+        compile(&[
+            "g++",
+            "-O2",
+            "-g",
+            "-o",
+            &o("sites_cpp"),
+            &s("record/sites.cpp"),
+        ]);
+        // A Rust release build as users make them: optimized, line tables.
+        compile(&[
+            "rustc",
+            "-O",
+            "-C",
+            "debuginfo=line-tables-only",
+            "--edition",
+            "2021",
+            "-o",
+            &o("sites_rs"),
+            &s("record/sites.rs"),
+        ]);
         let (lib_src, lib_out) = (s("record/libdl_alloc.c"), o("libdl_alloc.so"));
         compile(&[
             "gcc", "-O2", "-g", "-shared", "-fPIC", "-o", &lib_out, &lib_src,
@@ -568,6 +589,9 @@ pub struct Heaptrack {
     pub leaked: Vec<(Vec<String>, u64)>,
     /// `calls to allocation functions: N` of heaptrack_print's summary.
     pub total_calls: u64,
+    /// Bytes requested by all allocations (from heaptrack_print's size
+    /// histogram, whose sizes are exact).
+    pub total_bytes: u64,
     /// heaptrack's standard output (the program's, among heaptrack's own lines).
     pub stdout: String,
 }
@@ -575,9 +599,14 @@ pub struct Heaptrack {
 impl Heaptrack {
     /// Runs `heaptrack -o DIR/ht CMD` (stdout piped) and reads the result.
     pub fn run(cmd: &[&str], dir: &Path) -> Heaptrack {
+        Heaptrack::run_env(cmd, &[], dir)
+    }
+
+    /// [`Heaptrack::run`] with extra environment variables for CMD.
+    pub fn run_env(cmd: &[&str], env: &[(&str, &str)], dir: &Path) -> Heaptrack {
         let base = dir.join("ht");
         let mut c = Command::new("heaptrack");
-        c.arg("-o").arg(&base).args(cmd);
+        c.arg("-o").arg(&base).args(cmd).envs(env.iter().copied());
         let out = run(c, Duration::from_secs(300));
         assert_eq!(
             out.code,
@@ -603,17 +632,34 @@ impl Heaptrack {
             print(&["-F", &fs, "--flamegraph-cost-type", cost]);
             parse_folded(&std::fs::read_to_string(&f).expect("read folded stacks"))
         };
-        let summary = print(&[]);
+        let hist = dir.join("histogram.txt");
+        let summary = print(&["-H", &hist.to_string_lossy()]);
         let total_calls = summary
             .lines()
             .find_map(|l| l.strip_prefix("calls to allocation functions: "))
             .and_then(|r| r.split_whitespace().next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("no allocation count in heaptrack_print output:\n{summary}"));
+        let (mut calls, mut total_bytes) = (0u64, 0u64);
+        for line in std::fs::read_to_string(&hist)
+            .expect("read heaptrack's size histogram")
+            .lines()
+        {
+            let mut f = line.split_whitespace().map(|x| x.parse::<u64>());
+            if let (Some(Ok(size)), Some(Ok(n))) = (f.next(), f.next()) {
+                calls += n;
+                total_bytes += size * n;
+            }
+        }
+        assert_eq!(
+            calls, total_calls,
+            "heaptrack's size histogram does not add up to its allocation count"
+        );
         Heaptrack {
             allocations: folded("allocations"),
             leaked: folded("leaked"),
             total_calls,
+            total_bytes,
             stdout: out.stdout,
         }
     }

@@ -102,8 +102,12 @@ fn socket_env(r: &Receiver) -> String {
     r.socket.to_string_lossy().into_owned()
 }
 
+/// The malloc family, every C++ `operator new`/`delete` (the allocator's
+/// own are recorded, libstdc++'s forwarded) and the exec family with
+/// `posix_spawn`, `system`, `popen` (children keep the profiler), nothing
+/// else.
 #[test]
-fn exports_exactly_the_malloc_family() {
+fn exports_exactly_the_hooks() {
     let out = run(
         {
             let mut c = Command::new("nm");
@@ -131,6 +135,39 @@ fn exports_exactly_the_malloc_family() {
         "realloc",
         "reallocarray",
         "valloc",
+        "_Znwm",
+        "_Znam",
+        "_ZnwmSt11align_val_t",
+        "_ZnamSt11align_val_t",
+        "_ZnwmRKSt9nothrow_t",
+        "_ZnamRKSt9nothrow_t",
+        "_ZnwmSt11align_val_tRKSt9nothrow_t",
+        "_ZnamSt11align_val_tRKSt9nothrow_t",
+        "_ZdlPv",
+        "_ZdaPv",
+        "_ZdlPvm",
+        "_ZdaPvm",
+        "_ZdlPvRKSt9nothrow_t",
+        "_ZdaPvRKSt9nothrow_t",
+        "_ZdlPvSt11align_val_t",
+        "_ZdaPvSt11align_val_t",
+        "_ZdlPvmSt11align_val_t",
+        "_ZdaPvmSt11align_val_t",
+        "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+        "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+        "execve",
+        "execveat",
+        "fexecve",
+        "execv",
+        "execvp",
+        "execvpe",
+        "execl",
+        "execle",
+        "execlp",
+        "posix_spawn",
+        "posix_spawnp",
+        "system",
+        "popen",
     ];
     want.sort_unstable();
     assert_eq!(names, want);
@@ -558,13 +595,21 @@ fn block_mode_timeout_ends_the_session_with_an_error() {
 }
 
 /// Loaded without a socket, the library is dormant; signal 36 with a
-/// `sigqueue` value starts a session with `/tmp/heapprofd-rs-<value>.sock`.
+/// `sigqueue` value starts a session with
+/// `/tmp/heapprofd-rs-<euid>/<value>.sock` (the attach ABI's rule).
 /// After that receiver goes away, a second signal starts a second session.
 #[test]
 fn dormant_then_activated_by_signal_twice() {
     use std::io::{BufRead, BufReader, Write};
     let id = 900_000 + std::process::id() % 100_000;
-    let sock = PathBuf::from(format!("/tmp/heapprofd-rs-{id}.sock"));
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let dir = PathBuf::from(format!("/tmp/heapprofd-rs-{uid}"));
+    if std::fs::create_dir(&dir).is_ok() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let sock = dir.join(format!("{id}.sock"));
     let mut child = prog("dormant", &[])
         .env("LD_PRELOAD", client_so())
         .env_remove("HEAPPROFD_SOCKET")

@@ -176,12 +176,13 @@ impl ModuleCache {
         // happens to have a mapping at the same range.
         let from_map_files = pid
             .and_then(|pid| {
-                File::open(format!("/proc/{pid}/map_files/{}", entry.map_files_name())).ok()
+                let link = format!("/proc/{pid}/map_files/{}", entry.map_files_name());
+                elf::open_nonblocking(Path::new(&link)).ok()
             })
             .filter(|f| f.metadata().is_ok_and(|m| m.ino() == entry.inode));
         let file = match from_map_files {
             Some(f) => f,
-            None => match File::open(&entry.path) {
+            None => match elf::open_nonblocking(Path::new(&entry.path)) {
                 Ok(f) => f,
                 Err(_) => {
                     lock(&self.inner).stats.failures += 1;

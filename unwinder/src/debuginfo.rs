@@ -14,7 +14,6 @@
 //! only when its build id matches. `.gnu_debugdata` (MiniDebugInfo) is an xz
 //! stream holding an ELF with a `.symtab`; see [`mini_debug_info`].
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,7 +58,7 @@ pub fn build_id_path(debug_dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
 }
 
 fn map_file(path: &Path) -> Option<Arc<FileBytes>> {
-    let f = File::open(path).ok()?;
+    let f = crate::elf::open_nonblocking(path).ok()?;
     if !f.metadata().ok()?.is_file() {
         return None;
     }

@@ -29,6 +29,18 @@ pub enum FileBytes {
 /// Files up to this size are read into memory rather than mapped.
 pub const READ_LIMIT: u64 = 512 << 20;
 
+/// Opens a file for reading without blocking in `open` (a FIFO someone put
+/// at a profiled process's path would otherwise wait for a writer
+/// forever); callers take only regular files ([`FileBytes::map`]'s users
+/// check). `O_NONBLOCK` changes nothing for reads of a regular file.
+pub fn open_nonblocking(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+}
+
 impl FileBytes {
     /// Loads a whole file: read into memory when it is at most
     /// [`READ_LIMIT`] bytes (practically every binary and debug file), mapped

@@ -139,8 +139,10 @@ impl FdMaps {
     }
 }
 
-/// Upper bound on the maps text we accept (a hostile or huge process).
-const MAX_MAPS_BYTES: u64 = 64 << 20;
+/// Upper bound on the maps text we read (the rest is ignored): 16 MiB holds
+/// the kernel's default maximum of 65,530 mappings with 250-byte lines; a
+/// hostile process with longer paths only loses its own mappings.
+pub const MAX_MAPS_BYTES: u64 = 16 << 20;
 
 impl MapsSource for FdMaps {
     fn read_maps(&mut self) -> io::Result<String> {
@@ -149,7 +151,9 @@ impl MapsSource for FdMaps {
         (&mut self.file)
             .take(MAX_MAPS_BYTES)
             .read_to_end(&mut bytes)?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        // Valid text (always, from the kernel) is taken without a copy.
+        Ok(String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 }
 

@@ -50,6 +50,9 @@ pub struct ProcessOptions {
     pub max_frames: usize,
     /// Where JIT symbols are read from (default `/tmp/perf-PID.map`).
     pub perf_map_path: Option<PathBuf>,
+    /// The user a perf map must belong to (besides root) to be read: the
+    /// profiled process's (default `None`: any owner; see [`PerfMap::load`]).
+    pub perf_map_owner: Option<u32>,
     /// Open module files through `/proc/PID/map_files` first (default true).
     pub use_map_files: bool,
 }
@@ -60,6 +63,7 @@ impl Default for ProcessOptions {
             reparse_interval: Duration::from_millis(500),
             max_frames: 512,
             perf_map_path: None,
+            perf_map_owner: None,
             use_map_files: true,
         }
     }
@@ -299,7 +303,7 @@ impl ProcessContext {
         };
         let view = ProcessView {
             mappings: &self.mappings,
-            memory: &*self.memory,
+            memory: Some(&*self.memory),
         };
         self.walker.walk(&view, &sample, out, None);
     }
@@ -319,7 +323,7 @@ impl ProcessContext {
     ) {
         let view = ProcessView {
             mappings: &self.mappings,
-            memory: &*self.memory,
+            memory: Some(&*self.memory),
         };
         replay::walk_traced(&mut self.walker, &view, sample, out, trace);
     }
@@ -490,7 +494,7 @@ impl ProcessContext {
             }
         };
         if stale {
-            let map = PerfMap::load(&path).unwrap_or_default();
+            let map = PerfMap::load(&path, self.options.perf_map_owner).unwrap_or_default();
             *guard = Some((map, Instant::now()));
         }
         guard

@@ -39,7 +39,9 @@
 use heapprofd_proto::wire::{Arch, RegisterFile, x86_64};
 
 use crate::frame::RawUnwind;
-use crate::unwind::{ProcessView, ReadLog, StackSample, Walker};
+use std::ops::ControlFlow;
+
+use crate::unwind::{ProcessView, ReadLog, StackSample, Step, WalkEnd, Walker};
 
 /// What a walk depended on; see the module docs.
 #[derive(Debug, Clone, Default)]
@@ -57,6 +59,7 @@ pub struct WalkTrace {
     /// order.
     pub reads: Vec<(u64, u64)>,
     /// Scratch for the relevance checks.
+    log: ReadLog,
     check: RawUnwind,
     check_log: ReadLog,
     scratch: Vec<u8>,
@@ -110,10 +113,16 @@ pub fn stack_matches(reads: &[(u64, u64)], stack_pointer: u64, stack: &[u8]) -> 
 /// [`Walker::walk`] that also records in `trace` what the walk depended on,
 /// so that later samples with the same inputs can be recognised
 /// ([`walk_inputs`], [`stack_matches`]) and given the same result without a
-/// walk (`ProcessContext::unwind_raw_traced`). When the walk is replayable
-/// this costs one more walk per distinct word read plus two (the relevance
-/// checks, see the module docs): a few microseconds, paid once per kept
-/// trace.
+/// walk (`ProcessContext::unwind_raw_traced`).
+///
+/// Cost, when the walk is replayable: the walk with its reads and frame
+/// states logged, a short walk per input tested (see below), and one full
+/// walk with every dropped input poisoned. A return address is known to
+/// matter without a test (it becomes the next frame's pc). Another word,
+/// or bp, is tested by walking on from the frame that first reads it, with
+/// it poisoned, only until the walk is back in the logged state (same
+/// frame, sp and bp, and the word not read again): from there on the walk
+/// is the logged one. Usually that is one or two frames.
 pub(crate) fn walk_traced(
     walker: &mut Walker,
     view: &ProcessView<'_>,
@@ -123,69 +132,73 @@ pub(crate) fn walk_traced(
 ) {
     trace.replayable = false;
     trace.bp = None;
-    let mut log = ReadLog {
-        reads: std::mem::take(&mut trace.reads),
-        outside: false,
-    };
+    let mut log = std::mem::take(&mut trace.log);
     log.reads.clear();
+    log.steps.clear();
+    log.outside = false;
+    log.end = None;
     walker.walk(view, sample, out, Some(&mut log));
-    trace.reads = log.reads;
-    let (regs, stack_pointer, stack) = (sample.regs, sample.stack_pointer, sample.stack);
-    let Some((pc, sp, bp)) = walk_inputs(sample.arch, regs, stack_pointer, stack) else {
+    trace.reads.clear();
+    trace.reads.extend_from_slice(&log.reads);
+    let inputs = walk_inputs(sample.arch, sample.regs, sample.stack_pointer, sample.stack);
+    let (Some((pc, sp, bp)), false, Some(_)) = (inputs, log.outside, log.end) else {
+        trace.log = log;
         return;
     };
-    if log.outside {
-        return;
-    }
     (trace.pc, trace.sp) = (pc, sp);
 
     let mut check = std::mem::take(&mut trace.check);
+    let mut check_log = std::mem::take(&mut trace.check_log);
     let mut scratch = std::mem::take(&mut trace.scratch);
     scratch.clear();
-    scratch.extend_from_slice(stack);
-    // The same walk with bp poisoned: bit 62 flipped makes any address
-    // derived from it non-canonical, so a read there fails.
-    let mut poisoned = *regs;
-    poisoned.0[x86_64::RBP] = bp ^ POISON;
-    let bp_unused = same_walk(
-        walker,
-        view,
-        &StackSample {
-            regs: &poisoned,
-            stack: &scratch,
-            ..sample.clone()
-        },
-        out,
-        trace,
-        &mut check,
-    );
-    // Each word read, poisoned alone: a word whose value changes
-    // nothing (a saved register restored into bp and never used
-    // before the next restore) needs no check.
+    scratch.extend_from_slice(sample.stack);
+    let mut work = Poisoned {
+        stack: scratch,
+        sample,
+    };
+
+    // bp, poisoned (bit 62 flipped makes any address derived from it
+    // non-canonical, so a read there fails), from the first frame on.
+    let bp_unused = log.steps.first().is_some_and(|first| {
+        let start = Step {
+            bp: bp ^ POISON,
+            ..*first
+        };
+        let from = Resume {
+            k: 0,
+            start,
+            poisoned: None,
+        };
+        same_from(walker, view, &work.view(), &log, from, &mut check_log)
+    });
+    // Each word read, poisoned alone, from the first frame that reads it.
     let mut unused = std::mem::take(&mut trace.unused);
     unused.clear();
-    for k in 0..trace.reads.len() {
-        let (addr, _) = trace.reads[k];
-        let off = (addr - stack_pointer) as usize; // in the copy: logged
-        let verdict = if trace.reads[..k].iter().any(|&(a, _)| a == addr) {
-            unused.contains(&addr)
-        } else {
-            flip(&mut scratch, off);
-            let same = same_walk(
-                walker,
-                view,
-                &StackSample {
-                    stack: &scratch,
-                    ..sample.clone()
-                },
-                out,
-                trace,
-                &mut check,
-            );
-            flip(&mut scratch, off);
-            same
+    let mut step = 0usize;
+    for r in 0..log.reads.len() {
+        while step + 1 < log.steps.len() && log.steps[step + 1].reads_start <= r {
+            step += 1;
+        }
+        let (addr, value) = log.reads[r];
+        if log.reads[..r].iter().any(|&(a, _)| a == addr) {
+            continue; // tested at its first read
+        }
+        let becomes_pc = log
+            .steps
+            .get(step + 1)
+            .is_some_and(|s| s.addr.address() == value);
+        if becomes_pc {
+            continue; // a return address always matters
+        }
+        work.flip(addr);
+        let from = Resume {
+            k: step,
+            start: log.steps[step],
+            poisoned: Some(addr),
         };
-        if verdict && !unused.contains(&addr) {
+        let same = same_from(walker, view, &work.view(), &log, from, &mut check_log);
+        work.flip(addr);
+        if same {
             unused.push(addr);
         }
     }
@@ -193,21 +206,17 @@ pub(crate) fn walk_traced(
     // walk; otherwise keep every word and bp's verdict alone.
     if !unused.is_empty() {
         for &addr in &unused {
-            flip(&mut scratch, (addr - stack_pointer) as usize);
+            work.flip(addr);
         }
-        let r = if bp_unused { &poisoned } else { regs };
-        if !same_walk(
-            walker,
-            view,
-            &StackSample {
-                regs: r,
-                stack: &scratch,
-                ..sample.clone()
-            },
-            out,
-            trace,
-            &mut check,
-        ) {
+        let mut poisoned = *sample.regs;
+        if bp_unused {
+            poisoned.0[x86_64::RBP] = bp ^ POISON;
+        }
+        let all = StackSample {
+            regs: &poisoned,
+            ..work.view()
+        };
+        if !same_walk(walker, view, &all, out, &log, &mut check, &mut check_log) {
             unused.clear();
         }
     }
@@ -215,32 +224,140 @@ pub(crate) fn walk_traced(
     trace.bp = (!bp_unused).then_some(bp);
     trace.replayable = true;
     trace.check = check;
-    trace.scratch = scratch;
+    trace.check_log = check_log;
+    trace.scratch = work.stack;
     trace.unused = unused;
+    trace.log = log;
+}
+
+/// A copy of a sample's stack that words can be poisoned in.
+struct Poisoned<'s> {
+    stack: Vec<u8>,
+    sample: &'s StackSample<'s>,
+}
+
+impl Poisoned<'_> {
+    fn view(&self) -> StackSample<'_> {
+        StackSample {
+            stack: &self.stack,
+            ..self.sample.clone()
+        }
+    }
+
+    /// Flips [`POISON`] in the word at `addr` (a logged read: in the copy).
+    fn flip(&mut self, addr: u64) {
+        flip(&mut self.stack, (addr - self.sample.stack_pointer) as usize);
+    }
+}
+
+/// Where [`same_from`] walks on from: the logged frame `k` in state
+/// `start` (the logged one, or with bp poisoned), and the word poisoned in
+/// the sample, if any.
+#[derive(Debug, Clone, Copy)]
+struct Resume {
+    k: usize,
+    start: Step,
+    poisoned: Option<u64>,
+}
+
+/// Whether walking `sample` on from `from` gives the logged walk: each
+/// frame the logged one with the same sp, each frame's reads at the logged
+/// addresses, until the state is the logged one again (sp and bp) and the
+/// poisoned word is not read again, or to the same end.
+fn same_from(
+    walker: &mut Walker,
+    view: &ProcessView<'_>,
+    sample: &StackSample<'_>,
+    log: &ReadLog,
+    from: Resume,
+    check_log: &mut ReadLog,
+) -> bool {
+    let Resume { k, start, poisoned } = from;
+    let steps = &log.steps;
+    let n = steps.len();
+    let reads_of = |i: usize| {
+        let from = steps[i].reads_start;
+        let to = steps.get(i + 1).map_or(log.reads.len(), |s| s.reads_start);
+        &log.reads[from..to]
+    };
+    let same_addresses = |a: &[(u64, u64)], b: &[(u64, u64)]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.0 == y.0)
+    };
+    let read_again = |i: usize| {
+        poisoned.is_some_and(|p| log.reads[steps[i].reads_start..].iter().any(|r| r.0 == p))
+    };
+    check_log.reads.clear();
+    check_log.steps.clear();
+    check_log.outside = false;
+    let mut verdict: Option<bool> = None;
+    let mut i = k;
+    let mut step_reads = 0usize;
+    let max_frames = walker.max_frames();
+    let end = walker.resume_x86_64(view, sample, start, check_log, |addr, regs, reader| {
+        let reads = reader.reads_since(step_reads);
+        let ok = same_addresses(reads, reads_of(i));
+        step_reads += reads.len();
+        i += 1;
+        if !ok || i >= n || addr != steps[i].addr || regs.sp() != steps[i].sp {
+            verdict = Some(false);
+            return ControlFlow::Break(WalkEnd::Root);
+        }
+        // The logged walk refused this frame (the frame limit): so would
+        // this one, having walked the same frames.
+        let refused = i + 1 == n && i >= max_frames && log.end == Some(WalkEnd::MaxFrames);
+        if refused || (regs.bp() == steps[i].bp && !read_again(i)) {
+            verdict = Some(true);
+            return ControlFlow::Break(WalkEnd::Root);
+        }
+        ControlFlow::Continue(())
+    });
+    // A read outside the copy (refused: no process memory here) makes the
+    // walk differ, as in `same_walk`.
+    if check_log.outside {
+        return false;
+    }
+    if let Some(v) = verdict {
+        return v;
+    }
+    // The walk ended by itself: on the logged walk's last frame, the same
+    // way, after the same reads.
+    i + 1 == n
+        && Some(end) == log.end
+        && same_addresses(
+            &check_log.reads[step_reads.min(check_log.reads.len())..],
+            reads_of(i),
+        )
 }
 
 /// Whether walking `sample` gives `out` and reads, all from the copy, the
-/// addresses `trace.reads` lists, in order.
+/// addresses `log` lists, in order (no process memory is read).
 fn same_walk(
     walker: &mut Walker,
     view: &ProcessView<'_>,
     sample: &StackSample<'_>,
     out: &RawUnwind,
-    trace: &mut WalkTrace,
+    log: &ReadLog,
     check: &mut RawUnwind,
+    check_log: &mut ReadLog,
 ) -> bool {
-    let mut log = std::mem::take(&mut trace.check_log);
-    log.reads.clear();
-    log.outside = false;
-    walker.walk(view, sample, check, Some(&mut log));
-    let same = !log.outside
-        && log.reads.len() == trace.reads.len()
-        && log.reads.iter().zip(&trace.reads).all(|(a, b)| a.0 == b.0)
+    check_log.reads.clear();
+    check_log.steps.clear();
+    check_log.outside = false;
+    let view = ProcessView {
+        mappings: view.mappings,
+        memory: None,
+    };
+    walker.walk(&view, sample, check, Some(check_log));
+    !check_log.outside
+        && check_log.reads.len() == log.reads.len()
+        && check_log
+            .reads
+            .iter()
+            .zip(&log.reads)
+            .all(|(a, b)| a.0 == b.0)
         && check.pcs == out.pcs
         && check.leaf_is_return == out.leaf_is_return
-        && check.error == out.error;
-    trace.check_log = log;
-    same
+        && check.error == out.error
 }
 
 /// Bit 62: flipping it makes any canonical x86_64 address non-canonical.

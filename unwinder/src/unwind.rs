@@ -14,7 +14,7 @@
 //! It looks pcs up in no mapping and records nothing but, on request, the
 //! stack words it read (a [`ReadLog`], for `replay`).
 
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
 use framehop::aarch64::{CacheAarch64, PtrAuthMask, UnwindRegsAarch64, UnwinderAarch64};
@@ -48,23 +48,105 @@ pub struct StackSample<'a> {
 pub(crate) struct ProcessView<'a> {
     /// The known mappings, sorted by address.
     pub(crate) mappings: &'a [Arc<Mapping>],
-    /// The process's memory (reads outside the stack copy).
-    pub(crate) memory: &'a dyn ProcessMemory,
+    /// The process's memory (reads outside the stack copy); `None` makes
+    /// such reads fail (the replay checks, which only ever compare walks
+    /// that never read outside the copy).
+    pub(crate) memory: Option<&'a dyn ProcessMemory>,
 }
 
-/// The reads of one walk (crate-internal: filled by the walk's memory
-/// closure).
+/// The reads of one walk (crate-internal: filled by the walk's reader).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ReadLog {
     /// (address, value) of each read served from the stack copy, in order.
     pub(crate) reads: Vec<(u64, u64)>,
     /// Some read was not served from the copy.
     pub(crate) outside: bool,
+    /// The state each frame was unwound from, in walking order (x86_64
+    /// walks only; client frames included).
+    pub(crate) steps: Vec<Step>,
+    /// How the walk ended.
+    pub(crate) end: Option<WalkEnd>,
+}
+
+/// One frame of an x86_64 walk: its address and the registers it is
+/// unwound from, and where its reads start in [`ReadLog::reads`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Step {
+    pub(crate) addr: FrameAddress,
+    pub(crate) sp: u64,
+    pub(crate) bp: u64,
+    pub(crate) reads_start: usize,
+}
+
+/// Highest user-space address plus one on every x86_64 or aarch64 paging
+/// mode: reads at or above it (a poisoned or garbage pointer) fail without
+/// asking the process's memory.
+const USER_ADDRESS_LIMIT: u64 = 1 << 56;
+
+/// Serves a walk's reads: the stack copy, then the process's memory (see
+/// the module docs).
+pub(crate) struct StackReader<'s, 'l> {
+    stack_pointer: u64,
+    stack: &'s [u8],
+    /// The stack's own mapping: reads below the copy there are refused.
+    stack_map: Range<u64>,
+    memory: Option<&'s dyn ProcessMemory>,
+    log: Option<&'l mut ReadLog>,
+}
+
+impl StackReader<'_, '_> {
+    #[inline]
+    fn read(&mut self, addr: u64) -> Result<u64, ()> {
+        if let Some(off) = addr.checked_sub(self.stack_pointer)
+            && let Ok(off) = usize::try_from(off)
+            && let Some(b) = off.checked_add(8).and_then(|e| self.stack.get(off..e))
+        {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(b);
+            let v = u64::from_le_bytes(w);
+            if let Some(log) = self.log.as_deref_mut() {
+                log.reads.push((addr, v));
+            }
+            return Ok(v);
+        }
+        if let Some(log) = self.log.as_deref_mut() {
+            log.outside = true;
+        }
+        if (addr < self.stack_pointer && self.stack_map.contains(&addr))
+            || addr >= USER_ADDRESS_LIMIT
+        {
+            return Err(());
+        }
+        match self.memory {
+            Some(m) => m.read_u64(addr).map_err(|_| ()),
+            None => Err(()),
+        }
+    }
+
+    /// The reads logged since position `from`.
+    pub(crate) fn reads_since(&self, from: usize) -> &[(u64, u64)] {
+        self.log
+            .as_deref()
+            .map_or(&[], |l| &l.reads[from.min(l.reads.len())..])
+    }
 }
 
 enum ArchUnwinder {
     X86_64(UnwinderX86_64<SectionBytes>),
     Aarch64(UnwinderAarch64<SectionBytes>),
+}
+
+/// framehop's rule caches per walker: framehop's cache is direct-mapped
+/// with 509 slots, which a big program's code thrashes (gcc's cc1: every
+/// miss re-parses CFI); a frame picks one of these
+/// by the address bits above the slot index, so together they act as one
+/// direct-mapped cache of `509 * RULE_CACHES` slots.
+const RULE_CACHES: usize = 32;
+
+/// The rule cache for a frame looked up at `lookup`.
+#[inline]
+fn rule_cache_index(lookup: u64) -> usize {
+    ((lookup / 509) % RULE_CACHES as u64) as usize
 }
 
 /// The framehop state of one process: its modules, the unwinder for the
@@ -73,7 +155,7 @@ pub(crate) struct Walker {
     max_frames: usize,
     modules: Vec<framehop::Module<SectionBytes>>,
     unwinder: Option<ArchUnwinder>,
-    cache_x86_64: Option<Box<CacheX86_64>>,
+    caches_x86_64: Vec<CacheX86_64>,
     cache_aarch64: Option<Box<CacheAarch64>>,
     /// Highest end of an executable mapping (aarch64 pointer-auth mask).
     max_code: u64,
@@ -81,7 +163,7 @@ pub(crate) struct Walker {
 
 /// How a walk ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WalkEnd {
+pub(crate) enum WalkEnd {
     Root,
     Framehop(framehop::Error),
     MaxFrames,
@@ -95,10 +177,15 @@ impl Walker {
             max_frames,
             modules: Vec::new(),
             unwinder: None,
-            cache_x86_64: None,
+            caches_x86_64: Vec::new(),
             cache_aarch64: None,
             max_code: 0,
         }
+    }
+
+    /// Frames walked at most.
+    pub(crate) fn max_frames(&self) -> usize {
+        self.max_frames
     }
 
     /// Takes the modules of a new set of mappings (the unwinder is rebuilt
@@ -116,11 +203,18 @@ impl Walker {
 
     /// framehop's rule-cache counters of the architecture walked so far.
     pub(crate) fn rule_cache_stats(&self) -> Option<framehop::CacheStats> {
-        match (&self.cache_x86_64, &self.cache_aarch64) {
-            (Some(c), _) => Some(c.stats()),
-            (None, Some(c)) => Some(c.stats()),
-            (None, None) => None,
+        if !self.caches_x86_64.is_empty() {
+            let mut sum = framehop::CacheStats::new();
+            for c in &self.caches_x86_64 {
+                let s = c.stats();
+                sum.hit_count += s.hit_count;
+                sum.miss_empty_slot_count += s.miss_empty_slot_count;
+                sum.miss_wrong_modules_count += s.miss_wrong_modules_count;
+                sum.miss_wrong_address_count += s.miss_wrong_address_count;
+            }
+            return Some(sum);
         }
+        self.cache_aarch64.as_ref().map(|c| c.stats())
     }
 
     /// The framehop unwinder for `arch`, built on first use.
@@ -139,8 +233,9 @@ impl Walker {
                 for m in &self.modules {
                     u.add_module(m.clone());
                 }
-                self.cache_x86_64
-                    .get_or_insert_with(|| Box::new(CacheX86_64::new()));
+                if self.caches_x86_64.is_empty() {
+                    self.caches_x86_64 = (0..RULE_CACHES).map(|_| CacheX86_64::new()).collect();
+                }
                 ArchUnwinder::X86_64(u)
             }
             Arch::Aarch64 => {
@@ -156,7 +251,8 @@ impl Walker {
     }
 
     /// Walks `sample` into `out` (cleared first; client frames dropped) and
-    /// sets `out.error`; with a `log`, every stack read is appended to it.
+    /// sets `out.error`; with a `log`, every stack read
+    /// and (x86_64) every frame's state is appended to it.
     pub(crate) fn walk(
         &mut self,
         view: &ProcessView<'_>,
@@ -166,13 +262,29 @@ impl Walker {
     ) {
         out.pcs.clear();
         out.leaf_is_return = false;
-        let (end, last) = self.walk_frames(view, sample, out, log);
-        out.error = match end {
-            WalkEnd::Root => None,
-            WalkEnd::MaxFrames => Some(UnwindErrorKind::MaxFramesExceeded),
-            WalkEnd::InvalidRegisters => Some(UnwindErrorKind::InvalidRegisters),
-            WalkEnd::Framehop(e) => Some(classify(view, e, last)),
-        };
+        let mut log = log;
+        let (end, last) = self.walk_frames(view, sample, out, log.as_deref_mut());
+        if let Some(log) = log {
+            log.end = Some(end);
+        }
+        out.error = end_error(view, end, last);
+    }
+
+    /// The reader of a walk over `sample`.
+    fn reader<'s, 'l>(
+        view: &ProcessView<'s>,
+        sample: &StackSample<'s>,
+        log: Option<&'l mut ReadLog>,
+    ) -> StackReader<'s, 'l> {
+        let stack_pointer = sample.stack_pointer;
+        StackReader {
+            stack_pointer,
+            stack: sample.stack,
+            stack_map: mapping_at(view.mappings, stack_pointer)
+                .map_or(stack_pointer..stack_pointer, |m| m.start..m.end),
+            memory: view.memory,
+            log,
+        }
     }
 
     /// Walks the stack into `out` (client frames dropped). Returns how the
@@ -182,7 +294,7 @@ impl Walker {
         view: &ProcessView<'_>,
         sample: &StackSample<'_>,
         out: &mut RawUnwind,
-        mut log: Option<&mut ReadLog>,
+        log: Option<&mut ReadLog>,
     ) -> (WalkEnd, Option<u64>) {
         let (arch, stack_pointer, stack) = (sample.arch, sample.stack_pointer, sample.stack);
         let r = &sample.regs.0;
@@ -194,33 +306,9 @@ impl Walker {
         if pc == 0 || sp == 0 || (!stack.is_empty() && !(stack_pointer..=stack_end).contains(&sp)) {
             return (WalkEnd::InvalidRegisters, None);
         }
-        // The stack's own mapping: reads below the copy there are refused.
-        let stack_map = mapping_at(view.mappings, stack_pointer)
-            .map_or(stack_pointer..stack_pointer, |m| m.start..m.end);
         self.ensure_unwinder(arch);
         let max_code = self.max_code;
-        let memory = view.memory;
-        let mut read = |addr: u64| -> Result<u64, ()> {
-            if let Some(off) = addr.checked_sub(stack_pointer)
-                && let Ok(off) = usize::try_from(off)
-                && let Some(b) = off.checked_add(8).and_then(|e| stack.get(off..e))
-            {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(b);
-                let v = u64::from_le_bytes(w);
-                if let Some(log) = log.as_deref_mut() {
-                    log.reads.push((addr, v));
-                }
-                return Ok(v);
-            }
-            if let Some(log) = log.as_deref_mut() {
-                log.outside = true;
-            }
-            if addr < stack_pointer && stack_map.contains(&addr) {
-                return Err(());
-            }
-            memory.read_u64(addr).map_err(|_| ())
-        };
+        let mut reader = Self::reader(view, sample, log);
         let mut sink = Sink {
             out,
             skip: sample.skip.clone(),
@@ -231,12 +319,26 @@ impl Walker {
         };
         let end = match (&self.unwinder, arch) {
             (Some(ArchUnwinder::X86_64(u)), Arch::X86_64) => {
-                let Some(cache) = self.cache_x86_64.as_deref_mut() else {
-                    return (WalkEnd::InvalidRegisters, None);
-                };
                 let regs = UnwindRegsX86_64::new(pc, sp, r[x86_64::RBP]);
-                let mut it = u.iter_frames(pc, regs, cache, &mut read);
-                collect(|| it.next(), &mut sink)
+                let start = FrameAddress::from_instruction_pointer(pc);
+                run_x86_64(
+                    u,
+                    &mut self.caches_x86_64,
+                    start,
+                    regs,
+                    &mut reader,
+                    |addr, regs, reader| {
+                        if let Some(log) = reader.log.as_deref_mut() {
+                            log.steps.push(Step {
+                                addr,
+                                sp: regs.sp(),
+                                bp: regs.bp(),
+                                reads_start: log.reads.len(),
+                            });
+                        }
+                        sink.frame(addr)
+                    },
+                )
             }
             (Some(ArchUnwinder::Aarch64(u)), Arch::Aarch64) => {
                 let Some(cache) = self.cache_aarch64.as_deref_mut() else {
@@ -254,12 +356,115 @@ impl Walker {
                     sp,
                     r[aarch64::FP],
                 );
+                let mut read = |a| reader.read(a);
                 let mut it = u.iter_frames(pc, regs, cache, &mut read);
-                collect(|| it.next(), &mut sink)
+                loop {
+                    match it.next() {
+                        Ok(Some(fa)) => {
+                            if let ControlFlow::Break(e) = sink.frame(fa) {
+                                break e;
+                            }
+                        }
+                        Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => {
+                            break WalkEnd::Root;
+                        }
+                        Err(e) => break WalkEnd::Framehop(e),
+                    }
+                }
             }
             _ => WalkEnd::InvalidRegisters,
         };
         (end, sink.last)
+    }
+
+    /// Walks an x86_64 sample on from the state of one of its frames
+    /// (`start`, as a logged walk of the same sample recorded it), with
+    /// the reads logged into `log` and no process memory; `on_frame` sees
+    /// every frame after `start` with its registers and decides whether to
+    /// go on. Returns how the walk ended (`on_frame`'s break included).
+    pub(crate) fn resume_x86_64(
+        &mut self,
+        view: &ProcessView<'_>,
+        sample: &StackSample<'_>,
+        start: Step,
+        log: &mut ReadLog,
+        mut on_frame: impl FnMut(
+            FrameAddress,
+            &UnwindRegsX86_64,
+            &StackReader<'_, '_>,
+        ) -> ControlFlow<WalkEnd>,
+    ) -> WalkEnd {
+        self.ensure_unwinder(Arch::X86_64);
+        let Some(ArchUnwinder::X86_64(u)) = &self.unwinder else {
+            return WalkEnd::InvalidRegisters;
+        };
+        let view = ProcessView {
+            mappings: view.mappings,
+            memory: None,
+        };
+        let mut reader = Self::reader(&view, sample, Some(log));
+        let regs = UnwindRegsX86_64::new(start.addr.address(), start.sp, start.bp);
+        let mut first = true;
+        run_x86_64(
+            u,
+            &mut self.caches_x86_64,
+            start.addr,
+            regs,
+            &mut reader,
+            |addr, regs, reader| {
+                if std::mem::take(&mut first) {
+                    return ControlFlow::Continue(());
+                }
+                on_frame(addr, regs, reader)
+            },
+        )
+    }
+}
+
+/// The x86_64 walk: `on_frame` sees each frame (the start first) with the
+/// registers it is unwound from, then the frame is unwound with the rule
+/// cache its lookup address picks.
+#[inline]
+fn run_x86_64<'s, 'l>(
+    u: &UnwinderX86_64<SectionBytes>,
+    caches: &mut [CacheX86_64],
+    start: FrameAddress,
+    mut regs: UnwindRegsX86_64,
+    reader: &mut StackReader<'s, 'l>,
+    mut on_frame: impl FnMut(
+        FrameAddress,
+        &UnwindRegsX86_64,
+        &mut StackReader<'s, 'l>,
+    ) -> ControlFlow<WalkEnd>,
+) -> WalkEnd {
+    let mut addr = start;
+    loop {
+        if let ControlFlow::Break(e) = on_frame(addr, &regs, reader) {
+            return e;
+        }
+        let cache = &mut caches[rule_cache_index(addr.address_for_lookup())];
+        match u.unwind_frame(addr, &mut regs, cache, &mut |a| reader.read(a)) {
+            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                Some(a) => addr = a,
+                None => return WalkEnd::Root,
+            },
+            Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => return WalkEnd::Root,
+            Err(e) => return WalkEnd::Framehop(e),
+        }
+    }
+}
+
+/// The error kind of a walk's end (`last`: the last address walked).
+pub(crate) fn end_error(
+    view: &ProcessView<'_>,
+    end: WalkEnd,
+    last: Option<u64>,
+) -> Option<UnwindErrorKind> {
+    match end {
+        WalkEnd::Root => None,
+        WalkEnd::MaxFrames => Some(UnwindErrorKind::MaxFramesExceeded),
+        WalkEnd::InvalidRegisters => Some(UnwindErrorKind::InvalidRegisters),
+        WalkEnd::Framehop(e) => Some(classify(view, e, last)),
     }
 }
 
@@ -290,31 +495,25 @@ struct Sink<'a> {
     max: usize,
 }
 
-fn collect(
-    mut next: impl FnMut() -> Result<Option<FrameAddress>, framehop::Error>,
-    sink: &mut Sink<'_>,
-) -> WalkEnd {
-    loop {
-        match next() {
-            Ok(Some(fa)) => {
-                if sink.walked >= sink.max {
-                    return WalkEnd::MaxFrames;
-                }
-                let pc = fa.address();
-                sink.walked += 1;
-                sink.last = Some(pc);
-                if sink.skipping {
-                    if sink.skip.contains(&pc) {
-                        continue;
-                    }
-                    sink.skipping = false;
-                    sink.out.leaf_is_return = fa.is_return_address();
-                }
-                sink.out.pcs.push(pc);
-            }
-            Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => return WalkEnd::Root,
-            Err(e) => return WalkEnd::Framehop(e),
+impl Sink<'_> {
+    /// One more frame: the frame limit, then the client frames dropped.
+    #[inline]
+    fn frame(&mut self, fa: FrameAddress) -> ControlFlow<WalkEnd> {
+        if self.walked >= self.max {
+            return ControlFlow::Break(WalkEnd::MaxFrames);
         }
+        let pc = fa.address();
+        self.walked += 1;
+        self.last = Some(pc);
+        if self.skipping {
+            if self.skip.contains(&pc) {
+                return ControlFlow::Continue(());
+            }
+            self.skipping = false;
+            self.out.leaf_is_return = fa.is_return_address();
+        }
+        self.out.pcs.push(pc);
+        ControlFlow::Continue(())
     }
 }
 

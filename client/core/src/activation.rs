@@ -6,7 +6,7 @@
 //! moves `STATE` from IDLE to PENDING and sets the mode to `MODE_PENDING`.
 //! The next allocation (on any thread, outside the client) sees that and
 //! calls [`start_pending`], which starts the connecting thread. A request
-//! id `v > 0` (the `sigqueue` value) selects `/tmp/heapprofd-rs-<v>.sock`
+//! id `v > 0` (the `sigqueue` value) selects `/tmp/heapprofd-rs-<euid>/<v>.sock`
 //! (the daemon passes its pid); otherwise `HEAPPROFD_SOCKET` or the
 //! default path.
 
@@ -52,7 +52,7 @@ pub(crate) fn start_pending() {
     let path = if id > 0 {
         SocketPath::for_id(id as u32)
     } else {
-        SocketPath::from_env_or_default()
+        SocketPath::from_env_or(crate::trigger::service_socket)
     };
     if !watcher::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
         STATE.store(IDLE, Ordering::SeqCst);

@@ -1,10 +1,13 @@
-//! Connecting to the daemon: the handshake.
+//! Connecting to the daemon: the handshake, and the notice that a process
+//! runs unprofiled.
 //!
 //! The handshake follows `heapprofd_proto::socket`: send a `Handshake` with
 //! our `/proc/self/maps` and `/proc/self/mem` descriptors, receive the
 //! `ClientConfig` and the ring-buffer memfd, map it, go active. Sends and
 //! receives time out after one second. The thread that connected then stays
-//! as the session's watcher (see `watcher`).
+//! as the session's watcher (see `watcher`). [`notify_unprofilable`] sends
+//! a handshake with a reason and no descriptors on a connection of its
+//! own, so `record` can say which process ran unprofiled and why.
 
 use core::ffi::{CStr, c_void};
 use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -12,7 +15,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use heapprofd_proto::socket;
-use heapprofd_proto::wire::{self, ClientConfig, Handshake};
+use heapprofd_proto::wire::{self, ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::{RingBuffer, WriteMode};
 use nix::fcntl::{OFlag, open};
 use nix::sys::prctl;
@@ -168,7 +171,8 @@ fn daemon_trusted(sock: RawFd) -> bool {
     rc == 0 && (cred.uid == 0 || cred.uid == euid)
 }
 
-fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams> {
+/// Connects `sock` to `path` with one-second send and receive timeouts.
+fn dial(sock: RawFd, path: &SocketPath) -> bool {
     set_timeouts(sock, Duration::from_secs(1));
     // SAFETY: sockaddr_un is plain data.
     let mut addr: libc::sockaddr_un = unsafe { core::mem::zeroed() };
@@ -184,7 +188,50 @@ fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams
             core::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
         )
     };
-    if rc != 0 || !daemon_trusted(sock) {
+    rc == 0 && daemon_trusted(sock)
+}
+
+/// Tells the daemon at `path` that process `pid` (this one, or a child it
+/// just spawned) runs unprofiled, and why. Raw system calls on the stack
+/// only (no allocation, no lock): callable between `fork` and `exec`, in a
+/// `vfork` child, in an exec hook. Returns whether the daemon got it
+/// (then it says so itself).
+pub fn notify_unprofilable(path: &SocketPath, pid: u32, why: Unprofilable) -> bool {
+    let Some(arch) = wire::Arch::native() else {
+        return false;
+    };
+    // SAFETY: socket() has no memory preconditions.
+    let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if sock < 0 {
+        return false;
+    }
+    let mut sent = false;
+    if dial(sock, path) {
+        let hs = Handshake {
+            version: wire::version::CURRENT,
+            pid,
+            arch,
+            page_size: heapprofd_shmem::page_size() as u32,
+            flags: 0,
+            client_text_start: 0,
+            client_text_end: 0,
+            unprofilable: why,
+        };
+        sent = socket::send_with_fds(sock, &hs.encode(), &[]).is_ok();
+        // Wait (bounded by the receive timeout) for the daemon to close
+        // the connection: it has read the notice before this process
+        // execs or exits.
+        let mut b = [0u8; 1];
+        // SAFETY: reading into our own byte.
+        unsafe { libc::recv(sock, b.as_mut_ptr().cast(), 1, 0) };
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(sock) };
+    sent
+}
+
+fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams> {
+    if !dial(sock, path) {
         return None;
     }
     let (maps, mem) = open_proc_fds()?;
@@ -198,6 +245,7 @@ fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams
         flags,
         client_text_start: text_start,
         client_text_end: text_end,
+        unprofilable: Unprofilable::None,
     };
     use std::os::fd::AsRawFd;
     socket::send_with_fds(sock, &hs.encode(), &[maps.as_raw_fd(), mem.as_raw_fd()]).ok()?;

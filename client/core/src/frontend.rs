@@ -25,6 +25,9 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 pub struct Refusal {
     /// Logged to stderr after `heapprofd-rs: `.
     pub message: &'static [u8],
+    /// What the daemon is told instead of a session
+    /// ([`connect::notify_unprofilable`](crate::connect::notify_unprofilable)).
+    pub unprofilable: heapprofd_proto::wire::Unprofilable,
 }
 
 /// The callbacks of a front-end. All of them are plain functions so that

@@ -1,6 +1,7 @@
 //! The daemon's socket path, in a fixed buffer (no allocation): from
 //! `HEAPPROFD_SOCKET`, the default path, or the per-daemon path a
-//! `sigqueue` activation or an attach names by id.
+//! `sigqueue` activation or an attach names by id (in the runtime
+//! directory of the process's effective user).
 
 use heapprofd_proto::attach::{DEFAULT_SOCKET_PATH, socket_path_for_id};
 use heapprofd_proto::socket;
@@ -34,24 +35,31 @@ impl SocketPath {
         Some(SocketPath { buf, len: b.len() })
     }
 
-    /// `/tmp/heapprofd-rs-<id>.sock`, the path of the daemon with that id
-    /// (its pid) for a `sigqueue` activation (the attach ABI's rule).
+    /// `/tmp/heapprofd-rs-<euid>/<id>.sock`, the path of the daemon with
+    /// that id (its pid) for a `sigqueue` activation or an attach (the
+    /// attach ABI's rule, in the runtime directory of this process's user).
     pub fn for_id(id: u32) -> SocketPath {
-        SocketPath::from_bytes(socket_path_for_id(id).as_bytes()).unwrap_or(SocketPath {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        SocketPath::for_user_and_id(uid, id)
+    }
+
+    /// [`SocketPath::for_id`] for user `uid`.
+    pub fn for_user_and_id(uid: u32, id: u32) -> SocketPath {
+        SocketPath::from_bytes(socket_path_for_id(uid, id).as_bytes()).unwrap_or(SocketPath {
             buf: [0; 108],
             len: 0,
         })
     }
 
-    /// `$HEAPPROFD_SOCKET`, else the profiling service's socket (the
-    /// directory of the first trusted startup-trigger store, see
-    /// [`crate::trigger`]), else the default path: where a wake-up without
-    /// an id (signal value 0, as bionic sends for heapprofd; attach id 0)
-    /// connects.
-    pub fn from_env_or_default() -> SocketPath {
+    /// `$HEAPPROFD_SOCKET`, else `fallback` (the profiling service's socket,
+    /// see `crate::trigger::service_socket`), else the default path: where a
+    /// wake-up without an id (signal value 0, as bionic sends for
+    /// heapprofd; attach id 0) connects.
+    pub fn from_env_or(fallback: impl FnOnce() -> Option<SocketPath>) -> SocketPath {
         crate::env::get(SOCKET_ENV)
             .and_then(SocketPath::from_bytes)
-            .or_else(crate::trigger::service_socket)
+            .or_else(fallback)
             .or_else(|| SocketPath::from_bytes(DEFAULT_SOCKET_PATH.as_bytes()))
             .unwrap_or(SocketPath {
                 buf: [0; 108],
@@ -72,16 +80,22 @@ mod tests {
     #[test]
     fn socket_paths() {
         assert_eq!(
-            SocketPath::for_id(4242).as_bytes(),
-            b"/tmp/heapprofd-rs-4242.sock"
+            SocketPath::for_user_and_id(1000, 4242).as_bytes(),
+            b"/tmp/heapprofd-rs-1000/4242.sock"
         );
         assert_eq!(
-            SocketPath::for_id(7).as_bytes(),
-            b"/tmp/heapprofd-rs-7.sock"
+            SocketPath::for_user_and_id(0, 7).as_bytes(),
+            b"/tmp/heapprofd-rs-0/7.sock"
         );
         assert_eq!(
-            SocketPath::for_id(u32::MAX).as_bytes(),
-            b"/tmp/heapprofd-rs-4294967295.sock"
+            SocketPath::for_user_and_id(u32::MAX, u32::MAX).as_bytes(),
+            b"/tmp/heapprofd-rs-4294967295/4294967295.sock"
+        );
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        assert_eq!(
+            SocketPath::for_id(9).as_bytes(),
+            format!("/tmp/heapprofd-rs-{me}/9.sock").as_bytes()
         );
         assert!(SocketPath::from_bytes(b"").is_none());
         assert!(SocketPath::from_bytes(&[b'a'; 108]).is_none());

@@ -37,11 +37,14 @@ pub struct Hot {
 }
 
 /// The hooks' switch and the free set (see [`Hot`]); reach it with
-/// [`hot`].
-static HOT: Hot = Hot {
+/// [`hot`]. Public only for a front-end's assembly hooks, which read the
+/// mode word by name (`sym`): it is the first field, at offset 0.
+pub static HOT: Hot = Hot {
     mode: AtomicU64::new(0),
     free_set: FreeSet::new(),
 };
+
+const _: () = assert!(core::mem::offset_of!(Hot, mode) == 0);
 
 /// The mode while an activation signal waits for the next allocation.
 pub const MODE_PENDING: u64 = 1;

@@ -19,7 +19,7 @@
 //! only when a trusted store exists. The format and the matching are
 //! [`heapprofd_proto::triggers`]; the directories [`heapprofd_proto::service`].
 
-use heapprofd_proto::attach::ID_SOCKET_PATH_PREFIX;
+use heapprofd_proto::attach::RUNTIME_DIR_PREFIX;
 use heapprofd_proto::service::{CLIENT_SOCKET, DIR_ENV, SYSTEM_DIR, TRIGGERS_FILE};
 use heapprofd_proto::triggers::{CMDLINE_READ_MAX, StartupMatch, process_name};
 
@@ -101,7 +101,7 @@ fn directories(each: &mut dyn FnMut(&[u8]) -> bool) {
     let mut user = CPath::new();
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::syscall(libc::SYS_geteuid) } as u32;
-    if user.push(ID_SOCKET_PATH_PREFIX.as_bytes()) && user.push_decimal(euid) {
+    if user.push(RUNTIME_DIR_PREFIX.as_bytes()) && user.push_decimal(euid) {
         each(user.as_bytes());
     }
 }

@@ -136,10 +136,15 @@ extern "C" fn thread_main(arg: *mut c_void) -> *mut c_void {
     let session = match (fe.before_connect)() {
         Ok(()) => job.session.or_else(|| connect(&job.path, job.flags)),
         Err(refusal) => {
-            crate::log::log(b"heapprofd-rs: ", refusal.message);
             if let Some(s) = job.session {
                 s.teardown(None);
                 session::release(s);
+            }
+            let pid = nix::unistd::getpid().as_raw() as u32;
+            let told = refusal.unprofilable != heapprofd_proto::wire::Unprofilable::None
+                && crate::connect::notify_unprofilable(&job.path, pid, refusal.unprofilable);
+            if !told {
+                crate::log::log(b"heapprofd-rs: ", refusal.message);
             }
             None
         }

@@ -19,9 +19,12 @@
 //!    running), copy its stack and unwind it; if it is not at a safe point,
 //!    detach at once and try the next thread, round after round, until the
 //!    timeout;
-//! 3. save its general registers and its XSAVE area; write the library path
-//!    and a zero return address below the red zone; call, each returning to
-//!    address 0: `__errno_location()` (the thread's errno is saved and
+//! 3. save its general registers, its XSAVE area and its signal mask;
+//!    write the return path (`restore.rs`, `sigframe.rs`): the library
+//!    path, a signal frame holding the saved state below the red zone, and
+//!    a 12-byte stub at the program's entry point that `rt_sigreturn`s
+//!    through that frame. Then call, each call returning into the stub:
+//!    `__errno_location()` (the thread's errno is saved and
 //!    written back at the end: the thread may have been stopped between a
 //!    failing call and its read of errno), `dlsym(RTLD_DEFAULT, "malloc")`
 //!    (must be glibc's or the client's: another allocator is refused before
@@ -33,15 +36,20 @@
 //!    (glibc would treat the process as multi-threaded for good after a
 //!    `pthread_create`, with slower malloc); such a synchronous session is
 //!    ended by [`detach`], the same hijack calling the client's detach
-//!    entry;
+//!    entry. The tracer catches each return at the stub's system-call stop
+//!    (`PTRACE_SYSCALL`); if it is killed at any moment, the thread goes
+//!    back by itself through the frame (the target survives a SIGKILL of
+//!    `record --pid`, `tests/tests/attach_kill.rs`);
 //! 4. restore every register (including `orig_rax`: a thread stopped inside
 //!    a blocking system call resumes it, the kernel restarts it as after any
-//!    signal) and the vector state, and detach, delivering any signal that
-//!    was pending at the stop.
+//!    signal) and the vector state at an ordinary stop, detach, and put the
+//!    entry point's bytes back. A signal that was being delivered at the
+//!    first stop is left to be delivered (the thread is tried again later).
 //!
 //! Every failure after the stop restores the registers before detaching.
 //! Errors are [`InjectError`]s: each says what failed and what to do.
 
+mod calls;
 mod elf;
 mod error;
 mod permission;
@@ -49,9 +57,13 @@ mod plan;
 mod probe;
 mod ptrace;
 mod remote;
+mod restore;
 mod safety;
+mod sigframe;
 mod signal;
+mod stall;
 mod status;
+mod steps;
 
 pub use error::InjectError;
 pub use probe::{Target, client_thread, probe, probe_loaded, threads};

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use crate::elf::{LoadedObject, Symbols, canonical_plt_entry, read_program_headers};
 use crate::error::{InjectError, Result};
-use crate::probe::Target;
+use crate::probe::{Target, auxv_value};
+use crate::sigframe::STUB;
 use crate::{ATTACH_ENTRY, DETACH_ENTRY};
 
 const RTLD_NOW: u64 = 2;
@@ -37,6 +38,11 @@ pub(crate) struct Plan {
     /// The client file's segments (its bias once loaded).
     pub(crate) client_segments: Vec<heapprofd_unwinder::LoadSegment>,
     pub(crate) lib: Vec<u8>,
+    /// Where the return stub goes: the program's entry point (`AT_ENTRY`).
+    pub(crate) entry: u64,
+    /// The bytes the stub replaces, from the program's file (`None`: not
+    /// readable; the bytes in memory are kept then).
+    pub(crate) entry_bytes: Option<[u8; STUB.len()]>,
 }
 
 fn refused(what: String) -> InjectError {
@@ -129,6 +135,7 @@ pub(crate) fn make_plan(
         }
         _ => None,
     };
+    let (entry, entry_bytes) = entry_point(target)?;
     let mut lib_bytes = lib.as_os_str().as_encoded_bytes().to_vec();
     lib_bytes.push(0);
     if lib_bytes.len() > 4096 {
@@ -147,5 +154,43 @@ pub(crate) fn make_plan(
         client_bias,
         client_segments: client_syms.segments.clone(),
         lib: lib_bytes,
+        entry,
+        entry_bytes,
     })
+}
+
+/// The program's entry point, which must be in an executable file
+/// mapping (the return stub is written there), and the bytes of its file
+/// there.
+fn entry_point(target: &Target) -> Result<(u64, Option<[u8; STUB.len()]>)> {
+    let pid = target.pid;
+    let entry = auxv_value(pid, libc::AT_ENTRY).ok_or_else(|| {
+        refused(format!(
+            "process {pid} has no entry point in its auxiliary vector"
+        ))
+    })?;
+    let end = entry + STUB.len() as u64;
+    let Some(m) = target
+        .maps
+        .iter()
+        .find(|m| m.contains(entry) && end <= m.end && m.exec && m.is_file())
+    else {
+        return Err(refused(format!(
+            "the entry point {entry:#x} of process {pid} ({}) is not in an executable file \
+             mapping (a packed or self-modifying program?): there is nowhere to return to \
+             safely from the calls",
+            target.comm
+        )));
+    };
+    let offset = entry - m.start + m.offset;
+    let from = |path: &str| -> Option<[u8; STUB.len()]> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(path).ok()?;
+        let mut b = [0u8; STUB.len()];
+        f.read_exact_at(&mut b, offset).ok()?;
+        Some(b)
+    };
+    let bytes =
+        from(&format!("/proc/{pid}/map_files/{}", m.map_files_name())).or_else(|| from(&m.path));
+    Ok((entry, bytes))
 }

@@ -7,7 +7,7 @@ use heapprofd_unwinder::MapEntry;
 use crate::elf::{LoadedObject, elf_class_machine, machine_name, native_machine};
 use crate::error::{InjectError, Result};
 use crate::permission::permission_hint;
-use crate::status::{first_number, status_field};
+use crate::status::{first_number, second_number, status_field};
 use crate::{ACTIVATION_SIGNAL, CLIENT_FILE_NAME, CLIENT_THREAD_NAME};
 
 /// What `/proc` says about the target.
@@ -21,6 +21,11 @@ pub struct Target {
     pub uid: u32,
     /// Real group id.
     pub gid: u32,
+    /// Effective user id: the user its client connects as, and whose
+    /// runtime directory it looks for the daemon's socket in.
+    pub euid: u32,
+    /// Effective group id.
+    pub egid: u32,
     /// Its mappings.
     pub maps: Vec<MapEntry>,
     pub(crate) libc: LoadedObject,
@@ -94,6 +99,8 @@ fn probe_with(pid: u32, ending: bool) -> Result<Target> {
     }
     let uid = first_number(status_field(&status, "Uid")).unwrap_or(0);
     let gid = first_number(status_field(&status, "Gid")).unwrap_or(0);
+    let euid = second_number(status_field(&status, "Uid")).unwrap_or(uid);
+    let egid = second_number(status_field(&status, "Gid")).unwrap_or(gid);
     let catches_signal = status_field(&status, "SigCgt")
         .and_then(|v| u64::from_str_radix(v, 16).ok())
         .is_some_and(|m| m & (1 << (ACTIVATION_SIGNAL - 1)) != 0);
@@ -160,6 +167,8 @@ fn probe_with(pid: u32, ending: bool) -> Result<Target> {
         comm,
         uid,
         gid,
+        euid,
+        egid,
         maps,
         libc,
         loader,
@@ -204,11 +213,16 @@ fn check_architecture(pid: u32, comm: &str, uid: u32) -> Result<()> {
 
 /// `AT_BASE` (the dynamic linker's load address) from `/proc/PID/auxv`.
 fn interpreter_base(pid: u32) -> Option<u64> {
+    auxv_value(pid, libc::AT_BASE)
+}
+
+/// A non-zero value of the target's auxiliary vector.
+pub(crate) fn auxv_value(pid: u32, key: u64) -> Option<u64> {
     let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
     auxv.chunks_exact(16).find_map(|c| {
-        let key = u64::from_ne_bytes(c[..8].try_into().ok()?);
+        let k = u64::from_ne_bytes(c[..8].try_into().ok()?);
         let val = u64::from_ne_bytes(c[8..].try_into().ok()?);
-        (key == libc::AT_BASE && val != 0).then_some(val)
+        (k == key && val != 0).then_some(val)
     })
 }
 

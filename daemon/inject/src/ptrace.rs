@@ -7,13 +7,18 @@
 //!
 //! [`Tracee::call`] runs one function in the stopped thread: registers set
 //! for the SysV call (arguments in `rdi`, `rsi`, ...; `rsp` 16-byte aligned
-//! below the red zone with a return address of 0 pushed), `orig_rax = -1` so
-//! the kernel does not treat the new registers as an interrupted system call
-//! to restart, then `PTRACE_CONT` until the function returns to address 0
-//! and faults (`SIGSEGV` with `rip == 0`, which is never delivered). Other
-//! signals that arrive meanwhile are delivered normally; a fault anywhere
-//! else is reported as a crash of the call. No code is written into the
-//! target.
+//! below the red zone, where the return address, the stub of
+//! [`crate::sigframe`], is stored), `orig_rax = -1` so the kernel does not
+//! treat the new registers as an interrupted system call to restart (nor
+//! run the system call the thread was stopped at), then `PTRACE_SYSCALL`
+//! until the stub's `rt_sigreturn` reaches its system-call entry stop,
+//! where `rdi` holds the result. The function's own system calls stop too
+//! and are let through. Other signals that arrive meanwhile are delivered
+//! normally; a fault is reported as a crash of the call. Seized with
+//! `PTRACE_O_TRACESYSGOOD`: system-call stops are told from real SIGTRAPs,
+//! and a tracer that dies at one leaves no SIGTRAP behind (the kernel would
+//! send the stop's signal to a tracee left without its tracer; `SIGTRAP |
+//! 0x80` is no signal).
 //!
 //! Seizing, interrupting and the general registers go through nix's safe
 //! wrappers. Three requests stay raw `libc` calls, because nix cannot
@@ -33,7 +38,7 @@ use nix::sys::ptrace as nix_ptrace;
 use nix::unistd::Pid;
 
 /// `NT_X86_XSTATE`: the whole XSAVE area (x87, SSE, AVX, AVX-512...).
-const NT_X86_XSTATE: libc::c_int = 0x202;
+pub(crate) const NT_X86_XSTATE: libc::c_int = 0x202;
 /// `NT_PRFPREG`: the FXSAVE area (fallback without XSAVE).
 const NT_PRFPREG: libc::c_int = 2;
 /// Room for the largest XSAVE area (AMX tiles included).
@@ -55,8 +60,24 @@ pub(crate) enum Stop {
     /// A ptrace event stop (`PTRACE_EVENT_STOP` after an interrupt, or a
     /// group stop) with its signal.
     Event(i32),
+    /// A system-call entry or exit stop.
+    Syscall,
     /// The thread (or the whole process) is gone.
     Gone,
+}
+
+/// How a call returns (see [`Tracee::call`]).
+#[derive(Clone, Copy)]
+pub(crate) struct CallReturn<'a> {
+    /// The address just after the stub's `syscall`.
+    pub(crate) stub_end: u64,
+    /// The stub's system call (`rt_sigreturn`).
+    pub(crate) stub_nr: u64,
+    /// How long the call may take.
+    pub(crate) timeout: Duration,
+    /// Told "ready" (registers set) and "running" (resumed): the test
+    /// hook's stall points.
+    pub(crate) on_step: &'a dyn Fn(&str),
 }
 
 /// Why a remote call failed.
@@ -126,7 +147,10 @@ impl Tracee {
     /// `PTRACE_SEIZE`s thread `tid` of process `pid` (the thread keeps
     /// running) and opens the process's memory.
     pub(crate) fn seize(pid: u32, tid: i32) -> io::Result<Tracee> {
-        nix_ptrace::seize(Pid::from_raw(tid), nix_ptrace::Options::empty())?;
+        nix_ptrace::seize(
+            Pid::from_raw(tid),
+            nix_ptrace::Options::PTRACE_O_TRACESYSGOOD,
+        )?;
         let mem = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -183,6 +207,8 @@ impl Tracee {
                     let event = (status >> 16) & 0xff;
                     return Ok(Some(if event != 0 {
                         Stop::Event(sig)
+                    } else if sig == libc::SIGTRAP | 0x80 {
+                        Stop::Syscall
                     } else {
                         Stop::Signal(sig)
                     }));
@@ -207,6 +233,24 @@ impl Tracee {
     /// Resumes the thread, delivering `sig` (0 = none).
     pub(crate) fn cont(&self, sig: i32) -> io::Result<()> {
         ptrace(libc::PTRACE_CONT, self.tid, 0, sig as usize).map(|_| ())
+    }
+
+    /// Resumes the thread until its next system-call stop (or another
+    /// stop), delivering `sig` (0 = none).
+    pub(crate) fn cont_syscall(&self, sig: i32) -> io::Result<()> {
+        ptrace(libc::PTRACE_SYSCALL, self.tid, 0, sig as usize).map(|_| ())
+    }
+
+    /// The thread's blocked-signal mask (`PTRACE_GETSIGMASK`).
+    pub(crate) fn sigmask(&self) -> io::Result<u64> {
+        let mut mask = 0u64;
+        ptrace(
+            libc::PTRACE_GETSIGMASK,
+            self.tid,
+            std::mem::size_of::<u64>(),
+            &mut mask as *mut u64 as usize,
+        )?;
+        Ok(mask)
     }
 
     /// Reads the general registers.
@@ -276,16 +320,18 @@ impl Tracee {
     }
 
     /// Calls `func(args...)` in the stopped thread, starting from `base`
-    /// (the thread's saved registers) with the stack pointer `sp` (already
-    /// 16-byte aligned, with a 0 return address stored at `sp`). Returns
-    /// `rax`. The thread is stopped again when this returns `Ok`.
+    /// (the thread's saved registers) with the stack pointer `sp` (16-byte
+    /// aligned minus 8, the return address into the stub stored at `sp`,
+    /// the signal frame above it). Returns the result; the thread is then
+    /// at the system-call entry stop of the stub's `rt_sigreturn`, whose
+    /// end is `stub_end`.
     pub(crate) fn call(
         &self,
         base: &Regs,
         sp: u64,
         func: u64,
         args: &[u64],
-        timeout: Duration,
+        ret: CallReturn,
     ) -> Result<u64, CallError> {
         let mut r = *base;
         r.rip = func;
@@ -298,8 +344,10 @@ impl Tracee {
             *slot = a;
         }
         self.set_regs(&r)?;
-        self.cont(0)?;
-        let deadline = Instant::now() + timeout;
+        (ret.on_step)("ready");
+        self.cont_syscall(0)?;
+        (ret.on_step)("running");
+        let deadline = Instant::now() + ret.timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let Some(stop) = self.wait(left)? else {
@@ -307,19 +355,24 @@ impl Tracee {
             };
             match stop {
                 Stop::Gone => return Err(CallError::Gone),
-                Stop::Event(_) => self.cont(0)?,
+                Stop::Event(_) => self.cont_syscall(0)?,
+                Stop::Syscall => {
+                    let now = self.regs()?;
+                    if now.rip == ret.stub_end && now.orig_rax == ret.stub_nr {
+                        return Ok(now.rdi);
+                    }
+                    // One of the function's own system calls.
+                    self.cont_syscall(0)?;
+                }
                 Stop::Signal(sig) => {
                     let faults = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
                     if !faults.contains(&sig) {
                         // Someone else's signal: deliver it (its handler runs
                         // on top of our call, as during any call).
-                        self.cont(sig)?;
+                        self.cont_syscall(sig)?;
                         continue;
                     }
                     let now = self.regs()?;
-                    if sig == libc::SIGSEGV && now.rip == 0 {
-                        return Ok(now.rax);
-                    }
                     return Err(CallError::Crashed {
                         signal: sig,
                         pc: now.rip,
@@ -339,9 +392,11 @@ impl Tracee {
                 None => return Ok(false),
                 Some(Stop::Gone) => return Err(io::Error::from_raw_os_error(libc::ESRCH)),
                 Some(Stop::Event(_)) => return Ok(true),
+                // A system call on the way: let it run.
+                Some(Stop::Syscall) => self.cont_syscall(0)?,
                 // A signal arrived first: deliver it and keep waiting for
                 // the interrupt's stop.
-                Some(Stop::Signal(sig)) => self.cont(sig)?,
+                Some(Stop::Signal(sig)) => self.cont_syscall(sig)?,
             }
         }
     }
@@ -375,7 +430,7 @@ impl Drop for Tracee {
                 Stop::Gone => return,
                 // A signal on its way: detaching delivers it.
                 Stop::Signal(sig) => sig,
-                Stop::Event(_) => 0,
+                Stop::Event(_) | Stop::Syscall => 0,
             };
             let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize);
         }

@@ -2,29 +2,28 @@
 //! `dlopen` and the client's attach entry, restore it (see the module docs
 //! of `inject`).
 
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use heapprofd_proto::attach::{AttachStatus, FLAG_SYNC};
-
-use crate::CLIENT_FILE_NAME;
+use crate::calls::{Hijack, run_calls};
 use crate::error::{InjectError, Result};
 use crate::permission::permission_hint;
 use crate::plan::{Plan, make_plan};
 use crate::probe::{Target, threads};
-use crate::ptrace::{CallError, Regs, Stop, Tracee};
+use crate::ptrace::{CallError, Stop, Tracee};
+use crate::restore::{Ended, Restored, ReturnPath};
 use crate::safety::{SafetyModel, Verdict};
+use crate::stall::Stall;
 use crate::status::{first_number, status_field};
-
-/// Bytes below the stack pointer a leaf function may use (System V).
-const RED_ZONE: u64 = 128;
+use crate::steps::Steps;
 
 /// How to inject.
 #[derive(Debug, Clone)]
 pub struct InjectOptions {
     /// The client library (absolute path; loaded unless already mapped).
     pub lib: PathBuf,
-    /// The socket id passed to the client (`/tmp/heapprofd-rs-<id>.sock`).
+    /// The socket id passed to the client (`/tmp/heapprofd-rs-<euid>/<id>.sock`).
     pub id: u32,
     /// How long to look for a thread at a safe point.
     pub safe_point_timeout: Duration,
@@ -33,6 +32,9 @@ pub struct InjectOptions {
     /// Unwind tables of the target's modules (the daemon's cache, so its
     /// sessions reuse what the safe-point checks parsed).
     pub module_cache: std::sync::Arc<heapprofd_unwinder::ModuleCache>,
+    /// Tests only: the step to stall at (`HEAPPROFD_ATTACH_TEST_STALL`,
+    /// see `stall.rs`).
+    pub test_stall: Option<String>,
 }
 
 /// What an injection did.
@@ -210,10 +212,20 @@ fn attempt_inner(
     };
     tr.interrupt()?;
     // The first stop: the interrupt's, or a signal that was on its way.
-    let mut pending_signal = 0;
     match tr.wait(Duration::from_secs(2))? {
         Some(Stop::Event(_)) => {}
-        Some(Stop::Signal(sig)) => pending_signal = sig,
+        // A signal being delivered: let it be (detaching delivers it), and
+        // try this thread again later.
+        Some(Stop::Signal(sig)) => {
+            tr.detach(sig)?;
+            return Ok(Attempt::Refused(format!(
+                "signal {sig} was being delivered"
+            )));
+        }
+        Some(Stop::Syscall) => {
+            tr.detach(0)?;
+            return Ok(Attempt::Refused("stopped at a system call".into()));
+        }
         Some(Stop::Gone) => return Ok(Attempt::Refused("exited".into())),
         // Not stoppable now (uninterruptible sleep): leave it; dropping the
         // tracee detaches once it stops (or when this thread exits).
@@ -227,39 +239,52 @@ fn attempt_inner(
     stack.truncate(n);
     steps.done("registers and stack copy");
     if let Verdict::Unsafe { reason } = model.check(&saved, &stack) {
-        tr.detach(pending_signal)?;
+        tr.detach(0)?;
         return Ok(Attempt::Refused(reason));
     }
     steps.done("safe-point check");
     let (fp_note, fp) = tr.fpstate()?;
+    let sigmask = tr.sigmask()?;
     // A single-threaded process (this thread, stopped, is all of it) gets
     // no client thread: glibc would consider it multi-threaded for good.
     let sync = !plan.detach && threads(pid).len() == 1;
+    let stall = Stall::new(opts.test_stall.as_deref(), plan.detach);
+    // From here on the thread can always get back without us (see
+    // `restore`): the return path is in place before the first call.
+    let path = ReturnPath::install(&tr, &saved, plan, (fp_note, &fp), sigmask)?;
+    steps.done("return path");
     let cx = Hijack {
         tr: &tr,
         saved: &saved,
         plan,
         target,
-        opts,
+        id: opts.id,
+        call_timeout: opts.call_timeout,
+        path: &path,
+        stall,
+        calls: Cell::new(0),
     };
     let result = run_calls(&cx, sync, &mut steps);
-    // Whatever happened, the thread gets its own registers back.
-    if let Err(CallError::Timeout) = &result {
+    let ended = match &result {
+        Ok(()) | Err(CallError::Failed(_) | CallError::Refused(_)) => Ended::AtStub,
+        Err(CallError::Gone) => Ended::Gone,
         // It is still running our call: stop it before restoring.
-        let _ = tr.stop_again(Duration::from_secs(2));
-    }
-    let restored = tr
-        .set_regs(&saved)
-        .and_then(|_| tr.set_fpstate(fp_note, &fp));
-    let gone = matches!(result, Err(CallError::Gone));
-    if !gone {
-        tr.detach(pending_signal)?;
-    }
+        Err(CallError::Timeout) => match tr.stop_again(Duration::from_secs(2)) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ended::Gone,
+            _ => Ended::Stopped,
+        },
+        Err(CallError::Crashed { .. } | CallError::Io(_)) => Ended::Stopped,
+    };
+    // Whatever happened, the thread gets its own registers back.
+    let restored = path.restore(tr, &saved, (fp_note, &fp), ended, stall);
     let pause = stopped_at.elapsed();
     steps.done("restore and detach");
-    restored.map_err(|e| {
+    let restored = restored.map_err(|e| {
         InjectError::CallFailed(format!("restoring the registers of thread {tid}: {e}"))
     })?;
+    if restored == Restored::ByFrame {
+        log::debug!("attach: thread {tid} was restored by its signal frame (a signal came first)");
+    }
     let loaded = plan.dlopen.is_some();
     match result {
         Ok(()) => Ok(Attempt::Done(InjectReport {
@@ -293,215 +318,4 @@ fn attempt_inner(
             "{msg}; thread {tid} got its registers back"
         ))),
     }
-}
-
-/// Durations of the steps of a pause.
-struct Steps {
-    last: Instant,
-    list: Vec<(&'static str, Duration)>,
-}
-
-impl Steps {
-    fn new() -> Steps {
-        Steps {
-            last: Instant::now(),
-            list: Vec::new(),
-        }
-    }
-
-    fn done(&mut self, what: &'static str) {
-        let now = Instant::now();
-        self.list.push((what, now - self.last));
-        self.last = now;
-    }
-}
-
-/// A stopped thread with its saved registers, and what to call in it.
-#[derive(Clone, Copy)]
-struct Hijack<'a> {
-    tr: &'a Tracee,
-    saved: &'a Regs,
-    plan: &'a Plan,
-    target: &'a Target,
-    opts: &'a InjectOptions,
-}
-
-/// Where the calls' data lives on the hijacked thread's stack.
-#[derive(Clone, Copy)]
-struct Scratch {
-    /// Stack pointer of each call (a 0 return address is stored there).
-    sp: u64,
-    /// The library path.
-    data: u64,
-    /// The string "malloc".
-    name_malloc: u64,
-}
-
-/// The call sequence on a stopped, saved thread.
-fn run_calls(cx: &Hijack<'_>, sync: bool, steps: &mut Steps) -> Result<(), CallError> {
-    let Hijack {
-        tr, saved, plan, ..
-    } = *cx;
-    // Scratch area below the red zone: [sp: return address 0][data...].
-    let data = (saved.rsp - RED_ZONE - 256 - plan.lib.len() as u64) & !15;
-    let sp = data - 8; // rsp % 16 == 8 at function entry (after the "call")
-    let name_malloc = data + plan.lib.len() as u64 + 16;
-    let mut scratch = plan.lib.clone();
-    scratch.resize(plan.lib.len() + 16, 0);
-    scratch.extend_from_slice(b"malloc\0");
-    tr.write(data, &scratch)?;
-    tr.write(sp, &0u64.to_le_bytes())?;
-    let short = Duration::from_secs(5);
-    let errno_addr = tr.call(saved, sp, plan.errno_location, &[], short)?;
-    let mut errno = [0u8; 4];
-    let errno_ok = errno_addr != 0 && tr.read(errno_addr, &mut errno).is_ok();
-    steps.done("__errno_location()");
-    let result = if plan.detach {
-        detach_call(cx, sp, steps)
-    } else {
-        let scratch = Scratch {
-            sp,
-            data,
-            name_malloc,
-        };
-        calls_after_errno(cx, scratch, sync, steps)
-    };
-    if errno_ok {
-        tr.write(errno_addr, &errno)?;
-    }
-    result
-}
-
-/// The client's detach entry (a synchronous session ends).
-fn detach_call(cx: &Hijack<'_>, sp: u64, steps: &mut Steps) -> Result<(), CallError> {
-    let Hijack {
-        tr,
-        saved,
-        plan,
-        target,
-        opts,
-    } = *cx;
-    let bias = plan.client_bias.unwrap_or(0);
-    let status = tr.call(saved, sp, bias + plan.detach_svma, &[], opts.call_timeout)?;
-    steps.done("detach entry");
-    match AttachStatus::from_code(status as u32 as i32) {
-        Some(AttachStatus::Ok) => Ok(()),
-        _ => Err(CallError::Failed(format!(
-            "the profiler's detach entry in process {} returned {}",
-            target.pid, status as u32 as i32
-        ))),
-    }
-}
-
-/// The calls after `__errno_location()`: the allocator check, `dlopen`
-/// (unless loaded), the client's attach entry.
-fn calls_after_errno(
-    cx: &Hijack<'_>,
-    Scratch {
-        sp,
-        data,
-        name_malloc,
-    }: Scratch,
-    sync: bool,
-    steps: &mut Steps,
-) -> Result<(), CallError> {
-    let Hijack {
-        tr,
-        saved,
-        plan,
-        target,
-        opts,
-    } = *cx;
-    let pid = target.pid;
-    let short = Duration::from_secs(5);
-    // Another allocator interposing malloc cannot be mixed with our hooks
-    // (they call glibc's): refuse before loading anything.
-    if let (Some(dlsym), None) = (plan.dlsym, &target.client) {
-        let global = tr.call(saved, sp, dlsym, &[0, name_malloc], short)?;
-        if global != 0 && global != plan.libc_malloc && Some(global) != plan.canonical_malloc {
-            let owner = target
-                .maps
-                .iter()
-                .find(|m| m.contains(global))
-                .map_or("an unknown object".to_string(), |m| m.path.clone());
-            return Err(CallError::Refused(format!(
-                "process {pid} ({}) does not use glibc's malloc (its malloc is in {owner}); \
-                 heapprofd-rs profiles glibc's allocator only",
-                target.comm
-            )));
-        }
-        steps.done("dlsym(RTLD_DEFAULT, \"malloc\")");
-    }
-    let bias = match (plan.client_bias, plan.dlopen) {
-        (Some(b), _) => b,
-        (None, Some((dlopen, mode))) => {
-            let handle = tr.call(saved, sp, dlopen, &[data, mode], opts.call_timeout)?;
-            if handle == 0 {
-                let msg = plan
-                    .dlerror
-                    .and_then(|f| tr.call(saved, sp, f, &[], short).ok())
-                    .filter(|&p| p != 0)
-                    .map(|p| read_c_string(tr, p))
-                    .unwrap_or_else(|| "no message".into());
-                return Err(CallError::Failed(format!(
-                    "dlopen of the profiler in process {pid} failed: {msg}"
-                )));
-            }
-            steps.done("dlopen()");
-            let bias = client_bias_after_load(pid, &plan.client_segments).ok_or_else(|| {
-                CallError::Failed(format!(
-                    "dlopen succeeded but {CLIENT_FILE_NAME} is not in the maps of {pid}"
-                ))
-            })?;
-            steps.done("maps re-read");
-            bias
-        }
-        (None, None) => return Err(CallError::Failed("nothing to load".into())),
-    };
-    let status = tr.call(
-        saved,
-        sp,
-        bias + plan.entry_svma,
-        &[
-            u64::from(opts.id),
-            if sync { u64::from(FLAG_SYNC) } else { 0 },
-        ],
-        opts.call_timeout,
-    )? as u32 as i32;
-    steps.done("attach entry");
-    match AttachStatus::from_code(status) {
-        Some(AttachStatus::Ok) => Ok(()),
-        Some(AttachStatus::Busy) => Err(CallError::Failed(format!(
-            "process {pid} is already being profiled (its heapprofd-rs client has a session \
-             or is connecting); stop that session first"
-        ))),
-        Some(AttachStatus::OtherAllocator) => Err(CallError::Failed(format!(
-            "process {pid} does not use glibc's malloc (another allocator interposes it); \
-             heapprofd-rs profiles glibc's allocator only"
-        ))),
-        Some(AttachStatus::NoThread) => Err(CallError::Failed(format!(
-            "the profiler could not create its thread in process {pid}"
-        ))),
-        Some(AttachStatus::ConnectFailed) => Err(CallError::Failed(format!(
-            "the profiler in process {pid} could not connect to this heapprofd-rs"
-        ))),
-        Some(AttachStatus::Reentered) | None => Err(CallError::Failed(format!(
-            "the profiler's attach entry in process {pid} returned {status}"
-        ))),
-    }
-}
-
-/// The client library's bias, from the target's maps re-read after `dlopen`.
-fn client_bias_after_load(pid: u32, segments: &[heapprofd_unwinder::LoadSegment]) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let maps = heapprofd_unwinder::parse_maps(&text).entries;
-    crate::elf::bias_in_maps(&maps, CLIENT_FILE_NAME, segments)
-}
-
-fn read_c_string(tr: &Tracee, addr: u64) -> String {
-    let mut buf = vec![0u8; 1024];
-    let n = tr.read_some(addr, &mut buf);
-    buf.truncate(n);
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }

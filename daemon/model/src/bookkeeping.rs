@@ -14,12 +14,20 @@
 //!   event of a session whose pid still has an older session is held back
 //!   until that one ends; then the profile starts a new session for the
 //!   pid (pending operations committed, the old image's live allocations
-//!   forgotten, sequence numbers from 1) and the held events are applied.
+//!   counted freed: exec threw that memory away; sequence numbers from 1)
+//!   and the held events are applied. A process's statistics add up the
+//!   statistics of all its sessions (the images before and after each
+//!   exec).
 //!   [`Bookkeeping::finish`] applies what is still held (its predecessor
 //!   never ended).
 //! * **Statistics and flags** from each batch's [`SessionStats`] (ring
 //!   overruns, corruption, the client's error), and the data of the
 //!   end-of-run summary ([`Bookkeeping::summary`]).
+//! * **Processes that run unprofiled** ([`SessionEvent::Unprofilable`]):
+//!   the process gets an empty default heap (so every dump names it) with
+//!   the `disconnected` flag (Perfetto has no field for "could not be
+//!   profiled"; trace processor reports it as a disconnected client) and
+//!   the reason for the summary.
 //!
 //! Dumps are the caller's: [`Bookkeeping::profile_mut`] lends the profile
 //! to a [`TraceWriter`](crate::trace::TraceWriter).
@@ -27,7 +35,7 @@
 use std::collections::BTreeMap;
 
 use crate::messages::{Op, SessionEvent, SessionId, SessionStats};
-use crate::profile::{Alloc, CallsiteId, ClientError, Interner, Profile};
+use crate::profile::{Alloc, CallsiteId, ClientError, Interner, ProcessStats, Profile};
 use crate::summary::{ProcessSummary, summarize};
 
 /// The bookkeeping of one profiling run; see the module docs.
@@ -42,6 +50,8 @@ pub struct Bookkeeping {
     stacks: BTreeMap<SessionId, Vec<Option<CallsiteId>>>,
     /// Sessions that ended: pid and final stats.
     ended: Vec<(u32, SessionStats)>,
+    /// Per pid: the process statistics of its ended sessions, added up.
+    ended_stats: BTreeMap<u32, ProcessStats>,
     /// Events of sessions held back behind an older session of their pid,
     /// by session (ids grow with connection order, so the oldest is first).
     held: BTreeMap<SessionId, Vec<SessionEvent>>,
@@ -62,6 +72,7 @@ impl Bookkeeping {
             sessions: BTreeMap::new(),
             stacks: BTreeMap::new(),
             ended: Vec::new(),
+            ended_stats: BTreeMap::new(),
             held: BTreeMap::new(),
         }
     }
@@ -79,6 +90,7 @@ impl Bookkeeping {
                 pid,
                 cmdline,
                 from_startup,
+                started_ns,
             } => {
                 if self.sessions.values().any(|(p, _)| *p == pid) {
                     let started = SessionEvent::Started {
@@ -86,6 +98,7 @@ impl Bookkeeping {
                         pid,
                         cmdline,
                         from_startup,
+                        started_ns,
                     };
                     self.held.insert(id, vec![started]);
                     return false;
@@ -93,7 +106,11 @@ impl Bookkeeping {
                 // A pid we already know: the process called exec (its old
                 // image's session has ended) or the pid was reused.
                 self.profile.new_session(pid);
-                self.profile.add_process(pid, cmdline, from_startup);
+                let p = self.profile.add_process(pid, cmdline, from_startup);
+                p.sessions += 1;
+                if p.session_start_ns == 0 {
+                    p.session_start_ns = started_ns;
+                }
                 self.profile.set_heap(
                     pid,
                     heapprofd_proto::wire::HEAP_LIBC_MALLOC,
@@ -106,6 +123,26 @@ impl Bookkeeping {
                 if let Some(pid) = self.sessions.get(&id).map(|s| s.0) {
                     self.apply(id, pid, ops);
                     self.set_stats(id, pid, stats);
+                }
+            }
+            SessionEvent::Unprofilable {
+                id: _,
+                pid,
+                cmdline,
+                why,
+            } => {
+                if self.profile.process(pid).is_none() {
+                    self.profile.add_process(pid, cmdline, true);
+                    self.profile.set_heap(
+                        pid,
+                        heapprofd_proto::wire::HEAP_LIBC_MALLOC,
+                        Some(heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME),
+                        self.interval,
+                    );
+                }
+                if let Some(p) = self.profile.process_mut(pid) {
+                    p.flags.disconnected = true;
+                    p.unprofilable = Some(why);
                 }
             }
             SessionEvent::Ended {
@@ -121,6 +158,10 @@ impl Bookkeeping {
                 self.profile.flush(pid);
                 self.sessions.remove(&id);
                 self.stacks.remove(&id);
+                self.ended_stats
+                    .entry(pid)
+                    .or_default()
+                    .add(&process_stats(&stats));
                 self.ended.push((pid, stats));
                 // Release the next session of this pid, if one was waiting.
                 let next = self
@@ -157,6 +198,8 @@ impl Bookkeeping {
                     seq,
                     address,
                     sample_size,
+                    size,
+                    tid,
                     timestamp_ns,
                     stack,
                 } => {
@@ -171,6 +214,8 @@ impl Bookkeeping {
                         seq,
                         address,
                         sample_size,
+                        size,
+                        tid,
                         timestamp_ns,
                     };
                     self.profile.malloc_at(pid, alloc, callsite)
@@ -190,12 +235,9 @@ impl Bookkeeping {
 
     fn set_stats(&mut self, id: SessionId, pid: u32, s: SessionStats) {
         if let Some(p) = self.profile.process_mut(pid) {
-            p.stats.unwinding_errors = s.unwinding_errors;
-            p.stats.heap_samples = s.heap_samples;
-            p.stats.map_reparses = s.map_reparses;
-            p.stats.unwinding_time_us = s.unwinding_time_us.clone();
-            p.stats.total_unwinding_time_us = s.total_unwinding_time_us;
-            p.stats.client_spinlock_blocked_us = s.ring.blocked_us;
+            let mut total = self.ended_stats.get(&pid).cloned().unwrap_or_default();
+            total.add(&process_stats(&s));
+            p.stats = total;
             let f = &mut p.flags;
             f.buffer_overran |=
                 s.ring.writes_overflow > 0 || s.client_error == ClientError::HitTimeout;
@@ -233,6 +275,10 @@ impl Bookkeeping {
         for (id, (pid, stats)) in std::mem::take(&mut self.sessions) {
             self.profile.flush(pid);
             self.stacks.remove(&id);
+            self.ended_stats
+                .entry(pid)
+                .or_default()
+                .add(&process_stats(&stats));
             self.ended.push((pid, stats));
         }
     }
@@ -258,6 +304,13 @@ impl Bookkeeping {
         self.sessions.len()
     }
 
+    /// Pids of the sessions started and not ended.
+    pub fn active_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.sessions.values().map(|(p, _)| *p).collect();
+        pids.dedup();
+        pids
+    }
+
     /// Live sampled bytes over every process and heap.
     pub fn live_bytes(&self) -> u64 {
         self.profile.live_bytes()
@@ -279,6 +332,18 @@ impl Bookkeeping {
     /// The data of the end-of-run summary, one entry per process.
     pub fn summary(&self) -> Vec<ProcessSummary> {
         summarize(&self.profile, self.all_stats())
+    }
+}
+
+/// The part of a session's statistics that goes into its process's.
+fn process_stats(s: &SessionStats) -> ProcessStats {
+    ProcessStats {
+        unwinding_errors: s.unwinding_errors,
+        heap_samples: s.heap_samples,
+        map_reparses: s.map_reparses,
+        unwinding_time_us: s.unwinding_time_us.clone(),
+        total_unwinding_time_us: s.total_unwinding_time_us,
+        client_spinlock_blocked_us: s.ring.blocked_us,
     }
 }
 

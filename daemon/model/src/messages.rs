@@ -9,6 +9,8 @@
 //! stacks starts its ids again); [`SCRATCH_STACK`] is redefined before each
 //! use, for stacks the worker does not cache.
 
+pub use heapprofd_proto::wire::Unprofilable;
+
 use crate::profile::{ClientError, FrameId, UnwindHistogram};
 
 /// Identifies one client connection for its whole life (pids can be
@@ -31,6 +33,10 @@ pub enum Op {
         address: u64,
         /// Bytes the sample stands for.
         sample_size: u64,
+        /// Bytes the program asked for.
+        size: u64,
+        /// Kernel thread id of the allocating thread.
+        tid: u32,
         /// CLOCK_MONOTONIC_COARSE of the allocation.
         timestamp_ns: u64,
         /// The session's stack id, defined by an earlier [`Op::Stack`].
@@ -125,6 +131,8 @@ pub enum SessionEvent {
         cmdline: Vec<String>,
         /// Connected from its constructor (profiled from process start).
         from_startup: bool,
+        /// When the session started (MONOTONIC_COARSE ns, 0 if unknown).
+        started_ns: u64,
     },
     /// A batch of unwound records of one session, with its current stats.
     Ops {
@@ -134,6 +142,19 @@ pub enum SessionEvent {
         ops: Vec<Op>,
         /// Stats snapshot.
         stats: SessionStats,
+    },
+    /// A process runs unprofiled (a client's notice, or `record` found
+    /// its program statically linked): not a session of its own; `id` is
+    /// a fresh one that no other event uses.
+    Unprofilable {
+        /// A fresh id.
+        id: SessionId,
+        /// Process id.
+        pid: u32,
+        /// Command line.
+        cmdline: Vec<String>,
+        /// Why.
+        why: Unprofilable,
     },
     /// A session is over and fully drained.
     Ended {
@@ -154,6 +175,7 @@ impl SessionEvent {
         match self {
             SessionEvent::Started { id, .. }
             | SessionEvent::Ops { id, .. }
+            | SessionEvent::Unprofilable { id, .. }
             | SessionEvent::Ended { id, .. } => *id,
         }
     }

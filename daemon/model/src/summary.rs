@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::messages::SessionStats;
+use crate::messages::{SessionStats, Unprofilable};
 use crate::profile::{ClientError, Profile};
 
 /// Something that makes a process's profile incomplete.
@@ -15,6 +15,10 @@ pub enum ProcessWarning {
     BlockTimeout,
     /// The ring buffer was corrupt; some records were lost.
     BufferCorrupt,
+    /// The process named more heaps than a process may have; this many of
+    /// its declarations and records were dropped (it is flagged
+    /// `hit_guardrail` in the trace).
+    HeapLimit(u64),
     /// More than a tenth of the stacks could not be fully unwound.
     UnwindErrors {
         /// Stacks whose unwinding ended in an error.
@@ -22,10 +26,13 @@ pub enum ProcessWarning {
         /// Stacks unwound.
         samples: u64,
     },
+    /// After a profiled image, the process ran unprofiled (it exec'd a
+    /// program that cannot load the client).
+    ThenUnprofiled(Unprofilable),
 }
 
 /// One process of the summary.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProcessSummary {
     /// Process id.
     pub pid: u32,
@@ -33,6 +40,10 @@ pub struct ProcessSummary {
     pub cmdline: Vec<String>,
     /// Malloc samples unwound.
     pub samples: u64,
+    /// Allocations the samples stand for (estimated; exact at interval 1).
+    pub estimated_allocations: f64,
+    /// Every allocation was recorded (interval 1 on every heap).
+    pub exact: bool,
     /// Estimated bytes allocated (sum of sample sizes).
     pub allocated: u64,
     /// Estimated bytes freed.
@@ -43,6 +54,8 @@ pub struct ProcessSummary {
     pub dropped: u64,
     /// Anything that makes this process's profile incomplete.
     pub warnings: Vec<ProcessWarning>,
+    /// Never profiled: why (it is in the trace, flagged, with no samples).
+    pub not_profiled: Option<Unprofilable>,
 }
 
 /// The summary of every process of `profile`; `sessions` are the (pid,
@@ -58,13 +71,15 @@ pub(crate) fn summarize<'a>(
     profile
         .processes()
         .map(|p| {
-            let (mut allocated, mut freed) = (0, 0);
+            let (mut allocated, mut freed, mut estimated) = (0, 0, 0.0);
             for h in p.heaps() {
                 for c in h.callsites() {
                     allocated += c.allocated;
                     freed += c.freed;
+                    estimated += c.stats.estimated_allocs;
                 }
             }
+            let exact = p.heaps().all(|h| h.sampling_interval == 1);
             let dropped = dropped_by_pid.get(&p.pid).copied().unwrap_or(0);
             let mut warnings = Vec::new();
             if dropped > 0 {
@@ -76,21 +91,32 @@ pub(crate) fn summarize<'a>(
             if p.flags.buffer_corrupted {
                 warnings.push(ProcessWarning::BufferCorrupt);
             }
+            let over = p.order_stats().over_heap_limit;
+            if over > 0 {
+                warnings.push(ProcessWarning::HeapLimit(over));
+            }
             if p.stats.heap_samples > 0 && p.stats.unwinding_errors * 10 > p.stats.heap_samples {
                 warnings.push(ProcessWarning::UnwindErrors {
                     errors: p.stats.unwinding_errors,
                     samples: p.stats.heap_samples,
                 });
             }
+            let not_profiled = p.unprofilable.filter(|_| p.sessions == 0);
+            if let Some(why) = p.unprofilable.filter(|_| p.sessions > 0) {
+                warnings.push(ProcessWarning::ThenUnprofiled(why));
+            }
             ProcessSummary {
                 pid: p.pid,
                 cmdline: p.cmdline.clone(),
                 samples: p.stats.heap_samples,
+                estimated_allocations: estimated,
+                exact,
                 allocated,
                 freed,
                 unwind_errors: p.stats.unwinding_errors,
                 dropped,
                 warnings,
+                not_profiled,
             }
         })
         .collect()

@@ -139,6 +139,8 @@ fn run_profile(s: &Setup, ops: &[Op], order: &[usize], window: u64) -> Profile {
                     seq,
                     address: addr,
                     sample_size: size,
+                    size,
+                    tid: 1,
                     timestamp_ns: seq,
                 },
                 &s.stacks[site],

@@ -1,5 +1,6 @@
 //! Folded stacks (`main;foo;malloc 4096`, Brendan Gregg's format) and
-//! flame graph SVGs drawn from them with inferno.
+//! flame graph SVGs drawn from them with inferno, including differential
+//! ones (`stack base new` lines: widths are NEW's, red grew, blue shrank).
 
 use std::io::Write;
 
@@ -12,7 +13,7 @@ use crate::filter::Filter;
 pub enum ValueKind {
     /// Bytes allocated (cumulative).
     AllocSpace,
-    /// Allocations (cumulative).
+    /// Allocations (cumulative; samples when sampled).
     AllocObjects,
     /// Bytes allocated and not freed at the end (or at the peak, for
     /// dump-at-max traces).
@@ -31,9 +32,15 @@ impl ValueKind {
             ValueKind::UnreleasedObjects => "allocations not freed",
         }
     }
+
+    /// Whether the value is bytes (else a count).
+    pub fn is_bytes(self) -> bool {
+        matches!(self, ValueKind::AllocSpace | ValueKind::UnreleasedSpace)
+    }
 }
 
-fn clean(name: &str) -> String {
+/// A frame name as a folded-stack frame (no `;`, no line breaks).
+pub fn clean(name: &str) -> String {
     name.chars()
         .map(|c| match c {
             ';' => ':',
@@ -43,13 +50,20 @@ fn clean(name: &str) -> String {
         .collect()
 }
 
-fn value(c: &CallstackValues, kind: ValueKind) -> u64 {
+/// The value `kind` of a callstack.
+pub fn value_of(c: &CallstackValues, kind: ValueKind) -> u64 {
     match kind {
         ValueKind::AllocSpace => c.self_allocated,
         ValueKind::AllocObjects => c.alloc_count,
         ValueKind::UnreleasedSpace => c.unreleased(),
         ValueKind::UnreleasedObjects => c.unreleased_count(),
     }
+}
+
+/// The short name of a process: its program's file name.
+pub fn program_name(data: &TraceData, pid: u32) -> Option<String> {
+    let cmd = data.processes.get(&pid)?.cmdline.first()?;
+    Some(cmd.rsplit('/').next().unwrap_or(cmd).to_owned())
 }
 
 /// Folded lines, one per distinct stack with a non-zero value, outermost
@@ -61,11 +75,8 @@ pub fn folded_lines(data: &TraceData, filter: &Filter, kind: ValueKind) -> Vec<S
     let mut lines = Vec::new();
     for h in heaps {
         let head = if prefix {
-            let cmd = data
-                .processes
-                .get(&h.pid)
-                .and_then(|p| p.cmdline.first())
-                .map(|c| format!(" ({})", c.rsplit('/').next().unwrap_or(c)))
+            let cmd = program_name(data, h.pid)
+                .map(|c| format!(" ({c})"))
                 .unwrap_or_default();
             Some(format!(
                 "{};{}",
@@ -76,7 +87,7 @@ pub fn folded_lines(data: &TraceData, filter: &Filter, kind: ValueKind) -> Vec<S
             None
         };
         for c in &h.callstacks {
-            let v = value(c, kind);
+            let v = value_of(c, kind);
             if v == 0 {
                 continue;
             }
@@ -92,20 +103,40 @@ pub fn folded_lines(data: &TraceData, filter: &Filter, kind: ValueKind) -> Vec<S
     lines
 }
 
-/// Draws a flame graph SVG of folded `lines`.
+/// The title of a flame graph: the programs and the value drawn.
+pub fn title(data: &TraceData, filter: &Filter, what: &str) -> String {
+    let mut names: Vec<String> = Vec::new();
+    for h in data.heaps.iter().filter(|h| filter.matches(h)) {
+        let n = program_name(data, h.pid).unwrap_or_else(|| format!("pid {}", h.pid));
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    let who = match names.len() {
+        0 => "heap profile".to_owned(),
+        1..=3 => names.join(", "),
+        n => format!("{}, {} and {} more", names[0], names[1], n - 2),
+    };
+    format!("{who}: {what}")
+}
+
+/// Draws a flame graph SVG of folded `lines` (with two values per line, a
+/// differential one).
 pub fn write_flamegraph(
     lines: &[String],
     kind: ValueKind,
     title: &str,
+    subtitle: &str,
     out: impl Write,
 ) -> anyhow::Result<()> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_owned();
-    opts.count_name = match kind {
-        ValueKind::AllocSpace | ValueKind::UnreleasedSpace => "bytes".to_owned(),
-        ValueKind::AllocObjects | ValueKind::UnreleasedObjects => "allocations".to_owned(),
+    opts.count_name = if kind.is_bytes() {
+        "bytes".to_owned()
+    } else {
+        "allocations".to_owned()
     };
-    opts.subtitle = Some(kind.description().to_owned());
+    opts.subtitle = Some(subtitle.to_owned());
     opts.colors =
         inferno::flamegraph::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
     if lines.is_empty() {

@@ -16,8 +16,9 @@ use flate2::write::GzEncoder;
 use prost::Message;
 use rustc_hash::FxHashMap;
 
-use heapprofd_model::trace::{ResolvedFrame, TraceData};
+use heapprofd_model::trace::{CallstackValues, ResolvedFrame, TraceData};
 
+use crate::diff::{FrameKey, frame_key};
 use crate::filter::Filter;
 
 /// `perftools.profiles.Profile`.
@@ -294,28 +295,81 @@ impl Builder {
     }
 }
 
+/// The main executable of process `pid` among the frames of its heaps:
+/// a frame of it (for its mapping path and build id).
+pub fn main_executable(data: &TraceData, pid: u32) -> Option<&ResolvedFrame> {
+    let frames = || {
+        data.heaps
+            .iter()
+            .filter(move |h| h.pid == pid)
+            .flat_map(|h| h.callstacks.iter())
+            .flat_map(|c| c.frames.iter())
+            .filter(|f| f.mapping.is_some())
+    };
+    let named = |n: &str| frames().find(|f| f.function.as_deref() == Some(n));
+    let by_cmd = || {
+        let cmd = data.processes.get(&pid)?.cmdline.first()?;
+        let base = cmd.rsplit('/').next()?;
+        frames().find(|f| {
+            f.mapping
+                .as_deref()
+                .and_then(|m| m.rsplit('/').next())
+                .is_some_and(|m| m == base || m.starts_with(&format!("{base}.")))
+        })
+    };
+    named("_start").or_else(|| named("main")).or_else(by_cmd)
+}
+
+impl Builder {
+    fn header(&mut self, data: &TraceData, filter: &Filter) -> (i64, i64) {
+        self.s("");
+        for (t, u) in SAMPLE_TYPES {
+            let vt = ValueType {
+                r#type: self.s(t),
+                unit: self.s(u),
+            };
+            self.p.sample_type.push(vt);
+        }
+        let space = self.s("space");
+        let bytes = self.s("bytes");
+        self.p.period_type = Some(ValueType {
+            r#type: space,
+            unit: bytes,
+        });
+        let comment = self.s("converted by heapprofd-rs from a Perfetto heap profile");
+        self.p.comment.push(comment);
+        if let Some(first) = data.heaps.iter().find(|h| filter.matches(h))
+            && let Some(exe) = main_executable(data, first.pid)
+        {
+            self.mapping(exe);
+        }
+        (self.s("pid"), self.s("heap"))
+    }
+
+    fn sample(&mut self, frames: &[ResolvedFrame], value: Vec<i64>, label: Vec<Label>) {
+        let location_id = frames.iter().rev().map(|f| self.location(f)).collect();
+        self.p.sample.push(Sample {
+            location_id,
+            value,
+            label,
+        });
+    }
+}
+
+fn values(c: &CallstackValues) -> [i64; 4] {
+    [
+        to_i64(c.alloc_count),
+        to_i64(c.self_allocated),
+        to_i64(c.unreleased_count()),
+        to_i64(c.unreleased()),
+    ]
+}
+
 /// Builds a pprof profile of the heaps `filter` selects.
 pub fn to_pprof(data: &TraceData, filter: &Filter) -> Profile {
     let mut b = Builder::default();
-    b.s("");
-    for (t, u) in SAMPLE_TYPES {
-        let vt = ValueType {
-            r#type: b.s(t),
-            unit: b.s(u),
-        };
-        b.p.sample_type.push(vt);
-    }
-    let space = b.s("space");
-    let bytes = b.s("bytes");
-    b.p.period_type = Some(ValueType {
-        r#type: space,
-        unit: bytes,
-    });
+    let (pid_key, heap_key) = b.header(data, filter);
     b.p.default_sample_type = b.s("inuse_space");
-    let comment = b.s("converted by heapprofd-rs from a Perfetto heap profile");
-    b.p.comment.push(comment);
-    let pid_key = b.s("pid");
-    let heap_key = b.s("heap");
     let mut duration = 0;
     for h in data.heaps.iter().filter(|h| filter.matches(h)) {
         if b.p.period == 0 {
@@ -329,31 +383,68 @@ pub fn to_pprof(data: &TraceData, filter: &Filter) -> Profile {
             if c.alloc_count == 0 && c.self_allocated == 0 {
                 continue;
             }
-            let location_id = c.frames.iter().rev().map(|f| b.location(f)).collect();
-            b.p.sample.push(Sample {
-                location_id,
-                value: vec![
-                    to_i64(c.alloc_count),
-                    to_i64(c.self_allocated),
-                    to_i64(c.unreleased_count()),
-                    to_i64(c.unreleased()),
-                ],
-                label: vec![
-                    Label {
-                        key: pid_key,
-                        num: i64::from(h.pid),
-                        ..Default::default()
-                    },
-                    Label {
-                        key: heap_key,
-                        str: heap,
-                        ..Default::default()
-                    },
-                ],
-            });
+            let label = vec![
+                Label {
+                    key: pid_key,
+                    num: i64::from(h.pid),
+                    ..Default::default()
+                },
+                Label {
+                    key: heap_key,
+                    str: heap,
+                    ..Default::default()
+                },
+            ];
+            b.sample(&c.frames, values(c).to_vec(), label);
         }
     }
     b.p.duration_nanos = to_i64(duration);
+    b.p
+}
+
+/// A pprof profile of NEW - BASE per stack (frames matched by function and
+/// module, see [`crate::diff`]), over the heaps named `heap` (all if
+/// `None`). The default sample type is `alloc_space`: what grew.
+pub fn to_pprof_diff(base: &TraceData, new: &TraceData, heap: Option<&str>) -> Profile {
+    let filter = Filter {
+        pid: None,
+        heap: heap.map(str::to_owned),
+    };
+    let mut b = Builder::default();
+    let (_, heap_key) = b.header(new, &filter);
+    b.p.default_sample_type = b.s("alloc_space");
+    let mut stacks: FxHashMap<Vec<FrameKey>, (Vec<ResolvedFrame>, [i64; 4])> = FxHashMap::default();
+    let mut order: Vec<Vec<FrameKey>> = Vec::new();
+    for (data, sign) in [(base, -1i64), (new, 1)] {
+        for h in data.heaps.iter().filter(|h| filter.matches(h)) {
+            if b.p.period == 0 {
+                b.p.period = to_i64(h.sampling_interval_bytes);
+            }
+            for c in &h.callstacks {
+                let key: Vec<FrameKey> = c.frames.iter().map(frame_key).collect();
+                let e = stacks.entry(key.clone()).or_insert_with(|| {
+                    order.push(key);
+                    (c.frames.clone(), [0; 4])
+                });
+                for (acc, v) in e.1.iter_mut().zip(values(c)) {
+                    *acc = acc.saturating_add(sign.saturating_mul(v));
+                }
+            }
+        }
+    }
+    let label_heap = b.s(heap.unwrap_or("all heaps"));
+    for key in order {
+        let (frames, v) = &stacks[&key];
+        if v.iter().all(|&x| x == 0) {
+            continue;
+        }
+        let label = vec![Label {
+            key: heap_key,
+            str: label_heap,
+            ..Default::default()
+        }];
+        b.sample(frames, v.to_vec(), label);
+    }
     b.p
 }
 

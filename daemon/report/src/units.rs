@@ -1,4 +1,5 @@
-//! Byte counts for people.
+//! Numbers for people: byte counts, counts with thousands separators,
+//! microseconds with a precision that fits their size.
 
 /// Formats a byte count for people: `512 B`, `12.34 KiB`, `4.00 MiB`.
 pub fn human_bytes(n: u64) -> String {
@@ -16,6 +17,51 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// A signed byte difference: `+2.00 MiB`, `-512 B`, `0 B`.
+pub fn human_delta(d: i128) -> String {
+    let mag = human_bytes(d.unsigned_abs().min(u128::from(u64::MAX)) as u64);
+    match d.signum() {
+        1 => format!("+{mag}"),
+        -1 => format!("-{mag}"),
+        _ => mag,
+    }
+}
+
+/// A count with thousands separators: `404,491`.
+pub fn human_count(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A signed count: `+1,000`, `-3`, `0`.
+pub fn human_count_delta(d: i128) -> String {
+    let mag = human_count(d.unsigned_abs().min(u128::from(u64::MAX)) as u64);
+    match d.signum() {
+        1 => format!("+{mag}"),
+        -1 => format!("-{mag}"),
+        _ => mag,
+    }
+}
+
+/// Microseconds with two significant digits below 10 (`0.12`, `3.4`), whole
+/// above (`126`): a mean of 0.116 us is not "0 us".
+pub fn human_us(us: f64) -> String {
+    if us < 1.0 {
+        format!("{us:.2}")
+    } else if us < 10.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.0}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -25,5 +71,15 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1536), "1.50 KiB");
         assert_eq!(human_bytes(4 << 20), "4.00 MiB");
+        assert_eq!(human_delta(2 << 20), "+2.00 MiB");
+        assert_eq!(human_delta(-512), "-512 B");
+        assert_eq!(human_delta(0), "0 B");
+        assert_eq!(human_count(404_491), "404,491");
+        assert_eq!(human_count(12), "12");
+        assert_eq!(human_count(1_000_000), "1,000,000");
+        assert_eq!(human_count_delta(-1000), "-1,000");
+        assert_eq!(human_us(0.116), "0.12");
+        assert_eq!(human_us(3.44), "3.4");
+        assert_eq!(human_us(126.2), "126");
     }
 }

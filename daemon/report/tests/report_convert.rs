@@ -12,7 +12,9 @@ use core_support::{CLOCKS, Program, at_ms, sample_profile};
 use heapprofd_model::profile::{Alloc, Profile};
 use heapprofd_model::trace::{TraceWriter, WriterConfig};
 use heapprofd_report::pprof::{Profile as Pprof, SAMPLE_TYPES};
-use heapprofd_report::{ConvertArgs, Format, ReportArgs, ValueKind, convert, report_to};
+use heapprofd_report::{
+    ConvertArgs, Format, ReportArgs, StackOptions, UsageError, ValueKind, convert, report_to,
+};
 use prost::Message;
 use serde_json::Value;
 
@@ -38,30 +40,48 @@ fn sample_trace(dir: &Path) -> PathBuf {
 }
 
 fn report(args: ReportArgs) -> anyhow::Result<String> {
+    let (text, r) = report_and_text(args);
+    r.map(|()| text)
+}
+
+/// The text written, and the result (a truncated trace writes, then fails).
+fn report_and_text(args: ReportArgs) -> (String, anyhow::Result<()>) {
     let mut out = Vec::new();
-    report_to(&args, &mut out)?;
-    Ok(String::from_utf8(out).unwrap())
+    let r = report_to(&args, &mut out);
+    (String::from_utf8(out).unwrap(), r)
 }
 
 fn report_args(trace: &Path) -> ReportArgs {
     ReportArgs {
         trace: trace.to_owned(),
+        diff: None,
+        timeline: false,
+        peak: false,
         top: 10,
+        depth: 6,
+        short_lived: 1023,
         format: Format::Text,
         pid: None,
         heap: None,
+        stacks: StackOptions::default(),
     }
 }
 
 fn convert_args(trace: &Path) -> ConvertArgs {
     ConvertArgs {
         trace: trace.to_owned(),
+        diff: None,
         pprof: None,
         collapsed: None,
         svg: None,
+        html: None,
+        timeline_svg: None,
         value: ValueKind::UnreleasedSpace,
+        peak: false,
+        depth: None,
         pid: None,
         heap: None,
+        stacks: StackOptions::default(),
     }
 }
 
@@ -135,9 +155,16 @@ fn json_report_and_filters() {
     assert_eq!(h["top_self"][0]["function"], "alloc_b");
     assert_eq!(h["top_self"][0]["allocated"], 2000);
     assert_eq!(h["top_self"][0]["location"], "app.c:40");
-    // Inclusive: the outermost frames carry everything.
-    assert_eq!(h["top_inclusive"][0]["allocated"], 2307);
-    assert_eq!(h["top_inclusive"][1]["allocated"], 2300);
+    // Inclusive: entry frames and functions on every stack say nothing
+    // (they used to fill the table: __libc_start_main 2307, main 2307...).
+    assert_eq!(
+        h["inclusive_omitted"],
+        serde_json::json!(["__libc_start_main", "main"]),
+        "{h}"
+    );
+    assert_eq!(h["top_inclusive"][0]["allocated"], 2000);
+    assert_eq!(h["top_inclusive"][0]["function"], "alloc_b");
+    assert_eq!(h["top_inclusive"][1]["function"], "worker");
     assert_eq!(h["top_unreleased"][0]["function"], "alloc_a");
     assert_eq!(
         h["top_unreleased"][0]["heaviest_stack"],
@@ -172,20 +199,47 @@ fn bad_inputs_are_clear_errors() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("junk.pftrace"), "{err}");
-    // Truncated trace: still reported, with a warning.
+    // Truncated trace: what was read is reported, then it fails saying
+    // where the trace ends (it used to exit 0, or say "nothing was
+    // sampled" when the cut came early).
     let trace = sample_trace(dir.path());
     let bytes = std::fs::read(&trace).unwrap();
     let cut = dir.path().join("cut.pftrace");
     std::fs::write(&cut, &bytes[..bytes.len() - 5]).unwrap();
-    let text = report(report_args(&cut)).unwrap();
-    assert!(text.contains("warning: "), "{text}");
-    // Unwritable output.
+    let (text, r) = report_and_text(report_args(&cut));
+    let err = format!("{:#}", r.unwrap_err());
+    assert!(
+        err.contains("cut.pftrace is truncated")
+            && err.contains(&format!("of {}", bytes.len() - 5)),
+        "{err}"
+    );
+    assert!(
+        text.contains("PROCESS 100") && text.contains("TRUNCATED"),
+        "{text}"
+    );
+    std::fs::write(&cut, &bytes[..200.min(bytes.len())]).unwrap();
+    let (text, r) = report_and_text(report_args(&cut));
+    assert!(r.is_err());
+    assert!(
+        text.contains("no heap dump could be read before the trace ends"),
+        "{text}"
+    );
+    // Unwritable output: a usage error (exit 2), as in `record`.
     let err = convert(&ConvertArgs {
         svg: Some(dir.path().join("no/such/dir/x.svg")),
         ..convert_args(&trace)
     })
     .unwrap_err();
     assert!(format!("{err:#}").contains("cannot create"), "{err:#}");
+    assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
+    // Two outputs on stdout.
+    let err = convert(&ConvertArgs {
+        svg: Some("-".into()),
+        collapsed: Some("-".into()),
+        ..convert_args(&trace)
+    })
+    .unwrap_err();
+    assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
 }
 
 fn gunzip(path: &Path) -> Vec<u8> {
@@ -330,6 +384,8 @@ fn dump_at_max_traces_report_the_peak() {
             seq: 1,
             address: 0x10,
             sample_size: 100,
+            size: 100,
+            tid: 1,
             timestamp_ns: at_ms(1),
         },
         &p.stack_a(),
@@ -341,6 +397,8 @@ fn dump_at_max_traces_report_the_peak() {
             seq: 2,
             address: 0x20,
             sample_size: 200,
+            size: 200,
+            tid: 1,
             timestamp_ns: at_ms(2),
         },
         &p.stack_b(),

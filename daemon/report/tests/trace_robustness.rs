@@ -100,7 +100,11 @@ fn the_reader_rejects_what_is_not_a_trace() {
     }
 }
 
-use heapprofd_report::{Filter, ValueKind, build_report, folded_lines, to_pprof};
+use heapprofd_report::summary::ReportOptions;
+use heapprofd_report::text::TextOptions;
+use heapprofd_report::{
+    Filter, StackOptions, ValueKind, build_report, folded_lines, to_pprof, write_text,
+};
 use proptest::prelude::*;
 
 fn valid_trace() -> Vec<u8> {
@@ -115,9 +119,29 @@ fn valid_trace() -> Vec<u8> {
 fn digest(bytes: &[u8]) {
     if let Ok(t) = read_trace(bytes) {
         let f = Filter::default();
-        build_report("x", &t, &f, 5);
+        let o = ReportOptions {
+            top: 5,
+            short_lived: 7,
+        };
+        let r = build_report("x", &t, &f, &o);
+        write_text(&r, &mut Vec::new(), &TextOptions::default()).unwrap();
         folded_lines(&t, &f, ValueKind::UnreleasedObjects);
         to_pprof(&t, &f);
+        let folded = StackOptions {
+            fold_lib: vec!["libc".into()],
+            focus: vec!["main".into()],
+            ..Default::default()
+        }
+        .apply(&t, Some(2));
+        heapprofd_report::timeline::timelines(&folded, &f);
+        let (peak, _) = heapprofd_report::timeline::at_peak(&t);
+        build_report("x", &peak, &f, &o);
+        heapprofd_report::diff::diff("a", &t, "b", &folded, None, 3);
+        heapprofd_report::diff::diff_folded(&t, &peak, None, ValueKind::AllocSpace);
+        heapprofd_report::pprof::to_pprof_diff(&t, &folded, None);
+        heapprofd_report::html::write_html(&t, &f, std::path::Path::new("x"), &mut Vec::new())
+            .unwrap();
+        heapprofd_report::timeline_svg::write_timeline_svg(&t, &f, "t", &mut Vec::new()).unwrap();
     }
 }
 

@@ -43,6 +43,60 @@ pub enum Command {
     Convert(ConvertArgs),
 }
 
+/// Parses the command line (exits on bad usage, with clap's message); a
+/// `record` given a command without `--` also gets the line to type.
+pub fn parse() -> Cli {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            if let Some(hint) = record_hint(&e, &argv) {
+                let _ = e.print();
+                eprintln!("\n{hint}");
+                std::process::exit(2);
+            }
+            e.exit()
+        }
+    }
+}
+
+/// `heapprofd-rs record ls -l` (no `--`): the corrected command line.
+fn record_hint(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument
+        || argv.get(1).is_none_or(|a| a != "record")
+        || argv.iter().any(|a| a == "--")
+    {
+        return None;
+    }
+    let Some(ContextValue::String(bad)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    // Only a positional (a command), not a mistyped option.
+    if bad.starts_with('-') {
+        return None;
+    }
+    let pos = argv.iter().position(|a| a == bad.as_str())?;
+    let (opts, cmd): (Vec<String>, Vec<String>) = (
+        argv[2..pos]
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        argv[pos..]
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+    );
+    let mut line = vec!["heapprofd-rs".to_owned(), "record".to_owned()];
+    line.extend(opts);
+    line.push("--".to_owned());
+    line.extend(cmd);
+    Some(format!(
+        "hint: the command to profile goes after `--`:\n  {}",
+        line.join(" ")
+    ))
+}
+
 /// Runs `record` or `report`; returns the exit code to exit with. `convert`
 /// returns what it wrote, for the binary to tell ([`convert`]).
 pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {

@@ -28,11 +28,11 @@ pub struct RecordArgs {
 
     /// Stop profiling after this long (500ms, 30s, 2m). CMD keeps running;
     /// `record` waits for it to exit.
-    #[arg(short = 'd', long, value_parser = parse_duration)]
+    #[arg(short = 'd', long, value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
 
     /// Also dump every this often (1s, 500ms), so the trace shows the heap over time.
-    #[arg(short = 'c', long, value_name = "PERIOD", value_parser = parse_duration)]
+    #[arg(short = 'c', long, value_name = "PERIOD", value_parser = parse_dump_period)]
     pub continuous_dump: Option<Duration>,
 
     /// Report the heap at the moment of its peak (of live sampled bytes)
@@ -82,6 +82,25 @@ pub struct RecordArgs {
     pub command: Vec<String>,
 }
 
+/// A duration that must be more than zero (`--duration 0` would profile
+/// nothing).
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err("must be more than 0 (e.g. 500ms, 30s)".into()),
+        d => Ok(d),
+    }
+}
+
+/// A dump period: at least 1 ms (a zero period would dump without end).
+fn parse_dump_period(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d < Duration::from_millis(1) => {
+            Err("the dump period must be at least 1ms (e.g. 100ms, 5s)".into())
+        }
+        d => Ok(d),
+    }
+}
+
 fn parse_shmem_size(s: &str) -> Result<u64, String> {
     let n = parse_size(s)?;
     heapprofd_shmem::check_data_size(n).map_err(|e| e.to_string())?;
@@ -92,5 +111,20 @@ fn parse_interval(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
         0 => Err("the sampling interval must be at least 1 byte (1 = every allocation)".into()),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_periods_are_refused() {
+        assert!(parse_dump_period("0").is_err());
+        assert!(parse_dump_period("0s").is_err());
+        assert!(parse_dump_period("500us").is_err());
+        assert_eq!(parse_dump_period("1ms"), Ok(Duration::from_millis(1)));
+        assert!(parse_positive_duration("0ms").is_err());
+        assert_eq!(parse_positive_duration("3s"), Ok(Duration::from_secs(3)));
     }
 }

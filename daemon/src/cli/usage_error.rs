@@ -1,7 +1,6 @@
-//! The error of a bad argument found after parsing.
+//! The error of a bad argument found after parsing: the report crate's
+//! [`UsageError`](heapprofd_report::UsageError), shared so that `record`
+//! and `convert` give the same exit code (2) for the same mistake (an
+//! output path that cannot be created...).
 
-/// A bad argument found after parsing (an output path that cannot be
-/// created...): `heapprofd-rs` exits with 2, like clap's usage errors.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+pub use heapprofd_report::UsageError;

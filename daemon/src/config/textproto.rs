@@ -291,13 +291,9 @@ impl Parser {
         }
         let mut text = String::new();
         while let Some(c) = self.peek() {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
-                text.push(c);
-                self.bump();
-            } else if (c == '-' || c == '+')
-                && text.ends_with(['e', 'E'])
-                && !text.starts_with("0x")
-            {
+            let exponent_sign =
+                (c == '-' || c == '+') && text.ends_with(['e', 'E']) && !text.starts_with("0x");
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || exponent_sign {
                 text.push(c);
                 self.bump();
             } else {

@@ -3,8 +3,9 @@
 //!
 //! 1. [`inject::probe`] checks the target (and refuses, touching nothing,
 //!    what cannot work); the output file is created.
-//! 2. The daemon starts on `/tmp/heapprofd-rs-<our pid>.sock`, the path the
-//!    client derives from the id it is given.
+//! 2. The daemon starts on `/tmp/heapprofd-rs-<euid>/<our pid>.sock` (the
+//!    runtime directory of the target's effective user, [`super::rundir`]),
+//!    the path the client derives from its user and the id it is given.
 //! 3. Activation. A client that is loaded and interposing (the program was
 //!    started with it preloaded) and catches signal 36 is woken with
 //!    `sigqueue(PID, 36, our pid)`: no ptrace needed. Otherwise the client
@@ -33,6 +34,7 @@ use heapprofd_inject::{self as inject, InjectOptions, InjectReport, Target};
 use tokio::io::unix::AsyncFd;
 
 use super::handshake::pidfd_open;
+use super::rundir::RuntimeDir;
 use super::server::{Daemon, DaemonOptions};
 use super::setup::{daemon_options, default_output, find_client_lib};
 use super::summary::Summary;
@@ -94,8 +96,12 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         .clone()
         .unwrap_or_else(|| default_output(&format!("{}-{pid}", target.comm)));
     let me = std::process::id();
-    // The client derives this path from the id (our pid) it is given.
-    let socket = PathBuf::from(heapprofd_proto::attach::socket_path_for_id(me).as_str());
+    // The client derives this path from its effective user and the id (our
+    // pid) it is given.
+    let dir = RuntimeDir::for_user(target.euid, target.egid)?;
+    dir.remove_stale();
+    let socket =
+        PathBuf::from(heapprofd_proto::attach::socket_path_for_id(target.euid, me).as_str());
     let options = daemon_options(&args, socket, &output)?;
     let attach = Attach {
         started,
@@ -104,6 +110,7 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         method,
         client_lib,
         safe_point_timeout: env.attach_timeout.unwrap_or(SAFE_POINT_TIMEOUT),
+        test_stall: env.attach_test_stall.clone(),
     };
     match block_on(attach.supervise(options))? {
         Ok(summary) => {
@@ -140,6 +147,7 @@ struct Attach {
     method: Method,
     client_lib: PathBuf,
     safe_point_timeout: Duration,
+    test_stall: Option<String>,
 }
 
 impl Attach {
@@ -151,8 +159,8 @@ impl Attach {
         let mut signals = Signals::install()?;
         let counters = Arc::new(Counters::default());
         let mut daemon = Daemon::start(options, Arc::clone(&counters))?;
-        if self.target.uid != nix::unistd::geteuid().as_raw() {
-            daemon.allow_user(self.target.uid, self.target.gid)?;
+        if self.target.euid != nix::unistd::geteuid().as_raw() {
+            daemon.allow_user(self.target.euid, self.target.egid)?;
         }
         daemon.serve();
         let pidfd = pidfd_open(pid).and_then(|fd| {
@@ -165,6 +173,7 @@ impl Attach {
             safe_point_timeout: self.safe_point_timeout,
             call_timeout: CALL_TIMEOUT,
             module_cache: daemon.module_cache(),
+            test_stall: self.test_stall.clone(),
         };
         let report = match self.activate(&opts).await {
             Ok(r) => r,
@@ -225,6 +234,10 @@ impl Attach {
                 self.args.continuous_dump,
                 Arc::clone(&counters),
                 self.started,
+                super::status::status_line_allowed(
+                    std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                    super::status::terminal_shared_with(pid),
+                ),
             );
             loop {
                 if first_sample.is_none() && C::get(&counters.samples) > 0 {

@@ -23,6 +23,7 @@ use heapprofd_model::profile::Interner;
 use heapprofd_model::trace::{TraceWriter, WriterConfig};
 
 use super::clock::read_clocks;
+use super::procinfo;
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters};
@@ -92,15 +93,21 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperO
     while let Ok(msg) = rx.recv() {
         match msg {
             BookMsg::Session(event) => {
-                let force = match &*event {
-                    SessionEvent::Started { .. } => None,
-                    SessionEvent::Ops { .. } => Some(false),
-                    SessionEvent::Ended { .. } => Some(true),
+                let (force, started) = match &*event {
+                    SessionEvent::Started { pid, .. } => (None, Some(*pid)),
+                    SessionEvent::Ops { .. } => (Some(false), None),
+                    SessionEvent::Ended { .. } | SessionEvent::Unprofilable { .. } => {
+                        (Some(true), None)
+                    }
                 };
-                if book.book.handle(*event)
-                    && let Some(force) = force
-                {
-                    book.refresh_counters(force);
+                if book.book.handle(*event) {
+                    if let Some(force) = force {
+                        book.name_new_threads();
+                        book.refresh_counters(force);
+                    }
+                    if let Some(pid) = started {
+                        book.read_process(pid);
+                    }
                 }
             }
             BookMsg::Dump => book.dump(),
@@ -134,7 +141,58 @@ impl Book {
             .store(self.book.dropped_records(), Ordering::Relaxed);
     }
 
+    /// Parent, threads and memory of a process whose session just started
+    /// (the memory sample also marks the start of the trace's time range).
+    fn read_process(&mut self, pid: u32) {
+        let ppid = procinfo::read_ppid(pid);
+        let threads = procinfo::read_threads(pid);
+        if let Some(p) = self.book.profile_mut().process_mut(pid) {
+            p.identity.ppid = ppid.or(p.identity.ppid);
+            for (tid, name) in threads {
+                p.set_thread_name(tid, name);
+            }
+        }
+        self.write_memory(&[pid]);
+    }
+
+    /// Names the threads that samples named first (while they still exist).
+    fn name_new_threads(&mut self) {
+        for (pid, tid) in self.book.profile_mut().take_unnamed_threads() {
+            if let Some(name) = procinfo::read_thread_name(pid, tid)
+                && let Some(p) = self.book.profile_mut().process_mut(pid)
+            {
+                p.set_thread_name(tid, name);
+            }
+        }
+    }
+
+    /// Memory counters of `pids` (those still alive) into the trace.
+    fn write_memory(&mut self, pids: &[u32]) {
+        let mem: Vec<_> = pids
+            .iter()
+            .filter_map(|&p| procinfo::read_memory(p))
+            .collect();
+        let Some(w) = self.writer.as_mut() else {
+            return;
+        };
+        let now = read_clocks().monotonic_coarse_ns;
+        if let Err(e) = w.write_memory(now, &mem) {
+            self.fail(e.to_string());
+        }
+    }
+
     fn dump(&mut self) {
+        // The live processes' threads and memory as of this dump.
+        let live = self.book.active_pids();
+        for &pid in &live {
+            let threads = procinfo::read_threads(pid);
+            if let Some(p) = self.book.profile_mut().process_mut(pid) {
+                for (tid, name) in threads {
+                    p.set_thread_name(tid, name);
+                }
+            }
+        }
+        self.write_memory(&live);
         // Names for every frame the workers have seen, before any stack
         // that contains them is written.
         self.shared

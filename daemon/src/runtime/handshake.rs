@@ -1,28 +1,53 @@
-//! The daemon side of the session handshake (blocking, with timeouts).
+//! The daemon side of the session handshake, under one deadline.
 //!
-//! Runs on a blocking thread for each new connection: checks the peer's
-//! credentials, receives the [`Handshake`] and the client's maps/mem
-//! descriptors, creates and seals the ring buffer, parses the client's maps,
-//! and replies with the [`ClientConfig`] and the memfd. Anything unexpected
-//! is an error naming what was wrong; the connection is then dropped, which
-//! the client sees as a refusal and keeps running unprofiled.
+//! A connection has [`HANDSHAKE_TIMEOUT`] from its accept to complete its
+//! handshake, whatever it sends meanwhile (a timeout per read would let a
+//! peer that sends a byte every 1.9 s hold it for ever):
+//!
+//! 1. [`receive`] (async, on the runtime, no thread of its own): the peer's
+//!    credentials (SO_PEERCRED), then the [`Handshake`] bytes and the maps
+//!    and mem descriptors, read as they come until the deadline. A peer
+//!    that sends slowly or nothing costs a task, never a thread.
+//! 2. [`establish`] (blocking, on a blocking thread; the server runs a few
+//!    at a time): each descriptor is checked with `fstat` before a byte is
+//!    read from it: a regular file with the device and inode of
+//!    `/proc/<peer pid>/maps` and `/proc/<peer pid>/mem`, the pid being the
+//!    kernel's (SO_PEERCRED), as heapprofd checks them. An `eventfd`, a
+//!    pipe, `/dev/urandom` or another process's maps are refused before
+//!    anything is read. Then the ring buffer is created, the maps are read
+//!    (bounded, see the unwinder's `FdMaps`) and the unwinding context
+//!    built (JIT perf maps only if they belong to the peer's user), and the
+//!    [`ClientConfig`] and the memfd are sent within what is left of the
+//!    deadline.
+//!
+//! Anything unexpected is an error naming what was wrong; the connection is
+//! then dropped, which the client sees as a refusal and keeps running
+//! unprofiled. A handshake that says its process cannot be profiled
+//! ([`Unprofilable`]) carries no descriptors and gets no reply: it is
+//! [`Accepted::Unprofilable`], about the peer itself or a child it just
+//! spawned (checked in `/proc`).
 
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use heapprofd_proto::socket::{recv_with_fds, send_with_fds};
-use heapprofd_proto::wire::{ClientConfig, Handshake};
+use heapprofd_proto::socket::{recv_some_with_fds, send_with_fds};
+use heapprofd_proto::wire::{ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::RingBuffer;
-use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext};
+use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext, ProcessOptions};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::getsockopt;
 use nix::sys::socket::sockopt::PeerCredentials;
+use nix::sys::stat::{FileStat, SFlag, fstat, stat};
 use nix::unistd::geteuid;
+use tokio::io::Interest;
+
+/// How long a connection has to complete its handshake, from its accept.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Credentials of the process at the other end of a UNIX socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,23 +100,51 @@ impl std::fmt::Debug for NewSession {
     }
 }
 
-/// Performs the daemon side of the handshake on a freshly accepted connection.
-pub fn accept_session(
+/// What [`receive`] got: the message and the (unchecked) descriptors.
+#[derive(Debug)]
+pub struct Received {
+    /// Who connected.
+    pub peer: PeerCred,
+    /// What the client said about itself.
+    pub handshake: Handshake,
+    maps: OwnedFd,
+    mem: OwnedFd,
     stream: UnixStream,
-    config: &ClientConfig,
-    cache: &Arc<ModuleCache>,
-) -> Result<NewSession> {
-    accept_session_from(stream, config, cache, None)
+    deadline: Instant,
 }
 
-/// [`accept_session`], also accepting peers of user `extra_uid` (the user
-/// of a process root attached to).
-pub fn accept_session_from(
+/// What an accepted connection brought.
+#[derive(Debug)]
+pub enum Accepted {
+    /// A session's handshake, to be [`establish`]ed.
+    Session(Box<Received>),
+    /// A notice: process `pid` runs unprofiled.
+    Unprofilable {
+        /// The process (the peer, or its child).
+        pid: u32,
+        /// Why.
+        why: Unprofilable,
+        /// Its command line (from /proc, best effort).
+        cmdline: Vec<String>,
+    },
+}
+
+/// The parent of `pid` (from `/proc/PID/stat`).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Step 1 (see the module docs): checks the peer's credentials (its user
+/// must be ours, root's, or `extra_uid`) and receives its handshake and
+/// descriptors before `deadline`.
+pub async fn receive(
     stream: UnixStream,
-    config: &ClientConfig,
-    cache: &Arc<ModuleCache>,
     extra_uid: Option<u32>,
-) -> Result<NewSession> {
+    deadline: Instant,
+) -> Result<Accepted> {
     let peer = peer_cred(&stream).context("reading the peer's credentials (SO_PEERCRED)")?;
     if !peer_allowed(peer) && Some(peer.uid) != extra_uid {
         bail!(
@@ -100,42 +153,121 @@ pub fn accept_session_from(
             peer.uid
         );
     }
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-
+    stream.set_nonblocking(true)?;
+    let stream = tokio::net::UnixStream::from_std(stream)?;
     let mut buf = [0u8; Handshake::ENCODED_LEN];
     let mut fds: [Option<OwnedFd>; 2] = [None, None];
-    let nfds = recv_with_fds(stream.as_raw_fd(), &mut buf, &mut fds)
-        .with_context(|| format!("receiving the handshake of pid {}", peer.pid))?;
+    let (mut got, mut nfds) = (0, 0);
+    while got < buf.len() {
+        let ready = tokio::time::timeout_at(deadline.into(), stream.readable()).await;
+        match ready {
+            Err(_) => bail!(
+                "pid {} sent {got} of the {} handshake bytes in {:.1} s; refused",
+                peer.pid,
+                buf.len(),
+                HANDSHAKE_TIMEOUT.as_secs_f64()
+            ),
+            Ok(r) => r?,
+        }
+        let (b, f) = (&mut buf[got..], &mut fds[nfds..]);
+        match stream.try_io(Interest::READABLE, || {
+            recv_some_with_fds(stream.as_raw_fd(), b, f)
+        }) {
+            Ok((n, k)) => {
+                got += n;
+                nfds += k;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("receiving the handshake of pid {}", peer.pid));
+            }
+        }
+    }
     let handshake =
         Handshake::decode(&buf).with_context(|| format!("handshake of pid {}", peer.pid))?;
-    let [Some(maps_fd), Some(mem_fd)] = fds else {
+    if handshake.unprofilable != Unprofilable::None {
+        let pid = handshake.pid;
+        if pid != peer.pid && parent_of(pid) != Some(peer.pid) {
+            bail!(
+                "pid {} said pid {pid} runs unprofiled, but that is neither itself nor its child",
+                peer.pid
+            );
+        }
+        return Ok(Accepted::Unprofilable {
+            pid,
+            why: handshake.unprofilable,
+            cmdline: read_cmdline(pid),
+        });
+    }
+    let [Some(maps), Some(mem)] = fds else {
         bail!(
             "pid {} sent {nfds} descriptors with its handshake; expected its maps and mem",
             peer.pid
         );
     };
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    Ok(Accepted::Session(Box::new(Received {
+        peer,
+        handshake,
+        maps,
+        mem,
+        stream,
+        deadline,
+    })))
+}
 
+/// Step 2 (see the module docs): checks the descriptors, creates the ring
+/// buffer and the unwinding context, and answers with `config`. Blocking.
+pub fn establish(
+    received: Received,
+    config: &ClientConfig,
+    cache: &Arc<ModuleCache>,
+) -> Result<NewSession> {
+    let Received {
+        peer,
+        handshake,
+        maps,
+        mem,
+        stream,
+        deadline,
+    } = received;
+    check_proc_file(&maps, peer.pid, "maps")?;
+    check_proc_file(&mem, peer.pid, "mem")?;
     let (ring, memfd) =
         RingBuffer::create(config.shmem_size).context("creating the ring buffer")?;
     // Read while the client waits for our reply, so its maps and files are
     // known even if it exits right after (see ARCHITECTURE.md, daemon).
-    let t0 = std::time::Instant::now();
-    let process = ProcessContext::new(
+    let t0 = Instant::now();
+    let options = ProcessOptions {
+        perf_map_owner: Some(peer.uid),
+        ..ProcessOptions::default()
+    };
+    let process = ProcessContext::with_options(
         peer.pid,
-        Box::new(FdMaps::new(File::from(maps_fd))),
-        Box::new(FdMemory::new(File::from(mem_fd))),
+        Box::new(FdMaps::new(File::from(maps))),
+        Box::new(FdMemory::new(File::from(mem))),
         Arc::clone(cache),
+        options,
     );
     log::debug!(
         "handshake of pid {}: maps and modules read in {:.2} ms",
         peer.pid,
         t0.elapsed().as_secs_f64() * 1e3
     );
+    // What is left of the deadline (the reply is small and the peer has
+    // read nothing yet, so it fits its socket buffer unless the peer is
+    // gone).
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(100));
+    stream.set_write_timeout(Some(left))?;
     send_with_fds(stream.as_raw_fd(), &config.encode(), &[memfd.as_raw_fd()])
         .with_context(|| format!("sending the configuration to pid {}", peer.pid))?;
     drop(memfd);
-    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
     let cmdline = read_cmdline(peer.pid);
     let pidfd = pidfd_open(peer.pid);
     Ok(NewSession {
@@ -147,6 +279,44 @@ pub fn accept_session_from(
         cmdline,
         pidfd,
     })
+}
+
+/// The descriptor `fd` a peer sent as its `/proc/self/<name>` is a regular
+/// file with the device and inode of `/proc/<pid>/<name>`.
+fn check_proc_file(fd: &OwnedFd, pid: u32, name: &str) -> Result<()> {
+    let st =
+        fstat(fd.as_fd()).with_context(|| format!("fstat of pid {pid}'s {name} descriptor"))?;
+    if file_type(&st) != SFlag::S_IFREG {
+        bail!(
+            "pid {pid} sent {} as its {name} descriptor instead of /proc/{pid}/{name}; refused",
+            type_name(file_type(&st))
+        );
+    }
+    let path = format!("/proc/{pid}/{name}");
+    let want = stat(path.as_str()).with_context(|| format!("stat of {path}"))?;
+    if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino) {
+        bail!(
+            "pid {pid}'s {name} descriptor is not its own {path} (another file or another \
+             process's); refused"
+        );
+    }
+    Ok(())
+}
+
+fn file_type(st: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+}
+
+fn type_name(t: SFlag) -> &'static str {
+    match t {
+        SFlag::S_IFIFO => "a pipe",
+        SFlag::S_IFCHR => "a character device",
+        SFlag::S_IFBLK => "a block device",
+        SFlag::S_IFDIR => "a directory",
+        SFlag::S_IFSOCK => "a socket",
+        SFlag::S_IFLNK => "a symlink",
+        _ => "an anonymous inode (eventfd, epoll, timerfd...)",
+    }
 }
 
 /// `/proc/PID/cmdline` split at NULs (empty if the process is gone).
@@ -181,4 +351,51 @@ pub fn has_exited(pidfd: &OwnedFd, wait: Duration) -> bool {
     let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
     let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
     poll(&mut fds, timeout).is_ok_and(|n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::FromRawFd;
+
+    use super::*;
+
+    fn own(path: &str) -> OwnedFd {
+        OwnedFd::from(File::open(path).expect(path))
+    }
+
+    #[test]
+    fn descriptors_must_be_the_peers_own_proc_files() {
+        let me = std::process::id();
+        check_proc_file(&own("/proc/self/maps"), me, "maps").expect("own maps");
+        check_proc_file(&own("/proc/self/mem"), me, "mem").expect("own mem");
+        // The other one of the pair.
+        let e = check_proc_file(&own("/proc/self/mem"), me, "maps").unwrap_err();
+        assert!(e.to_string().contains("not its own /proc"), "{e}");
+        // A device, read without end.
+        let e = check_proc_file(&own("/dev/urandom"), me, "maps").unwrap_err();
+        assert!(e.to_string().contains("a character device"), "{e}");
+        // An eventfd: blocks on read.
+        // SAFETY: eventfd returns a fresh descriptor (checked) we then own.
+        let efd = unsafe {
+            let fd = libc::eventfd(0, libc::EFD_CLOEXEC);
+            assert!(fd >= 0);
+            OwnedFd::from_raw_fd(fd)
+        };
+        let e = check_proc_file(&efd, me, "maps").unwrap_err();
+        assert!(e.to_string().contains("anonymous inode"), "{e}");
+        // A regular file that is not /proc/<pid>/maps.
+        let e = check_proc_file(&own("/proc/self/exe"), me, "maps").unwrap_err();
+        assert!(e.to_string().contains("not its own"), "{e}");
+        // Another process's maps, passed off as ours.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let theirs = own(&format!("/proc/{}/maps", child.id()));
+        let e = check_proc_file(&theirs, me, "maps").unwrap_err();
+        assert!(e.to_string().contains("not its own"), "{e}");
+        check_proc_file(&theirs, child.id(), "maps").expect("the child's own");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

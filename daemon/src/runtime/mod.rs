@@ -1,7 +1,9 @@
 //! The daemon at run time: the server and handshakes, the unwinding
 //! workers, the symbolizer, the bookkeeping thread, and the two ways of
 //! running it: `record -- CMD` ([`record`]) and `record --pid` ([`attach`]),
-//! which share [`supervise`].
+//! which share [`supervise`]. [`program`] tells `record` whether CMD can
+//! load the client at all; a notice from a client that its process runs
+//! unprofiled goes from the handshake straight to the bookkeeping.
 //!
 //! Threads and what each owns (every object has exactly one owner):
 //!
@@ -28,11 +30,15 @@
 
 pub mod attach;
 pub mod bookkeeper;
+pub mod cleanup;
 pub mod clock;
 pub mod handshake;
 pub mod mapping;
 pub mod memo;
+pub mod procinfo;
+pub mod program;
 pub mod record;
+pub mod rundir;
 pub mod server;
 pub mod session_unwinder;
 pub mod setup;

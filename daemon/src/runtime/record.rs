@@ -2,7 +2,8 @@
 //! profile it (and the programs it starts), and write a trace.
 //!
 //! Lifecycle: open the output file (so a bad path fails before anything
-//! runs), start the daemon on a private socket, spawn CMD with `LD_PRELOAD`,
+//! runs), start the daemon on a socket in the private runtime directory
+//! ([`super::rundir`]; stale sockets of killed daemons removed), spawn CMD with `LD_PRELOAD`,
 //! `HEAPPROFD_SOCKET` and `HEAPPROFD_BLOCKING_INIT=1` (profiling starts at its
 //! first allocation), then wait for whichever comes first: CMD exits,
 //! `--duration` passes, or Ctrl-C / SIGTERM. Every sample already in a ring
@@ -10,7 +11,12 @@
 //! and stderr are its own, and `record` exits with CMD's exit code (128 +
 //! the signal if CMD was killed by one, as a shell reports it; 130 or 143
 //! if Ctrl-C or SIGTERM stopped profiling while CMD kept running). If CMD
-//! cannot be started, no trace file is left behind. (`record --pid` is
+//! cannot be started, no trace file is left behind and `record` exits like
+//! a shell: 127 when there is no such program, 126 when it cannot be
+//! executed. An error after CMD started (the trace cannot be written)
+//! waits for CMD to exit before `record` reports it, so CMD is never left
+//! without its parent; a panic kills CMD and removes the socket
+//! ([`super::cleanup`]). (`record --pid` is
 //! [`super::attach`]; what both share is [`super::supervise`].)
 
 use std::path::PathBuf;
@@ -18,11 +24,15 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::io::IsTerminal;
+
 use anyhow::{Context, Result};
 
 use super::Counters;
+use super::rundir::RuntimeDir;
 use super::server::{Daemon, DaemonOptions};
 use super::setup::{daemon_options, default_output, find_client_lib};
+use super::status::status_line_allowed;
 use super::summary::Summary;
 use super::supervise::{Profiling, Signals, Stop, block_on, end_of_run, finish, print_summary};
 use crate::cli::record_args::RecordArgs;
@@ -36,7 +46,11 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         .output
         .clone()
         .unwrap_or_else(|| default_output(&program));
-    let socket = std::env::temp_dir().join(format!("heapprofd-rs-{}.sock", std::process::id()));
+    let dir = RuntimeDir::for_record(env.xdg_runtime_dir.as_deref())?;
+    dir.remove_stale();
+    let socket = dir.socket_for(std::process::id());
+    super::cleanup::install();
+    super::cleanup::set_socket(socket.clone());
     let options = daemon_options(&args, socket, &output)?;
     let mut cmd_started = false;
     let run = Run {
@@ -46,9 +60,18 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         ld_preload: env.ld_preload.clone(),
     };
     let outcome = block_on(run.supervise(&mut cmd_started))?;
+    super::cleanup::set_child(0);
     match outcome {
         Ok((summary, code)) => {
             end_of_run(&summary, &output);
+            Ok(code)
+        }
+        Err(e) if e.downcast_ref::<SpawnError>().is_some() => {
+            let _ = std::fs::remove_file(&output);
+            let code = e
+                .downcast_ref::<SpawnError>()
+                .map_or(127, SpawnError::exit_code);
+            log::error!("error: {e:#}");
             Ok(code)
         }
         Err(e) => {
@@ -60,6 +83,38 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
                 let _ = std::fs::remove_file(&output);
             }
             Err(e)
+        }
+    }
+}
+
+/// CMD could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot run `{program}`: {cause}{hint}")]
+struct SpawnError {
+    program: String,
+    cause: std::io::Error,
+    hint: &'static str,
+}
+
+impl SpawnError {
+    fn new(program: &str, cause: std::io::Error) -> SpawnError {
+        let hint = match cause.kind() {
+            std::io::ErrorKind::NotFound => "; check the name (is it in PATH?)",
+            std::io::ErrorKind::PermissionDenied => "; is it executable (chmod +x)?",
+            _ => "",
+        };
+        SpawnError {
+            program: program.to_owned(),
+            cause,
+            hint,
+        }
+    }
+
+    /// A shell's exit code for it: 127 not found, 126 found but not runnable.
+    fn exit_code(&self) -> i32 {
+        match self.cause.kind() {
+            std::io::ErrorKind::NotFound => 127,
+            _ => 126,
         }
     }
 }
@@ -103,20 +158,29 @@ impl Run {
             preload.push(":");
             preload.push(existing);
         }
+        let unprofilable = super::program::unprofilable(std::ffi::OsStr::new(&args.command[0]));
         let mut child = tokio::process::Command::new(&args.command[0])
             .args(&args.command[1..])
             .env("LD_PRELOAD", preload)
             .env(heapprofd_proto::socket::SOCKET_ENV, daemon.socket_path())
             .env("HEAPPROFD_BLOCKING_INIT", "1")
             .spawn()
-            .with_context(|| format!("cannot run `{}`", args.command[0]))?;
+            .map_err(|e| SpawnError::new(&args.command[0], e))?;
         *cmd_started = true;
+        if let Some(pid) = child.id() {
+            super::cleanup::set_child(pid);
+            if let Some(why) = unprofilable {
+                daemon.note_unprofilable(pid, args.command.clone(), why);
+            }
+        }
 
+        // CMD writes to the same terminal: no live status line there.
         let mut profiling = Profiling::start(
             args.duration,
             args.continuous_dump,
             counters,
             Instant::now(),
+            status_line_allowed(std::io::stderr().is_terminal(), true),
         );
         let mut exit: Option<ExitStatus> = None;
         let mut interrupted = 0;
@@ -156,7 +220,26 @@ impl Run {
             },
         }
         profiling.clear_status();
-        let summary = finish(daemon).await?;
+        let summary = match finish(daemon).await {
+            Ok(s) => s,
+            Err(e) => {
+                // Never leave CMD without its parent: wait for it, as
+                // after --duration, then report the error.
+                if exit.is_none() && stopped_by.is_none() {
+                    log::error!("error: {e:#}");
+                    log::info!(
+                        "waiting for `{}` to exit (Ctrl-C to stop waiting)",
+                        args.command[0]
+                    );
+                    tokio::select! {
+                        _ = child.wait() => {}
+                        _ = signals.interrupt.recv() => {}
+                        _ = signals.terminate.recv() => {}
+                    }
+                }
+                return Err(e);
+            }
+        };
         if exit.is_none() && interrupted == 0 && args.duration.is_some() {
             // Profiling is over but CMD still runs: keep passing its exit code through.
             print_summary(&summary, &summary.output_path);

@@ -3,8 +3,13 @@
 //! [`Daemon::start`] binds the socket (mode 0600), starts the worker threads
 //! and the bookkeeping thread, and returns a handle; [`Daemon::serve`] is the
 //! accept loop (a tokio task). Each accepted connection gets its handshake
-//! on a blocking thread, then belongs to one worker (by pid); a small task
-//! per session turns socket activity (wake bytes, EOF) into worker messages.
+//! ([`super::handshake`]: received on the runtime under one deadline, then
+//! checked and answered on a blocking thread, at most
+//! [`MAX_ESTABLISHING`] at a time), then belongs to one worker (by pid); a
+//! small task per session turns socket activity (wake bytes, EOF) into
+//! worker messages. At most [`MAX_PENDING_HANDSHAKES`] connections are in
+//! their handshake at once; more are closed at once, so a flood of
+//! connections costs neither threads nor unbounded descriptors.
 //!
 //! [`Daemon::finish`] first closes the door: the accept loop takes the
 //! connections already queued on the socket and stops, every handshake in
@@ -30,12 +35,12 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
 use super::bookkeeper::{self, BookkeeperOptions, BookkeeperShared};
-use super::handshake::accept_session_from;
+use super::handshake::{Accepted, HANDSHAKE_TIMEOUT, establish, receive};
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
 use super::{BookMsg, Counters};
-use heapprofd_model::messages::SessionId;
+use heapprofd_model::messages::{SessionEvent, SessionId, Unprofilable};
 use heapprofd_model::profile::Interner;
 
 /// Everything the daemon needs to know to serve clients.
@@ -54,8 +59,16 @@ pub struct DaemonOptions {
 }
 
 /// How long [`Daemon::finish`] waits for the accept loop to stop and for
-/// handshakes in flight (each bounded by its 2 s socket timeouts).
+/// handshakes in flight (each bounded by its 2 s deadline).
 const HANDOFF_WAIT: Duration = Duration::from_secs(5);
+/// Connections in their handshake at most; more are closed at once.
+pub const MAX_PENDING_HANDSHAKES: usize = 128;
+/// Handshakes in their blocking part (descriptor checks, maps, ring
+/// buffer) at once.
+pub const MAX_ESTABLISHING: usize = 8;
+/// Refused connections logged as warnings; later ones only with
+/// `HEAPPROFD_DEBUG` (a flood of hostile connections must not flood stderr).
+const REFUSALS_WARNED: u64 = 5;
 
 /// A running daemon.
 #[derive(Debug)]
@@ -81,7 +94,21 @@ struct Shared {
     extra_uid: AtomicU32,
     /// Connections accepted whose session has not reached a worker yet.
     in_flight: AtomicUsize,
+    /// Permits for the blocking part of a handshake.
+    establishing: Arc<tokio::sync::Semaphore>,
+    /// Connections refused so far.
+    refusals: AtomicU64,
+    /// The bookkeeping thread (notices of processes that run unprofiled).
+    book: mpsc::Sender<BookMsg>,
+    /// Pids already noted as running unprofiled: each is noted once, and at
+    /// most [`MAX_UNPROFILABLE`] in all (a peer cannot flood the trace or
+    /// the terminal with notices).
+    unprofilable: std::sync::Mutex<std::collections::HashSet<u32>>,
 }
+
+/// Most processes one daemon notes as running unprofiled; later notices are
+/// counted as refusals.
+const MAX_UNPROFILABLE: usize = 4096;
 
 /// Counts a connection in [`Shared::in_flight`] until dropped.
 struct InFlight(Arc<Shared>);
@@ -150,6 +177,10 @@ impl Daemon {
             next_id: AtomicU64::new(1),
             extra_uid: AtomicU32::new(u32::MAX),
             in_flight: AtomicUsize::new(0),
+            establishing: Arc::new(tokio::sync::Semaphore::new(MAX_ESTABLISHING)),
+            refusals: AtomicU64::new(0),
+            book: book_tx.clone(),
+            unprofilable: std::sync::Mutex::new(std::collections::HashSet::new()),
         });
         Ok(Daemon {
             listener: Some(listener),
@@ -216,6 +247,13 @@ impl Daemon {
         });
     }
 
+    /// Records that process `pid` runs unprofiled, and says so (a client's
+    /// notice, or `record` found CMD statically linked): it is in the
+    /// trace, flagged, and the summary names it instead of counting it.
+    pub fn note_unprofilable(&self, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
+        note_unprofilable(&self.shared, pid, cmdline, why);
+    }
+
     /// Asks for a dump of every process now (SIGUSR1, continuous dumps).
     pub fn dump(&self) {
         let _ = self.book_tx.send(BookMsg::Dump);
@@ -258,11 +296,33 @@ impl Drop for Daemon {
 }
 
 /// Serves one accepted connection on its own task, counted in flight until
-/// its session reaches a worker.
+/// its session reaches a worker (or closes it at once when too many are).
 fn spawn_connection(stream: std::os::unix::net::UnixStream, shared: &Arc<Shared>) {
+    if shared.in_flight.load(Ordering::Acquire) >= MAX_PENDING_HANDSHAKES {
+        refused(
+            shared,
+            format_args!(
+                "a connection: {MAX_PENDING_HANDSHAKES} handshakes are already in progress"
+            ),
+        );
+        return;
+    }
     let in_flight = InFlight::new(shared);
     let shared = Arc::clone(shared);
     tokio::spawn(async move { handle_connection(stream, shared, in_flight).await });
+}
+
+/// Logs a refused connection (the first few as warnings).
+fn refused(shared: &Shared, what: std::fmt::Arguments<'_>) {
+    let n = shared.refusals.fetch_add(1, Ordering::Relaxed) + 1;
+    if n <= REFUSALS_WARNED {
+        log::warn!("client refused: {what}");
+        if n == REFUSALS_WARNED {
+            log::warn!("further refused clients are only logged with HEAPPROFD_DEBUG");
+        }
+    } else {
+        log::debug!("client refused: {what}");
+    }
 }
 
 async fn handle_connection(
@@ -270,20 +330,42 @@ async fn handle_connection(
     shared: Arc<Shared>,
     in_flight: InFlight,
 ) {
-    if let Err(e) = std_stream.set_nonblocking(false) {
-        log::warn!("dropping a connection: {e}");
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    let extra = Some(shared.extra_uid.load(Ordering::Relaxed)).filter(|&u| u != u32::MAX);
+    let received = match receive(std_stream, extra, deadline).await {
+        Ok(Accepted::Session(r)) => r,
+        Ok(Accepted::Unprofilable { pid, why, cmdline }) => {
+            note_unprofilable(&shared, pid, cmdline, why);
+            return;
+        }
+        Err(e) => {
+            refused(&shared, format_args!("{e:#}"));
+            return;
+        }
+    };
+    let pid = received.peer.pid;
+    let permit = tokio::time::timeout_at(
+        deadline.into(),
+        Arc::clone(&shared.establishing).acquire_owned(),
+    )
+    .await;
+    let Ok(Ok(permit)) = permit else {
+        refused(
+            &shared,
+            format_args!("pid {pid}: the daemon is busy with {MAX_ESTABLISHING} other handshakes"),
+        );
         return;
-    }
+    };
     let sh = Arc::clone(&shared);
     let joined = tokio::task::spawn_blocking(move || {
-        let extra = Some(sh.extra_uid.load(Ordering::Relaxed)).filter(|&u| u != u32::MAX);
-        accept_session_from(std_stream, &sh.client, &sh.cache, extra)
+        let _permit = permit;
+        establish(*received, &sh.client, &sh.cache)
     })
     .await;
     let session = match joined {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            log::warn!("client refused: {e:#}");
+            refused(&shared, format_args!("{e:#}"));
             return;
         }
         Err(e) => {
@@ -310,6 +392,41 @@ async fn handle_connection(
     drop(in_flight);
     watch_socket(watch, id, worker.clone(), &shared.counters).await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Says that `pid` runs unprofiled and why, and tells the bookkeeping.
+fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
+    {
+        let mut noted = shared
+            .unprofilable
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if noted.contains(&pid) {
+            return;
+        }
+        if noted.len() >= MAX_UNPROFILABLE {
+            refused(
+                shared,
+                format_args!("pid {pid}: {MAX_UNPROFILABLE} processes already noted as unprofiled"),
+            );
+            return;
+        }
+        noted.insert(pid);
+    }
+    let cmd = if cmdline.is_empty() {
+        "?".to_string()
+    } else {
+        cmdline.join(" ")
+    };
+    log::warn!("pid {pid} (`{cmd}`) runs unprofiled: {}", why.describe());
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let event = SessionEvent::Unprofilable {
+        id,
+        pid,
+        cmdline,
+        why,
+    };
+    let _ = shared.book.send(BookMsg::Session(Box::new(event)));
 }
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
@@ -377,6 +494,7 @@ mod tests {
             flags: 0,
             client_text_start: 0,
             client_text_end: 0,
+            unprofilable: heapprofd_proto::wire::Unprofilable::None,
         };
         send_with_fds(
             sock.as_raw_fd(),

@@ -115,6 +115,8 @@ impl SessionUnwinder {
                     seq: h.sequence,
                     address: h.address,
                     sample_size: h.sample_size,
+                    size: h.alloc_size,
+                    tid: h.tid,
                     timestamp_ns: h.timestamp_ns,
                     stack: entry.id,
                 });
@@ -240,6 +242,8 @@ mod tests {
                     seq,
                     address: 0x1000 * seq,
                     sample_size: 4096,
+                    size: 8,
+                    tid: 1,
                     timestamp_ns: 7,
                     stack: *id,
                 }

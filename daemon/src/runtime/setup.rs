@@ -55,27 +55,32 @@ pub(super) fn daemon_options(
     })
 }
 
-/// Finds the client library: `--client-lib`, else next to this executable.
+/// Finds the client library: `--client-lib`, else next to this executable
+/// (as `cargo build` leaves it), else in `../lib/heapprofd-rs/` beside the
+/// executable's directory (as `scripts/install.sh` puts it).
 pub(super) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     const NAME: &str = "libheapprofd_client.so";
-    let candidate = match explicit {
-        Some(p) => p.to_path_buf(),
+    let candidates: Vec<PathBuf> = match explicit {
+        Some(p) => vec![p.to_path_buf()],
         None => {
             let exe = std::env::current_exe().context("finding this executable's directory")?;
-            exe.parent()
-                .map(|d| d.join(NAME))
-                .unwrap_or_else(|| PathBuf::from(NAME))
+            match exe.parent() {
+                Some(dir) => vec![dir.join(NAME), dir.join("../lib/heapprofd-rs").join(NAME)],
+                None => vec![PathBuf::from(NAME)],
+            }
         }
     };
-    if !candidate.is_file() {
+    let Some(found) = candidates.iter().find(|c| c.is_file()) else {
+        let tried: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
         bail!(
-            "client library {} not found; build it with `cargo build --release` \
-             (it is placed next to heapprofd-rs) or pass --client-lib PATH",
-            candidate.display()
+            "client library not found (looked for {}); build it with `cargo build --release` \
+             (it is placed next to heapprofd-rs), install both with scripts/install.sh, \
+             or pass --client-lib PATH",
+            tried.join(" and ")
         );
-    }
+    };
     // LD_PRELOAD needs an absolute path once CMD changes directory.
-    std::fs::canonicalize(&candidate).with_context(|| format!("resolving {}", candidate.display()))
+    std::fs::canonicalize(found).with_context(|| format!("resolving {}", found.display()))
 }
 
 /// `heapprofd-<program>-<pid>-<YYYYmmdd-HHMMSS>.pftrace` in the current directory.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use heapprofd_model::summary::{ProcessSummary, ProcessWarning};
 
 use heapprofd_report::human_bytes;
+use heapprofd_report::units::human_count;
 
 /// What `record` prints at the end.
 #[derive(Debug, Clone, Default)]
@@ -14,7 +15,8 @@ pub struct Summary {
     pub output_path: PathBuf,
     /// Bytes written to it.
     pub trace_bytes: u64,
-    /// Profiled processes.
+    /// Every process the daemon heard of (profiled, or said to run
+    /// unprofiled: `not_profiled`).
     pub processes: Vec<ProcessSummary>,
     /// Sampling interval.
     pub interval: u64,
@@ -36,8 +38,16 @@ fn warning_text(w: &ProcessWarning) -> String {
         ProcessWarning::BufferCorrupt => {
             "its ring buffer was corrupt; some records were lost".into()
         }
+        ProcessWarning::HeapLimit(n) => format!(
+            "it named more than {} heaps; {n} records of the others were dropped \
+             (flagged hit_guardrail in the trace)",
+            heapprofd_model::profile::MAX_HEAPS_PER_PROCESS
+        ),
         ProcessWarning::UnwindErrors { errors, samples } => {
             format!("{errors} of {samples} stacks could not be fully unwound")
+        }
+        ProcessWarning::ThenUnprofiled(why) => {
+            format!("after that it ran unprofiled: {}", why.describe())
         }
     }
 }
@@ -47,18 +57,32 @@ impl Summary {
     /// the logger's `heapprofd-rs: `.
     pub fn render(&self, output: &Path) -> String {
         let mut s = String::new();
-        let total = |f: fn(&ProcessSummary) -> u64| self.processes.iter().map(f).sum::<u64>();
+        let profiled: Vec<&ProcessSummary> = self
+            .processes
+            .iter()
+            .filter(|p| p.not_profiled.is_none())
+            .collect();
+        let total = |f: fn(&ProcessSummary) -> u64| profiled.iter().map(|p| f(p)).sum::<u64>();
         let samples = total(|p| p.samples);
         let (alloc, freed) = (total(|p| p.allocated), total(|p| p.freed));
-        let every = if self.interval == 1 {
-            "every allocation".to_string()
+        let estimated: f64 = profiled.iter().map(|p| p.estimated_allocations).sum();
+        let counted = if self.interval == 1 {
+            format!(
+                "{} allocations (every allocation recorded)",
+                human_count(samples)
+            )
         } else {
-            format!("sampling every {} on average", human_bytes(self.interval))
+            format!(
+                "{} samples (1 per {} on average), ~{} allocations est.",
+                human_count(samples),
+                human_bytes(self.interval),
+                human_count(estimated.round() as u64)
+            )
         };
         s.push_str(&format!(
-            "{} process{}, {samples} samples ({every}): allocated {}, freed {}, unreleased {}\n",
-            self.processes.len(),
-            if self.processes.len() == 1 { "" } else { "es" },
+            "{} process{}, {counted}: allocated {}, freed {}, unreleased {}\n",
+            profiled.len(),
+            if profiled.len() == 1 { "" } else { "es" },
             human_bytes(alloc),
             human_bytes(freed),
             human_bytes(alloc.saturating_sub(freed)),
@@ -70,8 +94,17 @@ impl Summary {
                 p.cmdline.join(" ")
             };
             let cmd: String = cmd.chars().take(70).collect();
+            if let Some(why) = p.not_profiled {
+                s.push_str(&format!(
+                    "  pid {:<7} not profiled: {}  {cmd}\n",
+                    p.pid,
+                    why.describe()
+                ));
+                continue;
+            }
+            let what = if p.exact { "allocations" } else { "samples" };
             s.push_str(&format!(
-                "  pid {:<7} {:>8} samples  allocated {:>10}  unreleased {:>10}  {cmd}\n",
+                "  pid {:<7} {:>8} {what:<11}  allocated {:>10}  unreleased {:>10}  {cmd}\n",
                 p.pid,
                 p.samples,
                 human_bytes(p.allocated),
@@ -81,7 +114,7 @@ impl Summary {
                 s.push_str(&format!("    warning: {}\n", warning_text(w)));
             }
         }
-        if self.processes.is_empty() {
+        if profiled.is_empty() && self.processes.is_empty() {
             s.push_str(
                 "  no process connected: did the command allocate at all, and is it dynamically \
                  linked (static binaries cannot be preloaded)?\n",

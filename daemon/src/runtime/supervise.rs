@@ -4,7 +4,6 @@
 //! the status line), finishing the daemon, and the end-of-run output.
 
 use std::future::Future;
-use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,12 +78,14 @@ pub(super) struct Profiling {
 
 impl Profiling {
     /// Profiling starts now: the deadline and the dump period count from
-    /// here; the status line shows the time since `started`.
+    /// here; the status line (only if `status`, see [`super::status`])
+    /// shows the time since `started`.
     pub(super) fn start(
         duration: Option<Duration>,
         continuous_dump: Option<Duration>,
         counters: Arc<Counters>,
         started: Instant,
+        status: bool,
     ) -> Profiling {
         let dump_tick = continuous_dump.map(|p| {
             let mut t = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
@@ -95,7 +96,7 @@ impl Profiling {
             deadline: duration.map(|d| tokio::time::Instant::now() + d),
             dump_tick,
             status_tick: tokio::time::interval(Duration::from_millis(500)),
-            status: StatusLine::new(std::io::stderr().is_terminal()),
+            status: StatusLine::new(status),
             counters,
             started,
         }

@@ -127,6 +127,7 @@ pub fn run_worker(
                     from_startup: s.handshake.flags
                         & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP
                         != 0,
+                    started_ns: super::clock::read_clocks().monotonic_coarse_ns,
                 })));
                 sessions.insert(
                     id,

@@ -1,13 +1,19 @@
-//! [`Handshake`], the client's first message on the socket.
+//! [`Handshake`], the client's first message on the socket, and
+//! [`Unprofilable`], what a client says instead of a session when its
+//! process cannot be profiled.
 
 use super::arch::Arch;
 use super::codec::{DecodeError, Get, Put};
 use super::{MAGIC, version};
 
-/// Client -> daemon, first message on the socket (Since [`version::V1`]).
+/// Client -> daemon, first message on the socket (Since [`version::V1`];
+/// `unprofilable` since [`version::V2`]).
 ///
 /// Sent with two descriptors attached (SCM_RIGHTS), in this order: the
-/// client's `/proc/self/maps` and `/proc/self/mem`.
+/// client's `/proc/self/maps` and `/proc/self/mem`. A handshake with
+/// `unprofilable` set is a notice instead: no descriptors, no session; the
+/// daemon records that process `pid` runs unprofiled and why, and closes
+/// the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handshake {
     /// Protocol version the client speaks.
@@ -25,6 +31,69 @@ pub struct Handshake {
     pub client_text_start: u64,
     /// End (exclusive) of the client library's executable code.
     pub client_text_end: u64,
+    /// [`Unprofilable::None`] for a session; otherwise process `pid` (the
+    /// sender, or a child it just spawned) cannot be profiled, and why.
+    pub unprofilable: Unprofilable,
+}
+
+/// Why a process cannot be profiled, as a client tells the daemon
+/// ([`Handshake::unprofilable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Unprofilable {
+    /// Not a notice: a session.
+    None = 0,
+    /// The executable defines `malloc` itself (an allocator linked into
+    /// it): its calls cannot be intercepted.
+    BuiltInAllocator = 1,
+    /// The process exec'd (or spawned) a statically linked program, which
+    /// cannot load the client.
+    StaticProgram = 2,
+    /// The process exec'd (or spawned) a 32-bit program.
+    Program32Bit = 3,
+    /// The process exec'd (or spawned) a set-user-ID or set-group-ID
+    /// program: the loader ignores `LD_PRELOAD` there.
+    SecureExec = 4,
+}
+
+impl Unprofilable {
+    /// The value on the wire.
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The reason of a wire value.
+    pub fn from_code(v: u32) -> Result<Unprofilable, DecodeError> {
+        Ok(match v {
+            0 => Unprofilable::None,
+            1 => Unprofilable::BuiltInAllocator,
+            2 => Unprofilable::StaticProgram,
+            3 => Unprofilable::Program32Bit,
+            4 => Unprofilable::SecureExec,
+            _ => return Err(DecodeError::InvalidField("unprofilable")),
+        })
+    }
+
+    /// Why, in words (completes "pid N runs unprofiled: ").
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Unprofilable::None => "it is profiled",
+            Unprofilable::BuiltInAllocator => {
+                "its executable defines malloc itself (a statically linked allocator), \
+                 whose calls cannot be intercepted"
+            }
+            Unprofilable::StaticProgram => {
+                "it runs a statically linked program, which cannot load the profiler"
+            }
+            Unprofilable::Program32Bit => {
+                "it runs a 32-bit program, which cannot load the 64-bit profiler"
+            }
+            Unprofilable::SecureExec => {
+                "it runs a set-user-ID or set-group-ID program, where the loader ignores \
+                 LD_PRELOAD"
+            }
+        }
+    }
 }
 
 impl Handshake {
@@ -49,7 +118,8 @@ impl Handshake {
         p.u32(self.flags);
         p.u64(self.client_text_start);
         p.u64(self.client_text_end);
-        // 40 bytes used; the rest is reserved and zero.
+        p.u32(self.unprofilable.code());
+        // 44 bytes used; the rest is reserved and zero.
         out
     }
 
@@ -76,6 +146,7 @@ impl Handshake {
         if client_text_end < client_text_start {
             return Err(DecodeError::InvalidField("client_text_end"));
         }
+        let unprofilable = Unprofilable::from_code(g.u32())?;
         Ok(Handshake {
             version,
             pid,
@@ -84,6 +155,7 @@ impl Handshake {
             flags,
             client_text_start,
             client_text_end,
+            unprofilable,
         })
     }
 }
@@ -105,8 +177,20 @@ mod tests {
             flags: Handshake::FLAG_FROM_STARTUP,
             client_text_start: 0x1000,
             client_text_end: 0x2000,
+            unprofilable: Unprofilable::None,
         };
         assert_eq!(Handshake::decode(&h.encode()), Ok(h));
+        let notice = Handshake {
+            unprofilable: Unprofilable::StaticProgram,
+            ..h
+        };
+        assert_eq!(Handshake::decode(&notice.encode()), Ok(notice));
+        let mut b = h.encode();
+        b[40] = 9;
+        assert_eq!(
+            Handshake::decode(&b),
+            Err(DecodeError::InvalidField("unprofilable"))
+        );
         let mut b = h.encode();
         b[4] = 99;
         assert_eq!(

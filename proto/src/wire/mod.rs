@@ -37,7 +37,7 @@ mod record;
 pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
 pub use client_config::{ClientConfig, ForkPolicy, HeapConfig};
 pub use codec::{DecodeError, HEAP_NAME_LEN, heap_name_field, heap_name_str};
-pub use handshake::Handshake;
+pub use handshake::{Handshake, Unprofilable};
 pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record, RecordKind};
 
 /// `b"HPRS"` read as a little-endian `u32`; first field of the socket messages.
@@ -48,8 +48,11 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"HPRS");
 pub mod version {
     /// The first protocol version.
     pub const V1: u32 = 1;
+    /// `Handshake::unprofilable`: a client says its process runs
+    /// unprofiled, and why.
+    pub const V2: u32 = 2;
     /// The version this build speaks.
-    pub const CURRENT: u32 = V1;
+    pub const CURRENT: u32 = V2;
 }
 
 /// Number of heap slots in [`ClientConfig`].

@@ -211,11 +211,16 @@ fn run_once(bench: &Path, dir: &Path, config: Config, threads: u32, pairs: u64) 
             run.daemon_cpu =
                 Some(field(usage, "user_s").unwrap_or(0.0) + field(usage, "sys_s").unwrap_or(0.0));
             run.rss_kib = field(usage, "maxrss_kib").map(|v| v as u64);
-            // "heapprofd-rs: 1 process, N samples (...)"
+            // "heapprofd-rs: 1 process, N samples (...)" (N as 1,234,567)
             run.samples = m.stderr.lines().find_map(|l| {
                 let rest = l.strip_prefix("heapprofd-rs: ")?;
                 let (_, after) = rest.split_once(", ")?;
-                after.split_whitespace().next()?.parse().ok()
+                after
+                    .split_whitespace()
+                    .next()?
+                    .replace(',', "")
+                    .parse()
+                    .ok()
             });
             assert!(
                 !m.stderr.contains("warning:"),

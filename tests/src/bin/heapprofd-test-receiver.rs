@@ -15,7 +15,17 @@
 //! done sessions=1
 //! ```
 //!
-//! `rec` lines only with `--records`. Drain protocol (heapprofd's): read
+//! `rec` lines only with `--records`. With `--capture PREFIX`, every
+//! session also writes `PREFIX.PID.cap`: what a daemon-side benchmark needs
+//! to replay the session's unwinding offline (`daemon/benches/replay.rs`).
+//! The file is a sequence of chunks `[tag u8][len u32 LE][len bytes]`:
+//! `H` = `HPRSCAP1` + pid (u32 LE), `T` = the client's text range (two u64
+//! LE), `M` = the text of `/proc/PID/maps` (at the handshake, and again
+//! whenever it changed, checked before each drain), `R` = one record as
+//! read from the ring. `--capture-max N` stops capturing records after N
+//! (the session goes on being drained).
+//!
+//! Drain protocol (heapprofd's): read
 //! until empty; if that batch had records, look again after 10 ms without
 //! asking to be woken; if it had none, `pause_reader`, read once more, and
 //! sleep in `poll` on the socket (a wake byte or EOF ends the sleep; 100 ms
@@ -23,7 +33,7 @@
 //!
 //! Usage: `heapprofd-test-receiver --socket PATH [--interval N] [--seed N]
 //! [--block] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]
-//! [--stall-ms N]`
+//! [--stall-ms N] [--capture PREFIX] [--capture-max N]`
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -48,6 +58,8 @@ struct Options {
     /// Milliseconds to wait after the handshake before reading anything
     /// (to fill the buffer and make block-mode writers time out).
     stall_ms: u64,
+    /// Where to capture sessions (see the module docs), and how many records.
+    capture: Option<(String, u64)>,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -55,6 +67,8 @@ fn parse_args() -> Result<Options, String> {
     let mut config = ClientConfig::new(4096, 8 << 20);
     let mut records = false;
     let mut stall_ms = 0;
+    let mut capture = None;
+    let mut capture_max = u64::MAX;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = |name: &str| -> Result<u64, String> {
@@ -75,6 +89,8 @@ fn parse_args() -> Result<Options, String> {
             "--max-stack" => config.max_stack_bytes = num("--max-stack")?,
             "--records" => records = true,
             "--stall-ms" => stall_ms = num("--stall-ms")?,
+            "--capture" => capture = args.next(),
+            "--capture-max" => capture_max = num("--capture-max")?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -83,6 +99,7 @@ fn parse_args() -> Result<Options, String> {
         config,
         records,
         stall_ms,
+        capture: capture.map(|p| (p, capture_max)),
     })
 }
 
@@ -143,6 +160,18 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
         ..Summary::default()
     };
     let mut seqs = HashSet::new();
+    let mut capture = match &opts.capture {
+        Some((prefix, max)) => Some(
+            Capture::create(
+                &format!("{prefix}.{}.cap", hs.pid),
+                &hs,
+                fds[0].take().expect("maps fd"),
+                *max,
+            )
+            .map_err(|e| format!("capture: {e}"))?,
+        ),
+        None => None,
+    };
     let mut reader = rb.reader();
     let mut rec = Vec::new();
     let mut eof = false;
@@ -150,10 +179,16 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
     loop {
         // Drain everything there is.
         let mut got = 0u64;
+        if let Some(c) = capture.as_mut() {
+            c.maps().map_err(|e| format!("capture: {e}"))?;
+        }
         let last = loop {
             match reader.read(&mut rec) {
                 ReadOutcome::Record(_) => {
                     got += 1;
+                    if let Some(c) = capture.as_mut() {
+                        c.record(&rec).map_err(|e| format!("capture: {e}"))?;
+                    }
                     account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
                 }
                 other => break other,
@@ -189,6 +224,9 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
             rb.pause_reader();
             if let ReadOutcome::Record(_) = reader.read(&mut rec) {
                 rb.unpause_reader();
+                if let Some(c) = capture.as_mut() {
+                    c.record(&rec).map_err(|e| format!("capture: {e}"))?;
+                }
                 account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
                 continue;
             }
@@ -225,6 +263,61 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
     sum.client_error = rb.client_error() as u32;
     rb.set_shutdown();
     Ok(sum)
+}
+
+/// A session being captured (see the module docs).
+struct Capture {
+    out: std::io::BufWriter<std::fs::File>,
+    maps: std::fs::File,
+    last_maps: String,
+    left: u64,
+}
+
+impl Capture {
+    fn create(path: &str, hs: &Handshake, maps: OwnedFd, max: u64) -> std::io::Result<Capture> {
+        let mut c = Capture {
+            out: std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?),
+            maps: std::fs::File::from(maps),
+            last_maps: String::new(),
+            left: max,
+        };
+        let mut h = b"HPRSCAP1".to_vec();
+        h.extend_from_slice(&hs.pid.to_le_bytes());
+        c.chunk(b'H', &h)?;
+        let mut t = hs.client_text_start.to_le_bytes().to_vec();
+        t.extend_from_slice(&hs.client_text_end.to_le_bytes());
+        c.chunk(b'T', &t)?;
+        c.maps()?;
+        Ok(c)
+    }
+
+    fn chunk(&mut self, tag: u8, bytes: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(&[tag])?;
+        self.out.write_all(&(bytes.len() as u32).to_le_bytes())?;
+        self.out.write_all(bytes)
+    }
+
+    /// Appends the maps if they changed (a process that exited reads as empty).
+    fn maps(&mut self) -> std::io::Result<()> {
+        use std::io::{Read, Seek};
+        let mut text = String::new();
+        self.maps.rewind()?;
+        if self.maps.read_to_string(&mut text).is_err() || text.is_empty() || text == self.last_maps
+        {
+            return Ok(());
+        }
+        self.chunk(b'M', text.as_bytes())?;
+        self.last_maps = text;
+        Ok(())
+    }
+
+    fn record(&mut self, rec: &[u8]) -> std::io::Result<()> {
+        if self.left == 0 {
+            return Ok(());
+        }
+        self.left -= 1;
+        self.chunk(b'R', rec)
+    }
 }
 
 fn account(rec: &[u8], sum: &mut Summary, seqs: &mut HashSet<u64>, out: Option<&Out>) {

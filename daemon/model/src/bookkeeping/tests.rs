@@ -19,6 +19,7 @@ fn started(id: SessionId, pid: u32, cmd: &str) -> SessionEvent {
         pid,
         cmdline: vec![cmd.to_owned()],
         from_startup: true,
+        started_ns: 0,
     }
 }
 
@@ -45,6 +46,8 @@ fn malloc(seq: u64, address: u64, size: u64, stack: u32) -> Op {
         seq,
         address,
         sample_size: size,
+        size,
+        tid: 1,
         timestamp_ns: seq,
         stack,
     }
@@ -158,17 +161,73 @@ fn exec_holds_the_new_image_back_until_the_old_session_ends() {
         0,
         "its seq 1 was not taken as late"
     );
-    // The shell's block at 0x100 stays unreleased; the program's is freed.
-    assert_eq!(totals(&b, &i, 5, &["sh"]), Some((30, 20)));
+    // The shell's block at 0x100 went away with its image (exec threw its
+    // memory away: not unreleased); the program's is freed.
+    assert_eq!(totals(&b, &i, 5, &["sh"]), Some((30, 30)));
     assert_eq!(totals(&b, &i, 5, &["prog"]), Some((30, 30)));
     assert_eq!(
         b.live_bytes(),
         0,
-        "the old image's live blocks are forgotten"
+        "the old image's live blocks are released"
     );
     // The events of the released session keep going straight through.
     assert!(b.handle(ops(2, vec![malloc(3, 0x300, 4, 1)])));
     assert_eq!(totals(&b, &i, 5, &["prog"]), Some((34, 30)));
+}
+
+/// Issue 10: after an exec the old image's live memory is released (it
+/// counts as freed, once, in its callsites), and the process's statistics
+/// add up both images' samples instead of showing the last session's.
+#[test]
+fn exec_releases_the_old_image_and_adds_up_the_stats() {
+    let i = Interner::new();
+    let mut b = Bookkeeping::new(&i, 1);
+    let (sh, prog) = (frames(&i, &["sh"]), frames(&i, &["prog"]));
+    let stats = |samples| SessionStats {
+        heap_samples: samples,
+        unwinding_errors: 1,
+        ..SessionStats::default()
+    };
+    b.handle(started(1, 9, "sh"));
+    b.handle(SessionEvent::Ops {
+        id: 1,
+        ops: vec![
+            stack(1, &sh),
+            malloc(1, 0x100, 1000, 1),
+            malloc(2, 0x200, 500, 1),
+            free(3, 0x200),
+        ],
+        stats: stats(2),
+    });
+    b.handle(SessionEvent::Ended {
+        id: 1,
+        pid: 9,
+        stats: stats(2),
+        end: SessionEnd::default(),
+    });
+    b.handle(started(2, 9, "prog"));
+    b.handle(SessionEvent::Ops {
+        id: 2,
+        ops: vec![stack(1, &prog), malloc(1, 0x100, 64, 1)],
+        stats: stats(1),
+    });
+    let p = b.profile().process(9).unwrap();
+    let sh_totals = p
+        .heaps()
+        .flat_map(|h| h.callsites().iter())
+        .map(|c| (c.allocated, c.freed, c.alloc_count, c.free_count))
+        .collect::<Vec<_>>();
+    assert!(
+        sh_totals.contains(&(1500, 1500, 2, 2)),
+        "the shell's 1000 live bytes were thrown away by the exec: {sh_totals:?}"
+    );
+    assert_eq!(b.live_bytes(), 64, "only the new image's block is live");
+    assert_eq!(
+        (p.stats.heap_samples, p.stats.unwinding_errors),
+        (3, 2),
+        "statistics of both images"
+    );
+    assert_eq!(b.summary()[0].samples, 3);
 }
 
 #[test]
@@ -189,9 +248,11 @@ fn two_execs_in_a_row_are_released_in_connection_order() {
     b.handle(ended(2, 7));
     assert_eq!(b.profile().process(7).unwrap().cmdline, ["three"]);
     b.handle(ended(3, 7));
+    // Each exec released the image before; the last one's block is live.
     for (n, name) in names.iter().enumerate() {
         let v = n as u64 + 1;
-        assert_eq!(totals(&b, &i, 7, &[name]), Some((v, 0)), "{name}");
+        let freed = if n < 2 { v } else { 0 };
+        assert_eq!(totals(&b, &i, 7, &[name]), Some((v, freed)), "{name}");
     }
 }
 

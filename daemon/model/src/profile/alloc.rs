@@ -3,7 +3,7 @@
 /// One sampled allocation of a process (see [`Profile::malloc`]).
 ///
 /// [`Profile::malloc`]: super::Profile::malloc
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Alloc {
     /// Heap id (0 = libc.malloc).
     pub heap: u32,
@@ -14,6 +14,11 @@ pub struct Alloc {
     pub address: u64,
     /// Bytes the sample stands for (the real size at interval 1).
     pub sample_size: u64,
+    /// Bytes the program asked for (what the size histogram and the
+    /// estimated allocation count use).
+    pub size: u64,
+    /// Kernel thread id of the allocating thread (0 = unknown).
+    pub tid: u32,
     /// CLOCK_MONOTONIC_COARSE of the allocation.
     pub timestamp_ns: u64,
 }

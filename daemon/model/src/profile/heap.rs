@@ -15,10 +15,11 @@
 
 use rustc_hash::FxHashMap;
 
+use super::callsite_stats::CallsiteStats;
 use super::tree::CallsiteId;
 
 /// Cumulative and live values of one callsite in one heap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CallsiteTotals {
     /// The stack.
     pub callsite: CallsiteId,
@@ -34,6 +35,8 @@ pub struct CallsiteTotals {
     pub live_bytes: u64,
     /// Sampled allocations live now.
     pub live_count: u64,
+    /// Estimated allocations, sizes, lifetimes (see [`CallsiteStats`]).
+    pub stats: CallsiteStats,
     max_bytes: u64,
     max_count: u64,
     max_version: u64,
@@ -50,6 +53,7 @@ impl CallsiteTotals {
             free_count: 0,
             live_bytes: 0,
             live_count: 0,
+            stats: CallsiteStats::default(),
             max_bytes: 0,
             max_count: 0,
             max_version: 0,
@@ -75,6 +79,28 @@ impl CallsiteTotals {
 struct LiveAlloc {
     seq: u64,
     sample_size: u64,
+    slot: u32,
+    /// Low 32 bits of the allocation's birth (see [`super::lifetime`]).
+    birth: u32,
+}
+
+/// A committed malloc (fields as in [`super::Alloc`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MallocOp {
+    pub(crate) heap_id: u32,
+    pub(crate) address: u64,
+    pub(crate) sample_size: u64,
+    pub(crate) size: u64,
+    pub(crate) tid: u32,
+    pub(crate) timestamp: u64,
+    pub(crate) callsite: CallsiteId,
+}
+
+/// A sampled allocation a free released: what its lifetime needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Freed {
+    pub(crate) seq: u64,
+    pub(crate) birth: u32,
     slot: u32,
 }
 
@@ -186,29 +212,27 @@ impl HeapState {
         }
     }
 
-    /// Commits a malloc. `in_order` says every earlier operation has been
-    /// committed; otherwise (a late operation) a newer allocation already
-    /// at the address wins.
-    pub(crate) fn commit_malloc(
-        &mut self,
-        seq: u64,
-        address: u64,
-        sample_size: u64,
-        callsite: CallsiteId,
-        timestamp: u64,
-        in_order: bool,
-    ) {
-        self.note_time(timestamp);
-        let slot = self.slot(callsite);
+    /// Commits a malloc born at `birth` (see [`super::lifetime`]).
+    /// `in_order` says every earlier operation has been committed;
+    /// otherwise (a late operation) a newer allocation already at the
+    /// address wins.
+    pub(crate) fn commit_malloc(&mut self, seq: u64, m: &MallocOp, birth: u32, in_order: bool) {
+        self.note_time(m.timestamp);
+        let slot = self.slot(m.callsite);
+        let interval = self.sampling_interval;
+        if let Some(t) = self.slots.get_mut(slot as usize) {
+            t.stats.add_alloc(m.size, interval);
+        }
         let new = LiveAlloc {
             seq,
-            sample_size,
+            sample_size: m.sample_size,
             slot,
+            birth,
         };
-        match self.live.get(&address).copied() {
+        match self.live.get(&m.address).copied() {
             Some(old) if !in_order && old.seq > seq => {
                 // Freed implicitly by the newer allocation at the address.
-                self.add_alloc(slot, sample_size, false);
+                self.add_alloc(slot, m.sample_size, false);
                 return;
             }
             Some(old) => {
@@ -217,36 +241,45 @@ impl HeapState {
             }
             None => {}
         }
-        self.live.insert(address, new);
-        self.add_alloc(slot, sample_size, true);
+        self.live.insert(m.address, new);
+        self.add_alloc(slot, m.sample_size, true);
         self.check_peak();
     }
 
-    /// Forgets every live allocation without counting it freed: the address
-    /// space it lived in is gone (the process called exec). What was never
-    /// freed stays unreleased in the callsite totals.
-    pub(crate) fn forget_live(&mut self) {
-        for t in &mut self.slots {
-            t.live_bytes = 0;
-            t.live_count = 0;
+    /// Counts every live allocation freed: the address space it lived in
+    /// is gone (the process called exec), and memory exec threw away is not
+    /// unreleased. The peak, reached before, stays.
+    pub(crate) fn release_live(&mut self) {
+        for (_, a) in std::mem::take(&mut self.live) {
+            self.remove_live(a);
         }
-        self.live.clear();
         self.live_bytes = 0;
     }
 
     /// Commits a free. Frees of unknown addresses (unsampled allocations,
     /// memory allocated before profiling started) are ignored; so is a
-    /// late free older than the allocation now at its address. Returns
-    /// whether it freed a sampled allocation.
-    pub(crate) fn commit_free(&mut self, seq: u64, address: u64) -> bool {
+    /// late free older than the allocation now at its address. Returns the
+    /// sampled allocation it freed, if any.
+    pub(crate) fn commit_free(&mut self, seq: u64, address: u64) -> Option<Freed> {
         match self.live.get(&address) {
             Some(a) if a.seq < seq => {
                 let a = *a;
                 self.live.remove(&address);
                 self.remove_live(a);
-                true
+                Some(Freed {
+                    seq: a.seq,
+                    birth: a.birth,
+                    slot: a.slot,
+                })
             }
-            _ => false,
+            _ => None,
+        }
+    }
+
+    /// Counts the lifetime of a freed allocation (exact mode).
+    pub(crate) fn note_lifetime(&mut self, freed: Freed, lifetime: u64, temporary: bool) {
+        if let Some(t) = self.slots.get_mut(freed.slot as usize) {
+            t.stats.add_free(lifetime, temporary);
         }
     }
 
@@ -319,15 +352,37 @@ mod tests {
         CallsiteId::new(n).unwrap()
     }
 
+    /// `commit_malloc` of `size` bytes (sample size = size).
+    fn malloc(
+        h: &mut HeapState,
+        seq: u64,
+        address: u64,
+        size: u64,
+        c: u32,
+        ts: u64,
+        in_order: bool,
+    ) {
+        let m = MallocOp {
+            heap_id: h.id,
+            address,
+            sample_size: size,
+            size,
+            tid: 1,
+            timestamp: ts,
+            callsite: cs(c),
+        };
+        h.commit_malloc(seq, &m, 0, in_order);
+    }
+
     #[test]
     fn malloc_free_and_implicit_free() {
         let mut h = HeapState::new(0, "libc.malloc".into(), 1);
-        h.commit_malloc(1, 0x10, 100, cs(2), 5, true);
-        h.commit_malloc(2, 0x20, 50, cs(3), 6, true);
+        malloc(&mut h, 1, 0x10, 100, 2, 5, true);
+        malloc(&mut h, 2, 0x20, 50, 3, 6, true);
         assert_eq!(h.live_bytes(), 150);
-        assert!(h.commit_free(3, 0x10));
-        assert!(!h.commit_free(4, 0x99), "unknown address ignored");
-        h.commit_malloc(5, 0x20, 70, cs(2), 7, true); // implicit free of seq 2
+        assert!(h.commit_free(3, 0x10).is_some());
+        assert!(h.commit_free(4, 0x99).is_none(), "unknown address ignored");
+        malloc(&mut h, 5, 0x20, 70, 2, 7, true); // implicit free of seq 2
         let a = h.callsite(cs(2)).unwrap();
         assert_eq!(
             (a.allocated, a.freed, a.alloc_count, a.free_count),
@@ -345,11 +400,11 @@ mod tests {
     #[test]
     fn late_operations_do_not_undo_newer_ones() {
         let mut h = HeapState::new(0, "x".into(), 1);
-        h.commit_malloc(10, 0x10, 8, cs(2), 1, true);
+        malloc(&mut h, 10, 0x10, 8, 2, 1, true);
         // A late free older than the live allocation: ignored.
-        assert!(!h.commit_free(5, 0x10));
+        assert!(h.commit_free(5, 0x10).is_none());
         // A late malloc older than the live one: counted and freed.
-        h.commit_malloc(7, 0x10, 4, cs(3), 1, false);
+        malloc(&mut h, 7, 0x10, 4, 3, 1, false);
         let t = h.callsite(cs(3)).unwrap();
         assert_eq!((t.allocated, t.freed, t.live_count), (4, 4, 0));
         assert_eq!(h.live_bytes(), 8);
@@ -358,7 +413,7 @@ mod tests {
     #[test]
     fn needs_dump_drops_dead_callsites_once_dumped() {
         let mut h = HeapState::new(0, "x".into(), 1);
-        h.commit_malloc(1, 0x10, 8, cs(2), 1, true);
+        malloc(&mut h, 1, 0x10, 8, 2, 1, true);
         assert!(h.callsites()[0].needs_dump());
         h.callsites_mut()[0].mark_dumped();
         assert!(h.callsites()[0].needs_dump(), "still live");
@@ -366,7 +421,7 @@ mod tests {
         assert!(h.callsites()[0].needs_dump(), "changed");
         h.callsites_mut()[0].mark_dumped();
         assert!(!h.callsites()[0].needs_dump(), "dead and unchanged");
-        h.commit_malloc(3, 0x10, 8, cs(2), 1, true);
+        malloc(&mut h, 3, 0x10, 8, 2, 1, true);
         assert!(h.callsites()[0].needs_dump());
         assert_eq!(h.callsites()[0].allocated, 16, "totals kept");
     }

@@ -29,9 +29,12 @@
 //! a sequence number has been delivered.
 
 pub mod alloc;
+pub mod callsite_stats;
+pub mod estimate;
 pub mod heap;
 pub mod histogram;
 pub mod interner;
+mod lifetime;
 pub mod order;
 pub mod process;
 pub mod tree;
@@ -39,14 +42,19 @@ pub mod tree;
 use std::collections::BTreeMap;
 
 pub use alloc::Alloc;
+pub use callsite_stats::{CallsiteStats, LifetimeBucket, SizeBucket};
 pub use heap::{CallsiteTotals, HeapState};
 pub use histogram::{UNWIND_HISTOGRAM_BUCKETS, UnwindHistogram};
 pub use interner::{
     FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
 };
-pub use process::{ClientError, OrderStats, ProcessFlags, ProcessState, ProcessStats};
+pub use process::{
+    ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ProcessFlags, ProcessIdentity, ProcessState,
+    ProcessStats,
+};
 pub use tree::{CallsiteId, CallsiteTree};
 
+use heap::MallocOp;
 use process::PendingOp;
 
 /// The bookkeeping of one profiling session; see the module docs.
@@ -102,7 +110,10 @@ impl Profile {
     /// changes the interval (adaptive sampling). `name` `None` keeps the
     /// current name. The first interval is kept as the original one.
     pub fn set_heap(&mut self, pid: u32, heap_id: u32, name: Option<&str>, sampling_interval: u64) {
-        let h = self.process_or_default(pid).heap_or_default(heap_id);
+        // Beyond the heap limit: dropped, and the process flagged.
+        let Some(h) = self.process_or_default(pid).heap_or_default(heap_id) else {
+            return;
+        };
         if let Some(name) = name.filter(|n| !n.is_empty()) {
             h.name = name.to_owned();
         }
@@ -130,14 +141,18 @@ impl Profile {
 
     /// [`Profile::malloc`] with a callsite from [`Profile::intern_callsite`].
     pub fn malloc_at(&mut self, pid: u32, alloc: Alloc, callsite: CallsiteId) {
-        let op = PendingOp::Malloc {
+        let op = PendingOp::Malloc(MallocOp {
             heap_id: alloc.heap,
             address: alloc.address,
             sample_size: alloc.sample_size,
+            size: alloc.size,
+            tid: alloc.tid,
             timestamp: alloc.timestamp_ns,
             callsite,
-        };
-        self.push(pid, alloc.seq, op);
+        });
+        let p = self.process_or_default(pid);
+        p.note_thread(alloc.tid);
+        p.push(alloc.seq, op);
     }
 
     /// Records a free (or the free half of a realloc).
@@ -197,6 +212,19 @@ impl Profile {
         self.processes.values()
     }
 
+    /// (pid, tid) of the threads seen in samples since the last call, for
+    /// the runtime to look their names up
+    /// ([`ProcessState::set_thread_name`]).
+    pub fn take_unnamed_threads(&mut self) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        for p in self.processes.values_mut() {
+            if !p.unnamed_threads.is_empty() {
+                out.extend(p.take_unnamed_threads().into_iter().map(|t| (p.pid, t)));
+            }
+        }
+        out
+    }
+
     /// Forgets a process (after its final dump) to free its memory.
     pub fn remove_process(&mut self, pid: u32) -> Option<ProcessState> {
         self.processes.remove(&pid)
@@ -248,6 +276,8 @@ mod tests {
                 seq: 1,
                 address: 0x100,
                 sample_size: 10,
+                size: 10,
+                tid: 1,
                 timestamp_ns: 5,
             },
             &st,
@@ -259,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn exec_starts_a_new_sequence_space_and_forgets_the_old_image() {
+    fn exec_starts_a_new_sequence_space_and_releases_the_old_image() {
         let i = Interner::new();
         let mut p = Profile::new(&i);
         let shell = frames(&i, &["main", "sh_alloc"]);
@@ -272,6 +302,8 @@ mod tests {
                 seq: 1,
                 address: 0x100,
                 sample_size: 10,
+                size: 10,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &shell,
@@ -283,6 +315,8 @@ mod tests {
                 seq: 2,
                 address: 0x200,
                 sample_size: 20,
+                size: 20,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &shell,
@@ -298,6 +332,8 @@ mod tests {
                 seq: 1,
                 address: 0x100,
                 sample_size: 30,
+                size: 30,
+                tid: 1,
                 timestamp_ns: 2,
             },
             &prog,
@@ -306,10 +342,11 @@ mod tests {
         let h = p.heap(5, 0).unwrap();
         let sh = h.callsite(p.tree().find(&shell).unwrap()).unwrap();
         let pr = h.callsite(p.tree().find(&prog).unwrap()).unwrap();
-        // The shell's block at 0x100 was never freed: still unreleased.
+        // The shell's block at 0x100 was never freed, but the exec threw
+        // it away: released, not left unreleased.
         assert_eq!(
             (sh.allocated, sh.freed, sh.alloc_count, sh.free_count),
-            (30, 20, 2, 1)
+            (30, 30, 2, 2)
         );
         // Nothing of the new image was dropped as "late".
         assert_eq!((pr.allocated, pr.freed), (30, 30));
@@ -373,6 +410,8 @@ mod tests {
                 seq: 2,
                 address: 0x10,
                 sample_size: 8,
+                size: 8,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &st,
@@ -388,6 +427,8 @@ mod tests {
                 seq: 11,
                 address: 0x20,
                 sample_size: 8,
+                size: 8,
+                tid: 1,
                 timestamp_ns: 1,
             },
             &st,

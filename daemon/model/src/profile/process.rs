@@ -1,11 +1,20 @@
 //! Per-process state: identity, statistics, error flags and heaps.
+//!
+//! Heap ids come from the profiled process and are not trusted: a process
+//! has at most [`MAX_HEAPS_PER_PROCESS`] heaps. Declarations and records
+//! of heaps beyond that are dropped (counted in
+//! [`OrderStats::over_heap_limit`]) and the process is flagged
+//! `hit_guardrail`, which every later dump of it carries.
 
 use std::collections::BTreeMap;
 
-use super::heap::HeapState;
+use super::heap::{HeapState, MallocOp};
 use super::histogram::UnwindHistogram;
+use super::lifetime::LifetimeTracker;
 use super::order::{Release, Reorder};
-use super::tree::CallsiteId;
+
+/// Heaps one process may have (Perfetto's client configuration holds 64).
+pub const MAX_HEAPS_PER_PROCESS: usize = 64;
 
 /// Unwinding statistics of a process (Perfetto's `ProcessStats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,6 +34,23 @@ pub struct ProcessStats {
 }
 
 impl ProcessStats {
+    /// Adds `other`'s counts to these (the sessions of one process: its
+    /// images before and after an exec).
+    pub fn add(&mut self, other: &ProcessStats) {
+        self.unwinding_errors += other.unwinding_errors;
+        self.heap_samples += other.heap_samples;
+        self.map_reparses += other.map_reparses;
+        for (i, n) in other.unwinding_time_us.0.iter().enumerate() {
+            self.unwinding_time_us[i] += n;
+        }
+        self.total_unwinding_time_us = self
+            .total_unwinding_time_us
+            .saturating_add(other.total_unwinding_time_us);
+        self.client_spinlock_blocked_us = self
+            .client_spinlock_blocked_us
+            .saturating_add(other.client_spinlock_blocked_us);
+    }
+
     /// Counts one unwound sample.
     pub fn record_unwind(&mut self, time_us: u64, error: bool) {
         self.heap_samples += 1;
@@ -78,22 +104,25 @@ pub struct OrderStats {
     pub duplicate_seqs: u64,
     /// Operations for a heap that was never declared.
     pub undeclared_heap_ops: u64,
+    /// Declarations and operations dropped because they named a heap
+    /// beyond [`MAX_HEAPS_PER_PROCESS`].
+    pub over_heap_limit: u64,
 }
 
 /// An operation waiting for its turn.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum PendingOp {
-    Malloc {
-        heap_id: u32,
-        address: u64,
-        sample_size: u64,
-        timestamp: u64,
-        callsite: CallsiteId,
-    },
-    Free {
-        heap_id: u32,
-        address: u64,
-    },
+    Malloc(MallocOp),
+    Free { heap_id: u32, address: u64 },
+}
+
+/// What the process tree says about a process besides its command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// Parent process id, if known.
+    pub ppid: Option<u32>,
+    /// Thread names by thread id (empty name: not known yet).
+    pub threads: BTreeMap<u32, String>,
 }
 
 /// One profiled process.
@@ -109,9 +138,22 @@ pub struct ProcessState {
     pub stats: ProcessStats,
     /// Error flags.
     pub flags: ProcessFlags,
+    /// Parent and threads, as the runtime read them from `/proc`.
+    pub identity: ProcessIdentity,
+    /// When profiling of the process started (MONOTONIC_COARSE ns; 0 if
+    /// unknown): the start of its first dump's window.
+    pub session_start_ns: u64,
+    /// Client sessions it had (its images that were profiled).
+    pub sessions: u32,
+    /// It ran unprofiled at some point (never profiled when `sessions` is
+    /// 0), and why.
+    pub unprofilable: Option<heapprofd_proto::wire::Unprofilable>,
     pub(crate) heaps: BTreeMap<u32, HeapState>,
     pub(crate) order: Reorder<PendingOp>,
     pub(crate) order_stats: OrderStats,
+    pub(crate) lifetimes: LifetimeTracker,
+    /// Threads seen in samples whose name the runtime has not looked up.
+    pub(crate) unnamed_threads: Vec<u32>,
 }
 
 impl ProcessState {
@@ -122,10 +164,34 @@ impl ProcessState {
             from_startup: false,
             stats: ProcessStats::default(),
             flags: ProcessFlags::default(),
+            identity: ProcessIdentity::default(),
+            session_start_ns: 0,
+            sessions: 0,
+            unprofilable: None,
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
             order_stats: OrderStats::default(),
+            lifetimes: LifetimeTracker::default(),
+            unnamed_threads: Vec::new(),
         }
+    }
+
+    /// Sets a thread's name.
+    pub fn set_thread_name(&mut self, tid: u32, name: String) {
+        self.identity.threads.insert(tid, name);
+    }
+
+    /// Notes a thread seen in a sample; new ones wait for a name.
+    pub(crate) fn note_thread(&mut self, tid: u32) {
+        if tid != 0 && !self.identity.threads.contains_key(&tid) {
+            self.identity.threads.insert(tid, String::new());
+            self.unnamed_threads.push(tid);
+        }
+    }
+
+    /// Threads seen in samples since the last call, to be named.
+    pub fn take_unnamed_threads(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.unnamed_threads)
     }
 
     /// The heaps, by heap id.
@@ -157,8 +223,14 @@ impl ProcessState {
         self.heaps.values().map(|h| h.live_bytes()).sum()
     }
 
-    pub(crate) fn heap_or_default(&mut self, heap_id: u32) -> &mut HeapState {
-        heap_or_default(&mut self.heaps, heap_id)
+    /// Heap `heap_id`, created if new; `None` (counted, flagged) when the
+    /// process already has [`MAX_HEAPS_PER_PROCESS`] others.
+    pub(crate) fn heap_or_default(&mut self, heap_id: u32) -> Option<&mut HeapState> {
+        let mut limits = Limits {
+            flags: &mut self.flags,
+            stats: &mut self.order_stats,
+        };
+        heap_or_default(&mut self.heaps, &mut limits, heap_id)
     }
 
     /// Adds an operation; commits whatever is ready.
@@ -167,9 +239,19 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
+            flags,
             ..
         } = self;
-        order.push(seq, op, |s, op, rel| apply(heaps, order_stats, s, op, rel));
+        let mut cx = Apply {
+            heaps,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
+            lifetimes,
+        };
+        order.push(seq, op, |s, op, rel| cx.apply(s, op, rel));
     }
 
     /// Commits everything up to `seq`.
@@ -178,20 +260,32 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
+            flags,
             ..
         } = self;
-        order.release_through(seq, |s, op, rel| apply(heaps, order_stats, s, op, rel));
+        let mut cx = Apply {
+            heaps,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
+            lifetimes,
+        };
+        order.release_through(seq, |s, op, rel| cx.apply(s, op, rel));
     }
 
     /// A new client session for the same pid (the process called exec, or
-    /// the pid was reused): commits what is pending, forgets the old image's
-    /// live allocations, and starts a new sequence-number space at 1.
+    /// the pid was reused): commits what is pending, counts the old image's
+    /// live allocations freed (exec threw its memory away), and starts a
+    /// new sequence-number space at 1.
     pub(crate) fn new_session(&mut self, window: u64) {
         self.flush();
         for h in self.heaps.values_mut() {
-            h.forget_live();
+            h.release_live();
         }
         self.order = Reorder::new(1, window);
+        self.lifetimes = LifetimeTracker::default();
         self.flags.disconnected = false;
     }
 
@@ -201,51 +295,82 @@ impl ProcessState {
             order,
             heaps,
             order_stats,
+            lifetimes,
+            flags,
             ..
         } = self;
-        order.flush(|s, op, rel| apply(heaps, order_stats, s, op, rel));
+        let mut cx = Apply {
+            heaps,
+            limits: Limits {
+                flags,
+                stats: order_stats,
+            },
+            lifetimes,
+        };
+        order.flush(|s, op, rel| cx.apply(s, op, rel));
     }
 }
 
-fn heap_or_default(heaps: &mut BTreeMap<u32, HeapState>, heap_id: u32) -> &mut HeapState {
-    heaps
-        .entry(heap_id)
-        .or_insert_with(|| HeapState::new(heap_id, default_heap_name(heap_id), 0))
+/// What committing an operation may count and flag.
+struct Limits<'a> {
+    flags: &'a mut ProcessFlags,
+    stats: &'a mut OrderStats,
 }
 
-fn apply(
-    heaps: &mut BTreeMap<u32, HeapState>,
-    stats: &mut OrderStats,
-    seq: u64,
-    op: PendingOp,
-    release: Release,
-) {
-    match op {
-        PendingOp::Malloc {
-            heap_id,
-            address,
-            sample_size,
-            timestamp,
-            callsite,
-        } => {
-            if !heaps.contains_key(&heap_id) {
-                stats.undeclared_heap_ops += 1;
+fn heap_or_default<'h>(
+    heaps: &'h mut BTreeMap<u32, HeapState>,
+    limits: &mut Limits<'_>,
+    heap_id: u32,
+) -> Option<&'h mut HeapState> {
+    if !heaps.contains_key(&heap_id) && heaps.len() >= MAX_HEAPS_PER_PROCESS {
+        limits.stats.over_heap_limit += 1;
+        limits.flags.hit_guardrail = true;
+        return None;
+    }
+    Some(
+        heaps
+            .entry(heap_id)
+            .or_insert_with(|| HeapState::new(heap_id, default_heap_name(heap_id), 0)),
+    )
+}
+
+/// What committing an operation touches.
+struct Apply<'a> {
+    heaps: &'a mut BTreeMap<u32, HeapState>,
+    limits: Limits<'a>,
+    lifetimes: &'a mut LifetimeTracker,
+}
+
+impl Apply<'_> {
+    fn apply(&mut self, seq: u64, op: PendingOp, release: Release) {
+        let in_order = release == Release::InOrder;
+        match op {
+            PendingOp::Malloc(m) => {
+                let declared = self.heaps.contains_key(&m.heap_id);
+                let Some(heap) = heap_or_default(self.heaps, &mut self.limits, m.heap_id) else {
+                    return;
+                };
+                if !declared {
+                    self.limits.stats.undeclared_heap_ops += 1;
+                }
+                let exact = heap.sampling_interval == 1 && in_order;
+                let birth = self.lifetimes.malloc(seq, m.tid, exact);
+                heap.commit_malloc(seq, &m, birth, in_order);
             }
-            heap_or_default(heaps, heap_id).commit_malloc(
-                seq,
-                address,
-                sample_size,
-                callsite,
-                timestamp,
-                release == Release::InOrder,
-            );
-        }
-        PendingOp::Free { heap_id, address } => {
-            let freed = heaps
-                .get_mut(&heap_id)
-                .is_some_and(|h| h.commit_free(seq, address));
-            if !freed {
-                stats.unknown_frees += 1;
+            PendingOp::Free { heap_id, address } => {
+                let Some(heap) = self.heaps.get_mut(&heap_id) else {
+                    self.limits.stats.unknown_frees += 1;
+                    return;
+                };
+                match heap.commit_free(seq, address) {
+                    Some(freed) => {
+                        if heap.sampling_interval == 1 && in_order {
+                            let (lifetime, temporary) = self.lifetimes.free(freed.seq, freed.birth);
+                            heap.note_lifetime(freed, lifetime, temporary);
+                        }
+                    }
+                    None => self.limits.stats.unknown_frees += 1,
+                }
             }
         }
     }
@@ -263,6 +388,35 @@ pub fn default_heap_name(heap_id: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::tree::CallsiteId;
+
+    #[test]
+    fn heaps_are_bounded_and_the_excess_flagged() {
+        let mut p = ProcessState::new(1, 16);
+        for id in 0..MAX_HEAPS_PER_PROCESS as u32 {
+            assert!(p.heap_or_default(id * 7).is_some());
+        }
+        assert!(!p.flags.hit_guardrail);
+        // An existing heap is still there; a new one is refused.
+        assert!(p.heap_or_default(7).is_some());
+        assert!(p.heap_or_default(u32::MAX).is_none());
+        assert!(p.flags.hit_guardrail);
+        // A malloc into a refused heap is dropped, counted.
+        let op = PendingOp::Malloc(MallocOp {
+            heap_id: 99_999,
+            address: 0x1000,
+            sample_size: 1 << 60,
+            size: 1 << 60,
+            tid: 1,
+            timestamp: 1,
+            callsite: CallsiteId::ROOT,
+        });
+        p.push(1, op);
+        p.flush();
+        assert_eq!(p.heaps().count(), MAX_HEAPS_PER_PROCESS);
+        assert_eq!(p.order_stats().over_heap_limit, 2);
+        assert_eq!(p.live_bytes(), 0);
+    }
 
     #[test]
     fn record_unwind_counts() {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::profile::{ProcessFlags, ProcessStats};
+use crate::profile::{CallsiteStats, ProcessFlags, ProcessStats};
 
 /// A frame with its names resolved.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,7 +38,7 @@ impl ResolvedFrame {
 }
 
 /// Latest values of one callstack in one heap.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CallstackValues {
     /// Frames, outermost caller first, allocating function last.
     pub frames: Vec<ResolvedFrame>,
@@ -54,9 +54,23 @@ pub struct CallstackValues {
     pub self_max: u64,
     /// Live allocations at the peak (dump_at_max traces).
     pub self_max_count: u64,
+    /// heapprofd-rs's statistics of the callsite (estimated allocations,
+    /// sizes, lifetimes), when the trace has them (see
+    /// [`extension`](super::extension)).
+    pub stats: Option<CallsiteStats>,
 }
 
 impl CallstackValues {
+    /// The four cumulative counters.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            allocated: self.self_allocated,
+            freed: self.self_freed,
+            alloc_count: self.alloc_count,
+            free_count: self.free_count,
+        }
+    }
+
     /// Bytes allocated and not freed.
     pub fn unreleased(&self) -> u64 {
         self.self_allocated.saturating_sub(self.self_freed)
@@ -68,8 +82,48 @@ impl CallstackValues {
     }
 }
 
-/// Everything known about one heap of one process.
+/// The four cumulative counters of a callstack (or their sum).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Counters {
+    /// Sampled bytes allocated.
+    pub allocated: u64,
+    /// Sampled bytes freed.
+    pub freed: u64,
+    /// Allocations (samples).
+    pub alloc_count: u64,
+    /// Frees (of samples).
+    pub free_count: u64,
+}
+
+impl Counters {
+    /// Bytes allocated and not freed.
+    pub fn unreleased(&self) -> u64 {
+        self.allocated.saturating_sub(self.freed)
+    }
+
+    /// Allocations not freed.
+    pub fn unreleased_count(&self) -> u64 {
+        self.alloc_count.saturating_sub(self.free_count)
+    }
+}
+
+/// One dump of a heap: its window, the totals after it, and the callstacks
+/// whose values it changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DumpPoint {
+    /// Start of the dump's window (MONOTONIC_COARSE ns).
+    pub start: u64,
+    /// End of the window: when the values were taken.
+    pub timestamp: u64,
+    /// Sum over every callstack of its latest values as of this dump.
+    pub totals: Counters,
+    /// (index into [`HeapProfile::callstacks`], values as of this dump)
+    /// for each callstack whose values this dump changed.
+    pub changes: Vec<(u32, Counters)>,
+}
+
+/// Everything known about one heap of one process.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeapProfile {
     /// Process id.
     pub pid: u32,
@@ -95,6 +149,23 @@ pub struct HeapProfile {
     pub from_startup: bool,
     /// Latest values per distinct stack.
     pub callstacks: Vec<CallstackValues>,
+    /// Every allocation was recorded and the trace counted lifetimes and
+    /// temporary allocations (heapprofd-rs at interval 1).
+    pub exact: bool,
+    /// The dumps in trace order (one for a plain trace; one per tick for a
+    /// `--continuous-dump` trace).
+    pub timeline: Vec<DumpPoint>,
+}
+
+/// Memory counters of a process at one instant (`ProcessStats` packets).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemorySample {
+    /// When (MONOTONIC_COARSE ns, the clock of the heap dumps).
+    pub timestamp: u64,
+    /// Resident set size, kB.
+    pub rss_kb: u64,
+    /// Peak resident set size, kB (0 if not known).
+    pub hwm_kb: u64,
 }
 
 /// A process of the `ProcessTree`.
@@ -104,10 +175,27 @@ pub struct ProcessInfo {
     pub pid: u32,
     /// Command line.
     pub cmdline: Vec<String>,
+    /// Parent process id, if the trace names it.
+    pub ppid: Option<u32>,
+    /// Thread names by thread id (empty: unnamed).
+    pub threads: BTreeMap<u32, String>,
+    /// Memory counters over time.
+    pub memory: Vec<MemorySample>,
+}
+
+/// Where and why a trace ends before its data does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Truncation {
+    /// Byte offset where the incomplete part starts.
+    pub offset: u64,
+    /// Bytes in the file.
+    pub file_len: u64,
+    /// What is incomplete there.
+    pub what: String,
 }
 
 /// The heap profiles in a trace.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TraceData {
     /// Processes named by `ProcessTree` packets.
     pub processes: BTreeMap<u32, ProcessInfo>,
@@ -118,4 +206,7 @@ pub struct TraceData {
     /// Problems that did not stop the reading (dangling ids, index gaps,
     /// a partial last packet…).
     pub warnings: Vec<String>,
+    /// The trace was cut short (a partial last packet, or a heap dump that
+    /// never finished): what was read is in, the rest is lost.
+    pub truncated: Option<Truncation>,
 }

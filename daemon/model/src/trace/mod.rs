@@ -46,7 +46,9 @@
 //! let main = interner.intern_frame(None, 0x1100, Some("main"), None, None);
 //! let leaf = interner.intern_frame(None, 0x1200, Some("make_buffer"), None, None);
 //! let t = clocks.monotonic_coarse_ns;
-//! let alloc = Alloc { heap: 0, seq: 1, address: 0x5000, sample_size: 4096, timestamp_ns: t };
+//! let alloc = Alloc {
+//!     heap: 0, seq: 1, address: 0x5000, sample_size: 4096, size: 4096, tid: 1, timestamp_ns: t,
+//! };
 //! profile.malloc(1234, alloc, &[main, leaf]);
 //! profile.free(1234, 0, 2, 0x5000);
 //!
@@ -69,15 +71,19 @@
 //! shared [`Interner`](crate::profile::Interner) under short read locks.
 
 mod data;
+pub mod extension;
 mod interned;
 mod reader;
 mod writer;
 
-pub use data::{CallstackValues, HeapProfile, ProcessInfo, ResolvedFrame, TraceData};
+pub use data::{
+    CallstackValues, Counters, DumpPoint, HeapProfile, MemorySample, ProcessInfo, ResolvedFrame,
+    TraceData, Truncation,
+};
 pub use reader::read_trace;
 pub use writer::{
-    ClockReadings, DEFAULT_SEQUENCE_ID, DumpSummary, PACKET_SIZE_THRESHOLD, TraceWriter,
-    WriterConfig,
+    ClockReadings, DEFAULT_SEQUENCE_ID, DumpSummary, PACKET_SIZE_THRESHOLD, ProcessMemory,
+    TraceWriter, WriterConfig,
 };
 
 /// The error type of trace writing and reading.

@@ -8,7 +8,12 @@
 //!
 //! Values are cumulative, and a dump may leave out callsites that did not
 //! change; the result keeps, per (process, heap), the latest values of
-//! every callstack seen in any dump.
+//! every callstack seen in any dump, and per dump the totals and what
+//! changed ([`DumpPoint`]), for timelines. heapprofd-rs's extension packets
+//! ([`super::extension`]) add per-callsite statistics; `ProcessTree` and
+//! `ProcessStats` packets name processes and threads and give their memory
+//! over time. A trace that ends inside a packet or inside a dump is
+//! [`TraceData::truncated`].
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
@@ -16,9 +21,13 @@ use heapprofd_proto::perfetto::{self as pf, Message, TracePacket, profile_packet
 use rustc_hash::FxHashMap;
 
 use super::TraceError;
-use super::data::{CallstackValues, HeapProfile, ProcessInfo, ResolvedFrame, TraceData};
+use super::data::{
+    CallstackValues, Counters, DumpPoint, HeapProfile, MemorySample, ResolvedFrame, TraceData,
+    Truncation,
+};
+use super::extension::{Extension, find_extension};
 use super::interned::{Resolver, Tables};
-use crate::profile::{ClientError, ProcessStats, UNWIND_HISTOGRAM_BUCKETS};
+use crate::profile::{CallsiteStats, ClientError, ProcessStats, UNWIND_HISTOGRAM_BUCKETS};
 
 #[derive(Debug, Default)]
 struct Sequence {
@@ -29,12 +38,19 @@ struct Sequence {
     group: Vec<profile_packet::ProcessHeapSamples>,
 }
 
+/// A callstack of a sequence generation: (sequence, generation, iid).
+type Key = (u32, u64, u64);
+
 #[derive(Debug, Default)]
 struct HeapAcc {
     profile: HeapProfile,
-    /// Latest values per (sequence, generation, callstack iid).
-    latest: FxHashMap<(u32, u64, u64), CallstackValues>,
-    order: Vec<(u32, u64, u64)>,
+    /// Latest values and position in `order`, per key.
+    latest: FxHashMap<Key, (CallstackValues, u32)>,
+    order: Vec<Key>,
+    /// Running sum of the latest counters.
+    totals: Counters,
+    /// Latest extension statistics per key.
+    stats: FxHashMap<Key, CallsiteStats>,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +58,16 @@ struct Reader {
     seqs: FxHashMap<u32, Sequence>,
     heaps: BTreeMap<(u32, String), HeapAcc>,
     data: TraceData,
+    /// (BOOTTIME, MONOTONIC_COARSE) of the first clock snapshot.
+    clocks: Option<(u64, u64)>,
+}
+
+fn add_counters(t: &mut Counters, new: Counters, old: Counters) {
+    let f = |t: &mut u64, n: u64, o: u64| *t = t.saturating_add(n).saturating_sub(o);
+    f(&mut t.allocated, new.allocated, old.allocated);
+    f(&mut t.freed, new.freed, old.freed);
+    f(&mut t.alloc_count, new.alloc_count, old.alloc_count);
+    f(&mut t.free_count, new.free_count, old.free_count);
 }
 
 impl Reader {
@@ -51,7 +77,7 @@ impl Reader {
         }
     }
 
-    fn packet(&mut self, offset: u64, p: TracePacket) {
+    fn packet(&mut self, offset: u64, p: TracePacket, ext: Option<Extension>) {
         self.data.packets += 1;
         let seq_id = p.trusted_packet_sequence_id().unwrap_or(0);
         let cleared = p.sequence_flags.unwrap_or(0) & pf::SEQ_INCREMENTAL_STATE_CLEARED != 0
@@ -64,21 +90,78 @@ impl Reader {
         if let Some(d) = p.interned_data {
             seq.tables.add_interned(d);
         }
+        let generation = seq.generation;
+        let boot = p.timestamp;
         match p.data {
             Some(trace_packet::Data::ProcessTree(t)) => {
                 for pr in t.processes {
                     let pid = pr.pid() as u32;
-                    self.data.processes.insert(
-                        pid,
-                        ProcessInfo {
-                            pid,
-                            cmdline: pr.cmdline,
-                        },
-                    );
+                    let info = self.data.processes.entry(pid).or_default();
+                    info.pid = pid;
+                    if pr.ppid.is_some() {
+                        info.ppid = Some(pr.ppid() as u32);
+                    }
+                    info.cmdline = pr.cmdline;
+                }
+                for th in t.threads {
+                    let pid = th.tgid() as u32;
+                    let info = self.data.processes.entry(pid).or_default();
+                    info.pid = pid;
+                    let name = info.threads.entry(th.tid() as u32).or_default();
+                    if let Some(n) = th.name.filter(|n| !n.is_empty()) {
+                        *name = n;
+                    }
+                }
+            }
+            Some(trace_packet::Data::ProcessStats(ps)) => {
+                let ts = ps.collection_end_timestamp.or(boot).unwrap_or(0);
+                let ts = self.boot_to_coarse(ts);
+                for pr in ps.processes {
+                    let pid = pr.pid() as u32;
+                    let info = self.data.processes.entry(pid).or_default();
+                    info.pid = pid;
+                    info.memory.push(MemorySample {
+                        timestamp: ts,
+                        rss_kb: pr.vm_rss_kb(),
+                        hwm_kb: pr.vm_hwm_kb(),
+                    });
+                }
+            }
+            Some(trace_packet::Data::ClockSnapshot(c)) if self.clocks.is_none() => {
+                let of = |id| {
+                    c.clocks
+                        .iter()
+                        .find(|k| k.clock_id == Some(id))
+                        .and_then(|k| k.timestamp)
+                };
+                if let (Some(b), Some(m)) =
+                    (of(pf::clock::BOOTTIME), of(pf::clock::MONOTONIC_COARSE))
+                {
+                    self.clocks = Some((b, m));
                 }
             }
             Some(trace_packet::Data::ProfilePacket(pp)) => self.profile_packet(offset, seq_id, pp),
             _ => {}
+        }
+        if let Some(e) = ext.and_then(|e| e.heap_stats) {
+            let heap = e.heap_name.clone().unwrap_or_else(|| "unknown".to_owned());
+            let pid = e.pid.unwrap_or(0) as u32;
+            let acc = self.heaps.entry((pid, heap)).or_default();
+            acc.profile.exact |= e.exact.unwrap_or(false);
+            for c in &e.callsites {
+                let key = (seq_id, generation, c.callstack_id.unwrap_or(0));
+                acc.stats.insert(key, c.to_stats());
+            }
+        }
+    }
+
+    /// A BOOTTIME time on MONOTONIC_COARSE (the heap dumps' clock), through
+    /// the first clock snapshot; unchanged without one.
+    fn boot_to_coarse(&self, boot: u64) -> u64 {
+        match self.clocks {
+            Some((b, m)) if boot >= b => m.saturating_add(boot - b),
+            Some((b, m)) => m.saturating_sub(b - boot),
+            None => boot,
         }
     }
 
@@ -139,6 +222,12 @@ impl Reader {
             if !counted.contains(&key) {
                 hp.dumps += 1;
                 counted.push(key);
+                let end = d.timestamp.unwrap_or(0);
+                hp.timeline.push(DumpPoint {
+                    start: d.start_timestamp.unwrap_or(end),
+                    timestamp: end,
+                    ..Default::default()
+                });
             }
             hp.pid = pid;
             hp.heap_name = name;
@@ -176,7 +265,7 @@ impl Reader {
                 let iid = s.callstack_id();
                 let key = (seq_id, generation, iid);
                 let at_max = s.self_max.is_some() || s.self_max_count.is_some();
-                hp.dump_at_max |= at_max;
+                acc.profile.dump_at_max |= at_max;
                 let values = CallstackValues {
                     frames: Vec::new(),
                     self_allocated: if at_max && s.self_allocated.is_none() {
@@ -193,17 +282,31 @@ impl Reader {
                     free_count: s.free_count(),
                     self_max: s.self_max(),
                     self_max_count: s.self_max_count(),
+                    stats: None,
                 };
-                match acc.latest.get_mut(&key) {
-                    Some(v) => {
+                let new = values.counters();
+                let (old, pos) = match acc.latest.get_mut(&key) {
+                    Some((v, pos)) => {
+                        let old = v.counters();
                         let frames = std::mem::take(&mut v.frames);
                         *v = CallstackValues { frames, ..values };
+                        (old, *pos)
                     }
                     None => {
                         let frames = resolver.callstack(iid);
-                        acc.latest.insert(key, CallstackValues { frames, ..values });
+                        let pos = acc.order.len() as u32;
+                        acc.latest
+                            .insert(key, (CallstackValues { frames, ..values }, pos));
                         acc.order.push(key);
+                        (Counters::default(), pos)
                     }
+                };
+                add_counters(&mut acc.totals, new, old);
+                if let Some(point) = acc.profile.timeline.last_mut() {
+                    if new != old {
+                        point.changes.push((pos, new));
+                    }
+                    point.totals = acc.totals;
                 }
             }
         }
@@ -212,7 +315,7 @@ impl Reader {
         }
     }
 
-    fn finish(mut self) -> TraceData {
+    fn finish(mut self, file_len: u64) -> TraceData {
         let seq_ids: Vec<u32> = self
             .seqs
             .iter()
@@ -224,6 +327,11 @@ impl Reader {
                 "sequence {id}: the last heap dump was not finished (trace cut short?); \
                  its samples are included"
             ));
+            self.data.truncated.get_or_insert(Truncation {
+                offset: file_len,
+                file_len,
+                what: "the last heap dump is not finished".into(),
+            });
             self.finish_group(id);
         }
         for (_, acc) in std::mem::take(&mut self.heaps) {
@@ -231,15 +339,24 @@ impl Reader {
                 mut profile,
                 mut latest,
                 order,
+                mut stats,
+                ..
             } = acc;
-            // Merge distinct iids that resolve to the same stack.
+            if profile.dumps == 0 {
+                continue; // statistics of a heap whose dump is missing
+            }
+            // Merge distinct iids that resolve to the same stack; `index`
+            // maps a position in `order` to the callstack it became.
             let mut by_stack: FxHashMap<Vec<ResolvedFrame>, usize> = FxHashMap::default();
-            for key in order {
-                let Some(v) = latest.remove(&key) else {
+            let mut index = vec![0u32; order.len()];
+            for (pos, key) in order.into_iter().enumerate() {
+                let Some((mut v, _)) = latest.remove(&key) else {
                     continue;
                 };
+                v.stats = stats.remove(&key);
                 match by_stack.get(&v.frames) {
                     Some(&i) => {
+                        index[pos] = i as u32;
                         let c: &mut CallstackValues = &mut profile.callstacks[i];
                         c.self_allocated += v.self_allocated;
                         c.self_freed += v.self_freed;
@@ -247,16 +364,47 @@ impl Reader {
                         c.free_count += v.free_count;
                         c.self_max += v.self_max;
                         c.self_max_count += v.self_max_count;
+                        match (&mut c.stats, v.stats) {
+                            (Some(a), Some(b)) => a.merge(&b),
+                            (a @ None, b) => *a = b,
+                            _ => {}
+                        }
                     }
                     None => {
+                        index[pos] = profile.callstacks.len() as u32;
                         by_stack.insert(v.frames.clone(), profile.callstacks.len());
                         profile.callstacks.push(v);
                     }
                 }
             }
+            merge_timeline(&mut profile.timeline, &index);
             self.data.heaps.push(profile);
         }
         self.data
+    }
+}
+
+/// Rewrites the timeline's changes from positions to callstack indices,
+/// summing the changes of merged stacks (each merged stack's value is the
+/// sum of its parts' latest values).
+fn merge_timeline(timeline: &mut [DumpPoint], index: &[u32]) {
+    let merged = index.iter().enumerate().any(|(pos, &i)| i as usize != pos);
+    let mut parts: FxHashMap<u32, Counters> = FxHashMap::default();
+    for point in timeline {
+        if !merged {
+            continue;
+        }
+        let mut by_index: BTreeMap<u32, Counters> = BTreeMap::new();
+        for &(pos, c) in &point.changes {
+            parts.insert(pos, c);
+            by_index.insert(index[pos as usize], Counters::default());
+        }
+        for (pos, c) in &parts {
+            if let Some(sum) = by_index.get_mut(&index[*pos as usize]) {
+                add_counters(sum, *c, Counters::default());
+            }
+        }
+        point.changes = by_index.into_iter().collect();
     }
 }
 
@@ -310,6 +458,7 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
     let mut reader = Reader::default();
     let mut pos = 0u64;
     let mut buf = Vec::new();
+    let mut truncated: Option<(u64, &str)> = None;
     let malformed = |offset, what: String| TraceError::Malformed { offset, what };
     loop {
         let start = pos;
@@ -318,6 +467,7 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
             Ok(Some(t)) => t,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 reader.warn(format!("trace ends inside a packet header at byte {start}"));
+                truncated = Some((start, "a packet header"));
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -337,6 +487,7 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
                 Ok(Some(n)) => n,
                 Ok(None) | Err(_) if reader.data.packets > 0 => {
                     reader.warn(format!("trace ends inside a packet header at byte {start}"));
+                    truncated = Some((start, "a packet header"));
                     break;
                 }
                 _ => return Err(malformed(start, "bad length".into())),
@@ -369,6 +520,7 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
                 "trace ends with a partial packet at byte {start} ({got} of {len} bytes); \
                  it was ignored"
             ));
+            truncated = Some((start, "a packet"));
             break;
         }
         if field != 1 {
@@ -380,10 +532,27 @@ pub fn read_trace(r: impl Read) -> Result<TraceData, TraceError> {
                 format!("undecodable packet #{}: {e}", reader.data.packets),
             )
         })?;
-        reader.packet(start, packet);
+        let ext = match find_extension(&buf) {
+            Some(Ok(e)) => Some(e),
+            Some(Err(e)) => {
+                reader.warn(format!(
+                    "packet at byte {start}: undecodable heapprofd-rs extension ({e}); ignored"
+                ));
+                None
+            }
+            None => None,
+        };
+        reader.packet(start, packet, ext);
     }
     if reader.data.packets == 0 {
         return Err(malformed(0, "no trace packets (empty file?)".into()));
     }
-    Ok(reader.finish())
+    if let Some((offset, what)) = truncated {
+        reader.data.truncated = Some(Truncation {
+            offset,
+            file_len: pos,
+            what: format!("the trace ends inside {what}"),
+        });
+    }
+    Ok(reader.finish(pos))
 }

@@ -9,10 +9,11 @@ use heapprofd_proto::perfetto::{
 use rustc_hash::FxHashMap;
 
 use super::TraceError;
+use super::extension::{CallsiteStatsMsg, Extension, HeapStats, append_extension};
 use crate::profile::histogram::{UNWIND_HISTOGRAM_BUCKETS, unwind_bucket_limit};
 use crate::profile::{
     CallsiteId, CallsiteTree, ClientError, FrameId, HeapState, Interner, InternerView, MappingId,
-    ProcessState, Profile, StringId,
+    ProcessIdentity, ProcessState, Profile, StringId,
 };
 
 /// `trusted_packet_sequence_id` of every packet we write.
@@ -255,7 +256,7 @@ pub struct TraceWriter<W: Write> {
     packets: u64,
     next_index: u64,
     emitted: Emitted,
-    processes_written: FxHashMap<u32, Vec<String>>,
+    processes_written: FxHashMap<u32, (Vec<String>, ProcessIdentity)>,
     buf: Vec<u8>,
     stack: Vec<FrameId>,
 }
@@ -341,6 +342,29 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
+    /// [`Self::emit`] of a packet that also carries `ext`.
+    fn emit_with_extension(
+        &mut self,
+        mut packet: TracePacket,
+        ext: &Extension,
+    ) -> Result<(), TraceError> {
+        if self.failed {
+            return Err(TraceError::Failed);
+        }
+        packet.set_trusted_packet_sequence_id(self.cfg.sequence_id);
+        let mut body = packet.encode_to_vec();
+        append_extension(&mut body, ext);
+        self.buf.clear();
+        prost_bytes_field(1, &body, &mut self.buf);
+        if let Err(e) = self.out.write_all(&self.buf) {
+            self.failed = true;
+            return Err(e.into());
+        }
+        self.bytes += self.buf.len() as u64;
+        self.packets += 1;
+        Ok(())
+    }
+
     /// Writes another clock snapshot (e.g. after a long session, so
     /// suspend time is accounted for).
     pub fn write_clock_snapshot(&mut self, clocks: &ClockReadings) -> Result<(), TraceError> {
@@ -352,18 +376,30 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Writes a `ProcessTree` with the processes of `profile` not written
-    /// yet (or whose command line changed). [`TraceWriter::dump`] calls it.
+    /// yet, or whose command line, parent or threads changed (pid, ppid,
+    /// cmdline; each thread's tid, tgid and name). [`TraceWriter::dump`]
+    /// calls it.
     pub fn write_processes(&mut self, profile: &Profile) -> Result<(), TraceError> {
         let mut tree = ProcessTree::default();
         for p in profile.processes() {
-            if self.processes_written.get(&p.pid) == Some(&p.cmdline) {
+            let written = self.processes_written.get(&p.pid);
+            if written.is_some_and(|(c, i)| *c == p.cmdline && *i == p.identity) {
                 continue;
             }
             tree.processes.push(process_tree::Process {
                 pid: Some(p.pid as i32),
+                ppid: p.identity.ppid.map(|pp| pp as i32),
                 cmdline: p.cmdline.clone(),
                 ..Default::default()
             });
+            for (&tid, name) in &p.identity.threads {
+                tree.threads.push(process_tree::Thread {
+                    tid: Some(tid as i32),
+                    name: (!name.is_empty()).then(|| name.clone()),
+                    tgid: Some(p.pid as i32),
+                    ..Default::default()
+                });
+            }
         }
         if tree.processes.is_empty() {
             return Ok(());
@@ -374,9 +410,49 @@ impl<W: Write> TraceWriter<W> {
             ..Default::default()
         })?;
         for p in profile.processes() {
-            self.processes_written.insert(p.pid, p.cmdline.clone());
+            self.processes_written
+                .insert(p.pid, (p.cmdline.clone(), p.identity.clone()));
         }
         Ok(())
+    }
+
+    /// Writes the memory counters of processes read at `timestamp_ns`
+    /// (CLOCK_MONOTONIC_COARSE) as a `ProcessStats` packet: trace processor
+    /// makes counter tracks of them (`mem.rss`, ...), and their times bound
+    /// the trace's time range, so the runtime writes one when a session
+    /// starts.
+    pub fn write_memory(
+        &mut self,
+        timestamp_ns: u64,
+        processes: &[ProcessMemory],
+    ) -> Result<(), TraceError> {
+        if processes.is_empty() {
+            return Ok(());
+        }
+        let boot = self.clocks.coarse_to_boottime(timestamp_ns);
+        let kb = |v: u64| (v > 0).then_some(v);
+        let stats = pf::ProcessStats {
+            processes: processes
+                .iter()
+                .map(|m| pf::process_stats::Process {
+                    pid: Some(m.pid as i32),
+                    vm_size_kb: kb(m.vm_size_kb),
+                    vm_rss_kb: Some(m.vm_rss_kb),
+                    rss_anon_kb: kb(m.rss_anon_kb),
+                    rss_file_kb: kb(m.rss_file_kb),
+                    rss_shmem_kb: kb(m.rss_shmem_kb),
+                    vm_swap_kb: kb(m.vm_swap_kb),
+                    vm_locked_kb: None,
+                    vm_hwm_kb: kb(m.vm_hwm_kb),
+                })
+                .collect(),
+            collection_end_timestamp: Some(boot),
+        };
+        self.emit(TracePacket {
+            timestamp: Some(boot),
+            data: Some(trace_packet::Data::ProcessStats(stats)),
+            ..Default::default()
+        })
     }
 
     /// Writes one dump of every process and heap of `profile`, as of
@@ -395,11 +471,15 @@ impl<W: Write> TraceWriter<W> {
         let mut summary = DumpSummary::default();
         let (tree, processes) = profile.split_mut();
         for p in processes.values_mut() {
-            let pid = p.pid;
-            let header = heap_header_base(p);
+            let cx = DumpCx {
+                tree,
+                interner,
+                pid: p.pid,
+                session_start: p.session_start_ns,
+                base: heap_header_base(p),
+            };
             for heap in p.heaps.values_mut() {
-                summary.samples +=
-                    self.dump_heap(tree, interner, pid, &header, heap, timestamp_ns)?;
+                summary.samples += self.dump_heap(&cx, heap, timestamp_ns)?;
                 summary.heap_dumps += 1;
             }
         }
@@ -410,29 +490,31 @@ impl<W: Write> TraceWriter<W> {
 
     fn dump_heap(
         &mut self,
-        tree: &CallsiteTree,
-        interner: &Interner,
-        pid: u32,
-        base: &profile_packet::ProcessHeapSamples,
+        cx: &DumpCx<'_>,
         heap: &mut HeapState,
         now: u64,
     ) -> Result<u64, TraceError> {
+        let (tree, interner, pid) = (cx.tree, cx.interner, cx.pid);
         let at_max = self.cfg.dump_at_max;
+        // The first window starts when profiling of the process started
+        // (not at its first sample), so the timeline shows all of it.
+        let first = match (cx.session_start, heap.first_timestamp()) {
+            (0, f) => f,
+            (s, Some(f)) => Some(s.min(f)),
+            (s, None) => Some(s),
+        };
         let (start, end) = if at_max {
             let end = if heap.max_timestamp() > 0 {
                 heap.max_timestamp()
             } else {
                 now
             };
-            (heap.first_timestamp().unwrap_or(end).min(end), end)
+            (first.unwrap_or(end).min(end), end)
         } else {
-            let start = heap
-                .last_dump_timestamp()
-                .or(heap.first_timestamp())
-                .unwrap_or(now);
+            let start = heap.last_dump_timestamp().or(first).unwrap_or(now);
             (start.min(now), now)
         };
-        let mut header = base.clone();
+        let mut header = cx.base.clone();
         header.pid = Some(u64::from(pid));
         header.heap_name = Some(heap.name.clone());
         header.sampling_interval_bytes = Some(heap.sampling_interval);
@@ -444,6 +526,7 @@ impl<W: Write> TraceWriter<W> {
         let threshold = self.cfg.packet_size_threshold;
 
         let mut pending = PendingInterned::default();
+        let mut extras: Vec<CallsiteStatsMsg> = Vec::new();
         let mut samples: Vec<profile_packet::HeapSample> = Vec::new();
         let mut size = header_len;
         let mut count = 0;
@@ -475,6 +558,9 @@ impl<W: Write> TraceWriter<W> {
                 }
             };
             let callsite = t.callsite;
+            if !t.stats.is_empty() {
+                extras.push(CallsiteStatsMsg::from_stats(callsite.iid(), &t.stats));
+            }
             if !at_max {
                 heap.callsites_mut()[i].mark_dumped();
             }
@@ -500,8 +586,53 @@ impl<W: Write> TraceWriter<W> {
         }
         // The empty packet that ends the group (heapprofd's layout).
         self.profile_packet_raw(ProfilePacket::default(), boot)?;
+        let exact = heap.sampling_interval == 1;
+        self.write_extension(pid, &heap.name, end, exact, extras, boot)?;
         heap.last_dump_timestamp = Some(end.max(heap.last_dump_timestamp.unwrap_or(0)));
         Ok(count)
+    }
+
+    /// Writes the dump's per-callsite statistics as extension packets (see
+    /// [`super::extension`]), split like the samples.
+    fn write_extension(
+        &mut self,
+        pid: u32,
+        heap_name: &str,
+        timestamp: u64,
+        exact: bool,
+        callsites: Vec<CallsiteStatsMsg>,
+        boot: u64,
+    ) -> Result<(), TraceError> {
+        let threshold = self.cfg.packet_size_threshold;
+        let mut rest = callsites.into_iter().peekable();
+        while rest.peek().is_some() {
+            let mut chunk = Vec::new();
+            let mut size = 0;
+            for c in rest.by_ref() {
+                size += c.encoded_len() + 4;
+                chunk.push(c);
+                if size >= threshold {
+                    break;
+                }
+            }
+            let ext = Extension {
+                heap_stats: Some(HeapStats {
+                    pid: Some(u64::from(pid)),
+                    heap_name: Some(heap_name.to_owned()),
+                    timestamp: Some(timestamp),
+                    exact: Some(exact),
+                    callsites: chunk,
+                }),
+            };
+            self.emit_with_extension(
+                TracePacket {
+                    timestamp: Some(boot),
+                    ..Default::default()
+                },
+                &ext,
+            )?;
+        }
+        Ok(())
     }
 
     fn flush_interned(&mut self, p: &mut PendingInterned, boot: u64) -> Result<(), TraceError> {
@@ -554,6 +685,45 @@ impl<W: Write> TraceWriter<W> {
         self.out.flush()?;
         Ok(self.out)
     }
+}
+
+/// What dumping the heaps of one process needs.
+struct DumpCx<'a> {
+    tree: &'a CallsiteTree,
+    interner: &'a Interner,
+    pid: u32,
+    session_start: u64,
+    base: profile_packet::ProcessHeapSamples,
+}
+
+/// Memory counters of one process (kB, from `/proc/PID/status`; 0 = not
+/// known), for [`TraceWriter::write_memory`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessMemory {
+    /// Process id.
+    pub pid: u32,
+    /// VmSize.
+    pub vm_size_kb: u64,
+    /// VmRSS.
+    pub vm_rss_kb: u64,
+    /// RssAnon.
+    pub rss_anon_kb: u64,
+    /// RssFile.
+    pub rss_file_kb: u64,
+    /// RssShmem.
+    pub rss_shmem_kb: u64,
+    /// VmSwap.
+    pub vm_swap_kb: u64,
+    /// VmHWM (peak RSS).
+    pub vm_hwm_kb: u64,
+}
+
+/// Appends a length-delimited field `field` holding `bytes`.
+fn prost_bytes_field(field: u32, bytes: &[u8], buf: &mut Vec<u8>) {
+    use heapprofd_proto::perfetto::prost::encoding::{WireType, encode_key, encode_varint};
+    encode_key(field, WireType::LengthDelimited, buf);
+    encode_varint(bytes.len() as u64, buf);
+    buf.extend_from_slice(bytes);
 }
 
 fn clock_snapshot_of(c: &ClockReadings) -> ClockSnapshot {

@@ -1,24 +1,15 @@
-//! glibc's real allocator, and the library's own Rust allocator on top of it.
-//!
-//! The hooks forward to the `__libc_*` entry points, which glibc exports for
-//! exactly this purpose (public `GLIBC_2.2.5` symbols in glibc 2.36:
-//! malloc, calloc, realloc, free, memalign, valloc, pvalloc). Calling them
-//! needs no `dlsym`, which itself may allocate. glibc has no
-//! `__libc_posix_memalign`, `__libc_aligned_alloc` or public
-//! `__libc_reallocarray` (it is `GLIBC_PRIVATE`), so those are built on
-//! `__libc_memalign` and `__libc_realloc`. `malloc_usable_size` has no
-//! `__libc_` twin; it is looked up once with `dlsym(RTLD_NEXT)`.
-//!
-//! Which allocator is "real" is the front-end's choice: the core never
-//! names these functions.
+//! The library's own allocator: glibc's, reached through its `__libc_*`
+//! entry points (public `GLIBC_2.2.5` symbols in glibc 2.36: malloc,
+//! calloc, realloc, free, memalign), never through the hooks.
 //!
 //! [`LibcAlloc`] is the library's `#[global_allocator]`: every Rust
-//! allocation the client makes goes straight to glibc and never enters the
-//! hooks.
+//! allocation the client makes (the core's included) goes straight to
+//! glibc's heap, whatever allocator the program uses (the hooks forward
+//! the program's calls to that one, see `originals`); the client frees
+//! only what it allocated itself, so the two never mix.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicPtr, Ordering};
 
 unsafe extern "C" {
     pub(crate) fn __libc_malloc(size: usize) -> *mut c_void;
@@ -26,8 +17,6 @@ unsafe extern "C" {
     pub(crate) fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
     pub(crate) fn __libc_free(p: *mut c_void);
     pub(crate) fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
-    pub(crate) fn __libc_valloc(size: usize) -> *mut c_void;
-    pub(crate) fn __libc_pvalloc(size: usize) -> *mut c_void;
 }
 
 /// Alignment `__libc_malloc` guarantees (glibc: 2 * sizeof(size_t)).
@@ -90,35 +79,4 @@ unsafe impl GlobalAlloc for LibcAlloc {
             new
         }
     }
-}
-
-/// The type of `malloc_usable_size`.
-pub(crate) type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
-
-/// glibc's `malloc_usable_size`, resolved by [`usable_size`].
-static USABLE_SIZE: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
-
-/// glibc's `malloc_usable_size` behind `ours` (our hook, never returned),
-/// looked up on the first call. The constructor makes that call, with the
-/// guard held (`dlsym` may call `calloc`).
-pub(crate) fn usable_size(ours: UsableSizeFn) -> UsableSizeFn {
-    let cur = USABLE_SIZE.load(Ordering::Acquire);
-    if !cur.is_null() {
-        // SAFETY: only ever set to the address of glibc's function.
-        return unsafe { core::mem::transmute::<*mut c_void, UsableSizeFn>(cur) };
-    }
-    // SAFETY: dlsym with a valid NUL-terminated name.
-    let mut p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
-    if p.is_null() || p == ours as *mut c_void {
-        p = usable_size_unknown as *mut c_void;
-    }
-    USABLE_SIZE.store(p, Ordering::Release);
-    // SAFETY: `p` is a function with this signature.
-    unsafe { core::mem::transmute::<*mut c_void, UsableSizeFn>(p) }
-}
-
-/// Fallback if glibc's function cannot be found: 0 is always a correct
-/// (if useless) answer, as the caller may use only what it asked for.
-unsafe extern "C" fn usable_size_unknown(_p: *mut c_void) -> usize {
-    0
 }

@@ -1,0 +1,187 @@
+//! What heapprofd-rs writes besides Perfetto's heap samples, read back:
+//! the extension's per-callsite statistics (estimated allocations, sizes,
+//! lifetimes, temporaries), the per-dump timeline, the process tree's
+//! parents and threads, memory counters, and how a cut trace is reported.
+
+mod core_support;
+
+use core_support::{CLOCKS, Program, at_ms, check_trace};
+use heapprofd_model::profile::estimate::inverse_probability;
+use heapprofd_model::profile::{Alloc, Profile};
+use heapprofd_model::trace::{ProcessMemory, TraceWriter, read_trace};
+
+fn alloc(seq: u64, address: u64, size: u64, tid: u32, ms: u64) -> Alloc {
+    Alloc {
+        heap: 0,
+        seq,
+        address,
+        sample_size: size,
+        size,
+        tid,
+        timestamp_ns: at_ms(ms),
+    }
+}
+
+/// Exact mode, two threads and two dumps:
+/// thread 1: A (stack_a, 100 B) then frees A at once (temporary, lifetime 0);
+/// thread 2: B (stack_b, 1000 B); thread 1: C (stack_a, 100 B);
+/// thread 2 frees B (B was thread 2's latest: temporary, lifetime 1);
+/// dump 1; thread 1 frees C after thread 1 allocated D (not temporary).
+fn exact_profile(p: &Program) -> (Profile, Vec<u8>) {
+    let mut prof = Profile::new(&p.interner);
+    let pr = prof.add_process(100, vec!["app".into()], true);
+    pr.identity.ppid = Some(1);
+    pr.set_thread_name(100, "app".into());
+    pr.session_start_ns = at_ms(1);
+    prof.set_heap(100, 0, Some("libc.malloc"), 1);
+    let mut w = TraceWriter::new(Vec::new(), CLOCKS).unwrap();
+    let mem = |rss| ProcessMemory {
+        pid: 100,
+        vm_rss_kb: rss,
+        vm_hwm_kb: rss,
+        ..Default::default()
+    };
+    w.write_memory(at_ms(1), &[mem(1000)]).unwrap();
+    prof.malloc(100, alloc(1, 0x10, 100, 100, 2), &p.stack_a());
+    prof.free(100, 0, 2, 0x10);
+    prof.malloc(100, alloc(3, 0x20, 1000, 101, 3), &p.stack_b());
+    prof.malloc(100, alloc(4, 0x30, 100, 100, 4), &p.stack_a());
+    prof.free(100, 0, 5, 0x20);
+    w.dump(&mut prof, &p.interner, at_ms(5)).unwrap();
+    w.write_memory(at_ms(5), &[mem(3000)]).unwrap();
+    prof.malloc(100, alloc(6, 0x40, 7, 100, 6), &p.stack_err());
+    prof.free(100, 0, 7, 0x30);
+    prof.flush_all();
+    // A thread seen in samples gets a name from the runtime.
+    assert_eq!(prof.take_unnamed_threads(), [(100, 101)]);
+    prof.process_mut(100)
+        .unwrap()
+        .set_thread_name(101, "worker".into());
+    w.dump(&mut prof, &p.interner, at_ms(9)).unwrap();
+    let bytes = w.finish().unwrap();
+    (prof, bytes)
+}
+
+#[test]
+fn exact_mode_statistics_timeline_and_processes_round_trip() {
+    let p = Program::new();
+    let (_, bytes) = exact_profile(&p);
+    let t = read_trace(bytes.as_slice()).unwrap();
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    assert!(t.truncated.is_none());
+    let h = &t.heaps[0];
+    assert!(h.exact);
+    let by_leaf = |name: &str| {
+        h.callstacks
+            .iter()
+            .find(|c| c.frames.last().and_then(|f| f.function.as_deref()) == Some(name))
+            .unwrap()
+    };
+    let a = by_leaf("alloc_a").stats.clone().unwrap();
+    assert_eq!(a.estimated_allocs, 2.0);
+    assert_eq!(a.temporary, 1, "A is temporary, C is not");
+    let lifetimes: Vec<(u8, u64)> = a.lifetimes.iter().map(|b| (b.log2, b.frees)).collect();
+    // A: no allocation in between; C: one (D).
+    assert_eq!(lifetimes, [(0, 1), (1, 1)]);
+    let sizes: Vec<(u8, u64)> = a.sizes.iter().map(|b| (b.log2, b.samples)).collect();
+    assert_eq!(sizes, [(7, 2)]);
+    let b = by_leaf("alloc_b").stats.clone().unwrap();
+    assert_eq!(
+        (b.temporary, b.lifetimes[0].log2),
+        (1, 1),
+        "B lived 1 allocation (C)"
+    );
+    // Timeline: two dumps; the first window starts at the session start.
+    assert_eq!(h.timeline.len(), 2);
+    let (d1, d2) = (&h.timeline[0], &h.timeline[1]);
+    assert_eq!((d1.start, d1.timestamp), (at_ms(1), at_ms(5)));
+    assert_eq!((d1.totals.allocated, d1.totals.freed), (1200, 1100));
+    assert_eq!((d2.totals.allocated, d2.totals.freed), (1207, 1200));
+    assert_eq!(d1.changes.len(), 2);
+    // Process tree and memory (converted to the dumps' clock).
+    let pr = &t.processes[&100];
+    assert_eq!(pr.ppid, Some(1));
+    assert_eq!(pr.threads.get(&101).map(String::as_str), Some("worker"));
+    assert_eq!(pr.threads.get(&100).map(String::as_str), Some("app"));
+    let rss: Vec<(u64, u64)> = pr.memory.iter().map(|m| (m.timestamp, m.rss_kb)).collect();
+    assert_eq!(rss, [(at_ms(1), 1000), (at_ms(5), 3000)]);
+    // Perfetto's schema: nothing unknown but the extension packets.
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut f, &bytes).unwrap();
+    let (code, json) = check_trace(f.path());
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(json["extensions"]["heapprofd_rs"], 2, "{json}");
+}
+
+#[test]
+fn sampled_mode_estimates_allocations_and_counts_no_lifetimes() {
+    let p = Program::new();
+    let mut prof = Profile::new(&p.interner);
+    prof.set_heap(7, 0, Some("libc.malloc"), 4096);
+    // Three 100-byte samples (each standing for 4096 bytes) and one big one.
+    for (i, size) in [100u64, 100, 100, 10_000].into_iter().enumerate() {
+        let seq = i as u64 + 1;
+        let mut a = alloc(seq, 0x100 * seq, size, 7, 1);
+        a.sample_size = size.max(4096);
+        prof.malloc(7, a, &p.stack_a());
+    }
+    prof.free(7, 0, 5, 0x100);
+    let mut w = TraceWriter::new(Vec::new(), CLOCKS).unwrap();
+    w.dump(&mut prof, &p.interner, at_ms(2)).unwrap();
+    let t = read_trace(w.finish().unwrap().as_slice()).unwrap();
+    let h = &t.heaps[0];
+    assert!(!h.exact);
+    let s = h.callstacks[0].stats.clone().unwrap();
+    let want = 3.0 * inverse_probability(100, 4096) + 1.0;
+    assert!((s.estimated_allocs - want).abs() < 1e-6, "{s:?}");
+    assert!(s.lifetimes.is_empty() && s.temporary == 0);
+    assert_eq!(h.callstacks[0].alloc_count, 4, "samples");
+}
+
+#[test]
+fn a_cut_trace_says_where() {
+    let p = Program::new();
+    let (_, bytes) = exact_profile(&p);
+    // Inside a packet.
+    let t = read_trace(&bytes[..bytes.len() - 3]).unwrap();
+    let cut = t.truncated.expect("truncated");
+    assert!(cut.what.contains("inside a packet"), "{cut:?}");
+    assert!(cut.offset < bytes.len() as u64 - 3);
+    assert_eq!(cut.file_len, bytes.len() as u64 - 3);
+    // At a packet boundary inside the first dump: the dump is unfinished.
+    let mut end = 0;
+    let mut boundaries = Vec::new();
+    while end < bytes.len() {
+        let (len, n) = varint(&bytes[end + 1..]);
+        end += 1 + n + len as usize;
+        boundaries.push(end);
+    }
+    let mid_dump = boundaries
+        .iter()
+        .copied()
+        .find(|&b| {
+            let t = read_trace(&bytes[..b]).unwrap();
+            t.heaps.first().is_some_and(|h| h.dumps == 1) && t.truncated.is_some()
+        })
+        .expect("a boundary inside the first dump");
+    let t = read_trace(&bytes[..mid_dump]).unwrap();
+    assert!(
+        t.truncated.unwrap().what.contains("not finished"),
+        "{:?}",
+        t.warnings
+    );
+    // At the boundary after a whole dump (and its extension): nothing lost.
+    let whole = read_trace(bytes.as_slice()).unwrap();
+    assert!(whole.truncated.is_none());
+}
+
+fn varint(b: &[u8]) -> (u64, usize) {
+    let mut v = 0;
+    for (i, &x) in b.iter().enumerate() {
+        v |= u64::from(x & 0x7f) << (7 * i);
+        if x & 0x80 == 0 {
+            return (v, i + 1);
+        }
+    }
+    (v, b.len())
+}

@@ -1,0 +1,104 @@
+//! `scripts/install.sh PREFIX`: the installed `heapprofd-rs` finds its
+//! client library in `PREFIX/lib/heapprofd-rs/` and profiles a real program;
+//! `--uninstall` removes exactly what was installed; a binary without its
+//! library fails with an error naming where it looked. Installs into a
+//! scratch prefix only (never the system's).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use heapprofd_tests::client_harness::{run, workspace_root};
+use heapprofd_tests::record_harness::{check_trace, release_bins, scratch_dir};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn install_script(prefix: &Path, uninstall: bool) -> Command {
+    let mut c = Command::new(workspace_root().join("scripts/install.sh"));
+    if uninstall {
+        c.arg("--uninstall");
+    }
+    c.arg(prefix).env("NO_BUILD", "1").env(
+        "CARGO_TARGET_DIR",
+        release_bins()
+            .heapprofd
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/release/heapprofd-rs"),
+    );
+    c
+}
+
+#[test]
+fn installed_binary_finds_its_client_and_uninstall_removes_it() {
+    let dir = scratch_dir("install");
+    let prefix = dir.join("prefix");
+    let out = run(install_script(&prefix, false), TIMEOUT);
+    assert_eq!(out.code, Some(0), "install.sh failed:\n{}", out.stderr);
+    let bin = prefix.join("bin/heapprofd-rs");
+    let lib = prefix.join("lib/heapprofd-rs/libheapprofd_client.so");
+    for (f, mode) in [(&bin, 0o755), (&lib, 0o644)] {
+        let m = std::fs::metadata(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert_eq!(m.permissions().mode() & 0o777, mode, "{}", f.display());
+    }
+
+    let trace = dir.join("perl.pftrace");
+    let mut rec = Command::new(&bin);
+    rec.args(["record", "-i", "1", "-o"]).arg(&trace).args([
+        "--",
+        "perl",
+        "-e",
+        "my %h; $h{$_} = 'x' x 100 for 1..2000",
+    ]);
+    let out = run(rec, TIMEOUT);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "installed record failed:\n{}",
+        out.stderr
+    );
+    let t = check_trace(&trace);
+    let perl_frames = t
+        .samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.contains("Perl_")))
+        .count();
+    assert!(
+        perl_frames > 10,
+        "{perl_frames} samples with perl's frames in the installed record's trace"
+    );
+
+    let out = run(install_script(&prefix, true), TIMEOUT);
+    assert_eq!(out.code, Some(0), "uninstall failed:\n{}", out.stderr);
+    assert!(
+        !bin.exists() && !lib.exists(),
+        "uninstall left files behind"
+    );
+    assert!(
+        !prefix.join("lib/heapprofd-rs").exists(),
+        "uninstall left the library directory"
+    );
+}
+
+#[test]
+fn binary_without_its_client_names_where_it_looked() {
+    let dir = scratch_dir("install-nolib");
+    let bin = dir.join("heapprofd-rs");
+    std::fs::copy(&release_bins().heapprofd, &bin).expect("copying heapprofd-rs");
+    let mut rec = Command::new(&bin);
+    rec.args(["record", "-o"])
+        .arg(dir.join("t.pftrace"))
+        .args(["--", "true"]);
+    let out = run(rec, TIMEOUT);
+    assert_eq!(out.code, Some(1), "stderr:\n{}", out.stderr);
+    assert!(
+        out.stderr.contains("client library not found")
+            && out
+                .stderr
+                .contains("lib/heapprofd-rs/libheapprofd_client.so")
+            && out.stderr.contains("--client-lib"),
+        "the error does not say where it looked and what to do:\n{}",
+        out.stderr
+    );
+}
