@@ -2,4 +2,5 @@
 //! once, the control socket the command line talks to, the startup-trigger
 //! store, and finding the running processes a profile wants.
 
+pub mod control;
 pub mod spec;
