@@ -29,7 +29,7 @@ pub fn run(args: RecordArgs, names: Vec<String>) -> Result<i32> {
         .find(|n| !heapprofd_proto::triggers::valid_name(n.as_bytes()))
     {
         return Err(UsageError(format!(
-            "`{bad}` is not a process name (1 to 255 bytes, no `/` at the end, no newline)"
+            "`{bad}` is not a process name (1 to 255 bytes, no NUL, no newline)"
         ))
         .into());
     }
