@@ -25,3 +25,19 @@ pub mod wire;
 
 #[cfg(feature = "perfetto")]
 pub mod perfetto;
+
+/// Which build of the shared contracts this is: the package version and a
+/// hash of the sources of this crate and of shmem (the wire records, the
+/// socket protocol, the ring layout), computed by the build script. The
+/// client library carries it in its `.heapprofd_rs_build` section
+/// ([`BUILD_TAG_SECTION`]); `heapprofd-rs install` refuses a library whose
+/// tag is not its own.
+pub const BUILD_TAG: &str = concat!(
+    "heapprofd-rs ",
+    env!("CARGO_PKG_VERSION"),
+    " protocol ",
+    env!("HEAPPROFD_PROTOCOL_HASH")
+);
+
+/// The ELF section of the client library that holds [`BUILD_TAG`].
+pub const BUILD_TAG_SECTION: &str = ".heapprofd_rs_build";
