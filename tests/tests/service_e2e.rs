@@ -153,6 +153,52 @@ fn record_by_name_profiles_a_program_started_after_the_request() {
 }
 
 #[test]
+fn service_survives_bad_control_peers() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    let dir = scratch_dir("service-peers");
+    let svc = dir.join("svc");
+    let mut service = start_service(&svc);
+    let control = svc.join(CONTROL_SOCKET);
+    // Garbage; a header promising more than it sends, without the trace
+    // descriptor; a length far beyond the limit; a peer that connects and
+    // leaves at once.
+    for bytes in [
+        &b"garbage!"[..],
+        &16u32.to_le_bytes()[..],
+        &u32::MAX.to_le_bytes()[..],
+        b"",
+    ] {
+        let mut s = UnixStream::connect(&control).expect("connect to the control socket");
+        let _ = s.write_all(bytes);
+    }
+    // Still serving: a real request gets a trace.
+    let trace = dir.join("after.pftrace");
+    let out = heapprofd()
+        .args(["record", "-n", "nothing-runs-this", "-d", "300ms", "-o"])
+        .arg(&trace)
+        .env(DIR_ENV, &svc)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run record -n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("0 processes") || err.contains("no process"),
+        "{err}"
+    );
+    check_trace(&trace);
+    assert!(
+        service.0.try_wait().expect("try_wait").is_none(),
+        "the service exited"
+    );
+    signal(&service.0, libc::SIGTERM);
+    let (code, err) = wait_exit(&mut service.0, "the service to stop");
+    assert_eq!(code, 0, "daemon failed:\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn record_by_name_without_a_service_says_to_start_one() {
     let dir = scratch_dir("service-none");
     let trace = dir.join("none.pftrace");

@@ -80,7 +80,7 @@ async fn serve(dir: PathBuf) -> Result<()> {
     // Stale store of a killed service: nothing wants anything now.
     let _ = std::fs::remove_file(dir.join(TRIGGERS_FILE));
     log::info!(
-        "heapprofd-rs service: control socket {}, clients {}",
+        "service: control socket {}, clients {}",
         control.display(),
         dir.join(CLIENT_SOCKET).display()
     );
@@ -102,7 +102,7 @@ async fn serve(dir: PathBuf) -> Result<()> {
         }
     }
     let _ = std::fs::remove_file(&control);
-    log::info!("heapprofd-rs service stopped");
+    log::info!("service stopped");
     Ok(())
 }
 
