@@ -58,6 +58,9 @@ fn wait_exit(child: &mut Child, what: &str) -> (i32, String) {
 }
 
 fn start_service(svc: &Path) -> Reaped {
+    let control = svc.join(CONTROL_SOCKET);
+    // A killed service's socket file: the new one's appearing is the sign.
+    let _ = std::fs::remove_file(&control);
     let child = heapprofd()
         .arg("daemon")
         .env(DIR_ENV, svc)
@@ -66,7 +69,6 @@ fn start_service(svc: &Path) -> Reaped {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start heapprofd-rs daemon");
-    let control = svc.join(CONTROL_SOCKET);
     wait_for("the control socket", || control.exists());
     Reaped(child)
 }
@@ -149,6 +151,80 @@ fn record_by_name_profiles_a_program_started_after_the_request() {
     let (code, err) = wait_exit(&mut service.0, "the service to stop");
     assert_eq!(code, 0, "daemon failed:\n{err}");
     assert!(!svc.join(CONTROL_SOCKET).exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts `record -n NAMES -i 1 -o TRACE` against the service in `svc`
+/// and waits until the trigger store names the first name.
+fn start_record(svc: &Path, names: &str, trace: &Path) -> Reaped {
+    let rec = Reaped(
+        heapprofd()
+            .args(["record", "-n", names, "-i", "1", "-o"])
+            .arg(trace)
+            .env(DIR_ENV, svc)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start record -n"),
+    );
+    let first = names.split(',').next().unwrap_or(names);
+    let store = svc.join(TRIGGERS_FILE);
+    wait_for("the trigger store", || {
+        std::fs::read_to_string(&store).is_ok_and(|s| s.contains(&format!("name 1 {first}\n")))
+    });
+    rec
+}
+
+#[test]
+fn sigterm_writes_the_open_profile_and_sigkill_leaves_programs_working() {
+    let dir = scratch_dir("service-signals");
+    let svc = dir.join("svc");
+    let many_stacks = record_programs().path("many_stacks");
+
+    // SIGTERM of the service while a profile runs: the profile is written
+    // and `record` gets its summary.
+    let mut service = start_service(&svc);
+    let trace = dir.join("term.pftrace");
+    let mut rec = start_record(&svc, "many_stacks", &trace);
+    let pid = run_preloaded(&svc, &many_stacks, &["10"]);
+    signal(&service.0, libc::SIGTERM);
+    let (code, err) = wait_exit(&mut service.0, "the service to stop");
+    assert_eq!(code, 0, "daemon failed:\n{err}");
+    let (code, err) = wait_exit(&mut rec.0, "record -n to end");
+    assert_eq!(code, 0, "record -n failed:\n{err}");
+    let summary = check_trace(&trace);
+    let count: u64 = summary
+        .samples
+        .iter()
+        .filter(|s| s.pid == u64::from(pid) && s.frames.iter().any(|f| frame_is(f, "stack_leaf")))
+        .map(|s| s.alloc_count)
+        .sum();
+    assert_eq!(count, 10);
+
+    // SIGKILL: the store stays behind, naming many_stacks, and `record`
+    // fails; a program started then runs normally (its connect is refused,
+    // it stays dormant), and the next service removes the stale store.
+    let mut service = start_service(&svc);
+    let mut rec = start_record(&svc, "many_stacks", &dir.join("kill.pftrace"));
+    service.0.kill().expect("SIGKILL the service");
+    let _ = service.0.wait();
+    let (code, err) = wait_exit(&mut rec.0, "record -n to end");
+    assert_eq!(
+        code, 1,
+        "record -n should fail when its service dies:\n{err}"
+    );
+    let store = svc.join(TRIGGERS_FILE);
+    assert!(store.exists());
+    run_preloaded(&svc, &many_stacks, &["10"]);
+    let mut service = start_service(&svc);
+    assert!(
+        !store.exists(),
+        "the new service kept a stale trigger store"
+    );
+    signal(&service.0, libc::SIGTERM);
+    let (code, _) = wait_exit(&mut service.0, "the service to stop");
+    assert_eq!(code, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

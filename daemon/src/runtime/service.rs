@@ -71,14 +71,15 @@ fn prepare_dir(dir: &Path) -> Result<()> {
 
 async fn serve(dir: PathBuf) -> Result<()> {
     let mut signals = Signals::install()?;
+    // Stale store of a killed service: nothing wants anything now (removed
+    // before the control socket appears).
+    let _ = std::fs::remove_file(dir.join(TRIGGERS_FILE));
     let control = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control);
     let old = umask(Mode::from_bits_truncate(0o177));
     let listener = UnixListener::bind(&control);
     umask(old);
     let listener = listener.with_context(|| format!("cannot listen on {}", control.display()))?;
-    // Stale store of a killed service: nothing wants anything now.
-    let _ = std::fs::remove_file(dir.join(TRIGGERS_FILE));
     log::info!(
         "service: control socket {}, clients {}",
         control.display(),

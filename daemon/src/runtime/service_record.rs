@@ -97,11 +97,21 @@ async fn wait_reply(sock: UnixStream) -> Result<Reply> {
     let reader = sock.try_clone()?;
     let mut reply = tokio::task::spawn_blocking(move || read_message::<Reply>(&mut &reader));
     tokio::select! {
-        r = &mut reply => return Ok(r.context("waiting for the service")??),
+        r = &mut reply => return answered(r),
         _ = signals.interrupt.recv() => {}
         _ = signals.terminate.recv() => {}
     }
     log::info!("stopping; the service writes the trace");
     let _ = sock.shutdown(std::net::Shutdown::Write);
-    Ok(reply.await.context("waiting for the service")??)
+    answered(reply.await)
+}
+
+/// The reply, or an error that says the service went away.
+fn answered(
+    r: std::result::Result<std::io::Result<Reply>, tokio::task::JoinError>,
+) -> Result<Reply> {
+    r.context("waiting for the service")?.context(
+        "the service ended the connection without an answer (was it killed?); \
+         the trace is incomplete",
+    )
 }
