@@ -157,9 +157,16 @@ fn record_by_name_profiles_a_program_started_after_the_request() {
 /// Starts `record -n NAMES -i 1 -o TRACE` against the service in `svc`
 /// and waits until the trigger store names the first name.
 fn start_record(svc: &Path, names: &str, trace: &Path) -> Reaped {
+    start_record_with(svc, &["-n", names, "-i", "1"], names, trace)
+}
+
+/// Starts `record ARGS -o TRACE`; waits until the store names `names`'s first.
+fn start_record_with(svc: &Path, args: &[&str], names: &str, trace: &Path) -> Reaped {
     let rec = Reaped(
         heapprofd()
-            .args(["record", "-n", names, "-i", "1", "-o"])
+            .arg("record")
+            .args(args)
+            .arg("-o")
             .arg(trace)
             .env(DIR_ENV, svc)
             .stdin(Stdio::null())
@@ -222,6 +229,73 @@ fn sigterm_writes_the_open_profile_and_sigkill_leaves_programs_working() {
         !store.exists(),
         "the new service kept a stale trigger store"
     );
+    signal(&service.0, libc::SIGTERM);
+    let (code, _) = wait_exit(&mut service.0, "the service to stop");
+    assert_eq!(code, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn record_config_takes_a_perfetto_heapprofd_config() {
+    let dir = scratch_dir("service-config");
+    let svc = dir.join("svc");
+    let config = dir.join("heapprofd.cfg");
+    std::fs::write(
+        &config,
+        "process_cmdline: \"many_stacks\"\nsampling_interval_bytes: 1\nno_running: true\n",
+    )
+    .expect("write the config");
+    let mut service = start_service(&svc);
+    let trace = dir.join("config.pftrace");
+    let cfg = config.to_string_lossy().into_owned();
+    let mut rec = start_record_with(&svc, &["--config", &cfg], "many_stacks", &trace);
+    let pid = run_preloaded(&svc, &record_programs().path("many_stacks"), &["7"]);
+    signal(&rec.0, libc::SIGINT);
+    let (code, err) = wait_exit(&mut rec.0, "record --config to end");
+    assert_eq!(code, 0, "record --config failed:\n{err}");
+    let count: u64 = check_trace(&trace)
+        .samples
+        .iter()
+        .filter(|s| s.pid == u64::from(pid) && s.frames.iter().any(|f| frame_is(f, "stack_leaf")))
+        .map(|s| s.alloc_count)
+        .sum();
+    assert_eq!(count, 7);
+
+    // Running processes too (Perfetto's default): refused, saying what to set.
+    std::fs::write(
+        &config,
+        "process_cmdline: \"many_stacks\"\nsampling_interval_bytes: 4096\n",
+    )
+    .expect("write the config");
+    let out = heapprofd()
+        .args(["record", "--config", &cfg, "-o"])
+        .arg(dir.join("refused.pftrace"))
+        .env(DIR_ENV, &svc)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run record --config");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no_running: true"), "{err}");
+    assert!(
+        !dir.join("refused.pftrace").exists(),
+        "an empty trace was left behind"
+    );
+    // An unknown field is bad usage that names it.
+    std::fs::write(
+        &config,
+        "process_cmdline: \"x\"\nsampling_intervl_bytes: 1\n",
+    )
+    .expect("write");
+    let out = heapprofd()
+        .args(["record", "--config", &cfg])
+        .env(DIR_ENV, &svc)
+        .output()
+        .expect("run record --config");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("sampling_intervl_bytes"), "{err}");
+
     signal(&service.0, libc::SIGTERM);
     let (code, _) = wait_exit(&mut service.0, "the service to stop");
     assert_eq!(code, 0);
@@ -293,6 +367,13 @@ fn record_by_name_without_a_service_says_to_start_one() {
     // bad usage.
     let out = heapprofd()
         .args(["record", "-n", &"x".repeat(300)])
+        .env(DIR_ENV, dir.join("svc"))
+        .output()
+        .expect("run record -n");
+    assert_eq!(out.status.code(), Some(2));
+    // Options the service does not take yet are refused, not ignored.
+    let out = heapprofd()
+        .args(["record", "-n", "x", "-c", "1s"])
         .env(DIR_ENV, dir.join("svc"))
         .output()
         .expect("run record -n");

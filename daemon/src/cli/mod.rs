@@ -106,9 +106,8 @@ fn record_hint(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<String> {
 pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
     Ok(match command {
         Command::Daemon => Ran::Exit(service::run()?),
-        Command::Record(args) if !args.name.is_empty() => {
-            let names = args.name.clone();
-            Ran::Exit(service_record::run(args, names)?)
+        Command::Record(args) if !args.name.is_empty() || args.config.is_some() => {
+            Ran::Exit(service_record::run(args)?)
         }
         Command::Record(args) if args.pid.is_some() => Ran::Exit(attach::run(args, env)?),
         Command::Record(args) => Ran::Exit(record::run(args, env)?),

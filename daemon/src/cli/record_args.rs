@@ -83,13 +83,21 @@ pub struct RecordArgs {
     /// their first allocation, through the running service (`heapprofd-rs
     /// daemon`; the programs need the client preloaded). Names are
     /// bionic's: the first argument of the command line, cut at `@`, its
-    /// basename.
+    /// basename. (Not yet with --continuous-dump, --client-lib, --workers.)
     #[arg(short = 'n', long, value_name = "NAME[,NAME...]", value_delimiter = ',',
-          conflicts_with_all = ["command", "pid"])]
+          conflicts_with_all = ["command", "pid", "continuous_dump", "client_lib", "workers"])]
     pub name: Vec<String>,
 
+    /// The profile as Perfetto's HeapprofdConfig in text format (bare, or a
+    /// TraceConfig holding one), through the running service: its
+    /// `process_cmdline`, `sampling_interval_bytes`, `shmem_size_bytes`,
+    /// `block_client`, `continuous_dump_config`, `dump_at_max`... replace
+    /// the options; `-d` replaces its duration.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "pid", "name"])]
+    pub config: Option<PathBuf>,
+
     /// The command to profile, after `--`.
-    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "name"])]
+    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "name", "config"])]
     pub command: Vec<String>,
 }
 

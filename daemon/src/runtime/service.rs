@@ -33,6 +33,7 @@ use super::bookkeeper::BookkeeperOptions;
 use super::server::{Daemon, DaemonOptions};
 use super::supervise::{Signals, block_on, finish};
 use crate::service::control::{Reply, Request, read_body, service_dir};
+use crate::service::spec::ProfileSpec;
 
 /// Runs the service until SIGINT or SIGTERM; returns the exit code.
 pub fn run() -> Result<i32> {
@@ -171,15 +172,27 @@ fn read_request(
     };
     let mut reader = &std;
     let request: Request = read_body(&mut reader, header).context("reading the request")?;
-    if request.names.is_empty()
-        || request
-            .names
-            .iter()
-            .any(|n| !heapprofd_proto::triggers::valid_name(n.as_bytes()))
-    {
-        bail!("the request names no valid process name");
-    }
     Ok((request, fd, std))
+}
+
+/// What this service does not do yet: a profile it cannot run as asked is
+/// refused with why, never run differently.
+fn supported(spec: &ProfileSpec) -> Result<()> {
+    spec.check().map_err(anyhow::Error::msg)?;
+    let t = &spec.targets;
+    if t.names.is_empty() || !t.pids.is_empty() || t.all || t.descendants_of.is_some() {
+        bail!("this service takes profiles by name only (-n NAME) for now");
+    }
+    if !t.startup || t.running {
+        bail!(
+            "this service profiles only programs that start after the request for now: \
+             set `no_running: true` in the config (running processes: record --pid)"
+        );
+    }
+    if spec.guardrails != Default::default() {
+        bail!("guardrails (max_heapprofd_memory_kb, max_heapprofd_cpu_secs) are not enforced yet");
+    }
+    Ok(())
 }
 
 /// Runs one profile until its duration passes, the peer closes its side,
@@ -192,54 +205,73 @@ async fn run_profile(
     signals: &mut Signals,
     stop: &mut bool,
 ) -> Result<Reply> {
-    let mut client = ClientConfig::new(req.interval, req.shmem_size);
-    client.seed = req.seed;
-    if let Some(t) = req.block_timeout_us {
+    let spec = &req.spec;
+    supported(spec)?;
+    let mut client = ClientConfig::new(spec.sampling.interval, spec.sampling.shmem_size);
+    client.seed = spec.sampling.seed;
+    if spec.sampling.block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
-        client.block_timeout_us = t;
+        client.block_timeout_us = spec.sampling.block_timeout_us;
     }
     let options = DaemonOptions {
         socket: dir.join(CLIENT_SOCKET),
         client,
         workers: 2,
-        symbolize: req.symbolize,
+        symbolize: spec.symbolize,
         book: BookkeeperOptions {
             output: std::fs::File::from(fd),
             output_path: req.output_path.clone(),
-            interval: req.interval,
-            dump_at_max: false,
+            interval: spec.sampling.interval,
+            dump_at_max: spec.dumps.dump_at_max,
         },
     };
     let counters = Arc::new(Counters::default());
     let mut daemon = Daemon::start(options, counters)?;
     daemon.serve();
-    let names: Vec<(&str, u32)> = req.names.iter().map(|n| (n.as_str(), 1)).collect();
+    let names: Vec<(&str, u32)> = spec.targets.names.iter().map(|n| (n.as_str(), 1)).collect();
     write_triggers(dir, &heapprofd_proto::triggers::encode(0, names))?;
-    log::info!("profiling {} from their start", req.names.join(","));
-    let deadline = req.duration_ms.map(Duration::from_millis);
+    let what = spec.targets.names.join(",");
+    log::info!("profiling {what} from their start");
+    let deadline = spec
+        .duration_ms
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+    let mut dumps = spec.dumps.continuous.map(|c| {
+        let period = Duration::from_millis(u64::from(c.interval_ms));
+        let first = tokio::time::Instant::now() + Duration::from_millis(u64::from(c.phase_ms));
+        tokio::time::interval_at(first, period)
+    });
     let mut byte = [0u8; 1];
-    tokio::select! {
-        _ = async { match deadline {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending().await,
-        } } => {}
-        // EOF or anything else from the command line: stop.
-        _ = stream.read(&mut byte) => {}
-        _ = signals.interrupt.recv() => *stop = true,
-        _ = signals.terminate.recv() => *stop = true,
+    loop {
+        tokio::select! {
+            _ = sleep_for(deadline) => break,
+            // EOF or anything else from the command line: stop.
+            _ = stream.read(&mut byte) => break,
+            _ = signals.interrupt.recv() => { *stop = true; break }
+            _ = signals.terminate.recv() => { *stop = true; break }
+            _ = async { match dumps.as_mut() {
+                Some(t) => { t.tick().await; }
+                None => std::future::pending().await,
+            } } => daemon.dump(),
+        }
     }
     // New processes stop connecting before the sessions are drained.
     let _ = std::fs::remove_file(dir.join(TRIGGERS_FILE));
     let summary = finish(daemon).await?;
     let processes = summary.processes.len();
-    log::info!(
-        "profile of {} ended: {processes} processes",
-        req.names.join(",")
-    );
+    log::info!("profile of {what} ended: {processes} processes");
     Ok(Reply::Done {
         summary: summary.render(&req.output_path),
         processes,
     })
+}
+
+/// Sleeps until `deadline` (an instant, so making the future anew on each
+/// turn of the loop does not move it); forever without one.
+async fn sleep_for(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Replaces the trigger store atomically (write, then rename), mode 0644

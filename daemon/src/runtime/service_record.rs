@@ -9,6 +9,8 @@
 //! Ctrl-C / SIGTERM of `record` (it shuts down its side of the connection),
 //! and `record` prints the summary the service answers with. Without a
 //! running service this is an error that says to start one.
+//! `record --config FILE` sends the profile a Perfetto HeapprofdConfig
+//! describes ([`crate::config`]) the same way.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -21,18 +23,54 @@ use super::supervise::{Signals, block_on};
 use crate::cli::record_args::RecordArgs;
 use crate::cli::usage_error::UsageError;
 use crate::service::control::{Reply, Request, frame_header, read_message, service_dir};
+use crate::service::spec::{Dumps, ProfileSpec, Sampling, Targets};
 
-/// Runs `record -n`; returns the exit code.
-pub fn run(args: RecordArgs, names: Vec<String>) -> Result<i32> {
-    if let Some(bad) = names
-        .iter()
-        .find(|n| !heapprofd_proto::triggers::valid_name(n.as_bytes()))
-    {
-        return Err(UsageError(format!(
-            "`{bad}` is not a process name (1 to 255 bytes, no NUL, no newline)"
-        ))
-        .into());
+/// The profile `record -n NAME` or `record --config FILE` asks for.
+pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
+    let mut spec = match &args.config {
+        Some(path) => {
+            let from = crate::config::load(path).map_err(|e| UsageError(format!("{e:#}")))?;
+            for w in &from.warnings {
+                log::warn!("warning: {w}");
+            }
+            from.spec
+        }
+        None => ProfileSpec {
+            targets: Targets {
+                names: args.name.clone(),
+                startup: true,
+                running: false,
+                ..Targets::default()
+            },
+            sampling: Sampling {
+                interval: args.interval,
+                shmem_size: args.shmem_size,
+                block_client: !args.no_block_client,
+                block_timeout_us: args
+                    .block_client
+                    .unwrap_or(Duration::from_secs(5))
+                    .as_micros() as u64,
+                seed: args.seed,
+            },
+            dumps: Dumps {
+                continuous: None,
+                dump_at_max: args.dump_at_max,
+            },
+            symbolize: !args.no_symbolize,
+            ..ProfileSpec::default()
+        },
+    };
+    if let Some(d) = args.duration {
+        spec.duration_ms = Some(d.as_millis() as u64);
     }
+    spec.check().map_err(UsageError)?;
+    Ok(spec)
+}
+
+/// Runs `record -n` / `record --config`; returns the exit code.
+pub fn run(args: RecordArgs) -> Result<i32> {
+    let spec = spec_from(&args)?;
+    let names = spec.targets.names.clone();
     let output = args.output.clone().unwrap_or_else(|| {
         super::setup::default_output(names.first().map_or("names", String::as_str))
     });
@@ -51,18 +89,9 @@ pub fn run(args: RecordArgs, names: Vec<String>) -> Result<i32> {
             output.display()
         ))
     })?;
+    let duration = spec.duration_ms;
     let request = Request {
-        names: names.clone(),
-        interval: args.interval,
-        shmem_size: args.shmem_size,
-        block_timeout_us: (!args.no_block_client).then(|| {
-            args.block_client
-                .unwrap_or(Duration::from_secs(5))
-                .as_micros() as u64
-        }),
-        seed: args.seed,
-        symbolize: !args.no_symbolize,
-        duration_ms: args.duration.map(|d| d.as_millis() as u64),
+        spec,
         output_path: output.clone(),
     };
     let body = serde_json::to_vec(&request)?;
@@ -77,8 +106,7 @@ pub fn run(args: RecordArgs, names: Vec<String>) -> Result<i32> {
     log::info!(
         "profiling {} from their start{}; Ctrl-C to stop",
         names.join(","),
-        args.duration
-            .map_or(String::new(), |d| format!(" for {}ms", d.as_millis()))
+        duration.map_or(String::new(), |ms| format!(" for {ms}ms"))
     );
     let reply = block_on(wait_reply(sock))??;
     match reply {
@@ -86,7 +114,13 @@ pub fn run(args: RecordArgs, names: Vec<String>) -> Result<i32> {
             log::info!("{summary}");
             Ok(0)
         }
-        Reply::Failed(why) => bail!("the service could not run the profile: {why}"),
+        Reply::Failed(why) => {
+            // Nothing was written: no empty trace left behind.
+            if std::fs::metadata(&output).is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(&output);
+            }
+            bail!("the service could not run the profile: {why}")
+        }
     }
 }
 

@@ -18,29 +18,19 @@ use serde::{Deserialize, Serialize};
 
 use heapprofd_proto::service::{DIR_ENV, SYSTEM_DIR};
 
+use super::spec::ProfileSpec;
+
 /// Longest message either side accepts.
 pub const MAX_MESSAGE: u32 = 1 << 20;
 
-/// A profile request from the command line.
+/// A profile request from the command line: the profile (checked again by
+/// the service) and the trace's path as the command line names it (for
+/// messages; the trace itself is the descriptor sent with the request).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
-    /// Processes wanted from their start, by bionic's normalized name.
-    pub names: Vec<String>,
-    /// Mean bytes between samples.
-    pub interval: u64,
-    /// Ring-buffer size per process.
-    pub shmem_size: u64,
-    /// Writers wait for room (with this timeout in µs, 0 = forever)
-    /// instead of dropping samples.
-    pub block_timeout_us: Option<u64>,
-    /// Sampler seed (0: random).
-    pub seed: u64,
-    /// Symbolize frames.
-    pub symbolize: bool,
-    /// End the profile after this many milliseconds (none: when the
-    /// command line says so).
-    pub duration_ms: Option<u64>,
-    /// The trace's path, as the command line names it (for messages).
+    /// The profile.
+    pub spec: ProfileSpec,
+    /// The trace's path.
     pub output_path: PathBuf,
 }
 
@@ -119,14 +109,12 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_bad_frames_are_errors() {
+        let mut spec = ProfileSpec::default();
+        spec.targets.names = vec!["python3".into()];
+        spec.targets.startup = true;
+        spec.duration_ms = Some(3000);
         let req = Request {
-            names: vec!["python3".into()],
-            interval: 4096,
-            shmem_size: 8 << 20,
-            block_timeout_us: Some(5_000_000),
-            seed: 0,
-            symbolize: true,
-            duration_ms: Some(3000),
+            spec,
             output_path: "x.pftrace".into(),
         };
         let mut buf = Vec::new();
