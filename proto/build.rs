@@ -9,15 +9,55 @@
 //!   `perfetto::FILE_DESCRIPTOR_SET` so tests can compare the schema with
 //!   the official one.
 //!
-//! Without the feature (the client library's build) it does nothing.
+//! Without the feature (the client library's build) it does only this:
+//! `HEAPPROFD_PROTOCOL_HASH`, a hash of the sources of every contract the
+//! client and the daemon share (this crate's `src/` and shmem's), which
+//! `heapprofd_proto::BUILD_TAG` carries: `heapprofd-rs install` refuses a
+//! client library whose tag differs from its own.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=build.rs");
+    protocol_hash()?;
     if std::env::var_os("CARGO_FEATURE_PERFETTO").is_none() {
         return Ok(());
     }
     #[cfg(feature = "perfetto")]
     perfetto::generate()?;
+    Ok(())
+}
+
+/// FNV-1a (64 bits) over the relative path and bytes of every `.rs` file
+/// of `src/` and `../shmem/src/`, in path order.
+fn protocol_hash() -> Result<(), Box<dyn std::error::Error>> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(&path, out)?;
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for root in ["src", "../shmem/src"] {
+        println!("cargo:rerun-if-changed={root}");
+        let mut files = Vec::new();
+        walk(std::path::Path::new(root), &mut files)?;
+        files.sort();
+        for f in files {
+            eat(f.to_string_lossy().as_bytes());
+            eat(&std::fs::read(&f)?);
+        }
+    }
+    println!("cargo:rustc-env=HEAPPROFD_PROTOCOL_HASH={hash:016x}");
     Ok(())
 }
 

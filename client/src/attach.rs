@@ -42,7 +42,7 @@ use heapprofd_client_core::session::{self, Session};
 use heapprofd_client_core::socket_path::SocketPath;
 use heapprofd_client_core::state::{CONNECTING, IDLE, PENDING, STATE};
 use heapprofd_client_core::tls::Guard;
-use heapprofd_client_core::{activation, connect, watcher};
+use heapprofd_client_core::{activation, connect, trigger, watcher};
 use heapprofd_proto::attach::{AttachStatus, FLAG_SYNC};
 use heapprofd_proto::wire::Handshake;
 
@@ -61,7 +61,8 @@ pub(crate) fn keep_entry() {
 }
 
 /// Starts a session with the daemon listening on
-/// `/tmp/heapprofd-rs-<euid>/<id>.sock`. Returns an [`AttachStatus`] code.
+/// `/tmp/heapprofd-rs-<euid>/<id>.sock`, or with the profiling service for
+/// id 0. Returns an [`AttachStatus`] code.
 ///
 /// Called by the daemon through ptrace, on a thread it stopped at a safe
 /// point; never called by the program.
@@ -85,7 +86,12 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     // A signal activation that was still waiting for an allocation is
     // superseded by this one.
     activation::supersede();
-    let path = SocketPath::for_id(id);
+    // Id 0: the profiling service (its socket, as a signal with value 0).
+    let path = if id == 0 {
+        SocketPath::from_env_or(trigger::service_socket)
+    } else {
+        SocketPath::for_id(id)
+    };
     if flags & FLAG_SYNC == 0 {
         if !watcher::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
             STATE.store(IDLE, Ordering::SeqCst);

@@ -20,7 +20,11 @@
 //!    that installs its own handler later simply wins);
 //! 4. if `HEAPPROFD_SOCKET` is set, connects: synchronously with
 //!    `HEAPPROFD_BLOCKING_INIT=1` (start-up allocations are not missed),
-//!    otherwise on a new thread.
+//!    otherwise on a new thread; else, if it interposes and a profiling
+//!    service's startup-trigger store wants this program
+//!    (`heapprofd_client_core::trigger`: raw system calls, nothing
+//!    allocated), connects to that service synchronously. Otherwise it stays
+//!    dormant: every hook costs a load and a branch.
 //!
 //! The signal handler only records the request
 //! (`heapprofd_client_core::activation`): the next allocation outside the
@@ -36,7 +40,7 @@ use heapprofd_client_core::socket_path::{SOCKET_ENV, SocketPath};
 use heapprofd_client_core::state::{CONNECTING, IDLE, STATE};
 use heapprofd_client_core::tls::Guard;
 use heapprofd_client_core::{
-    activation, capture, connect, env, fork, frontend, procmaps, session, watcher,
+    activation, capture, connect, env, fork, frontend, procmaps, session, trigger, watcher,
 };
 use heapprofd_proto::wire::Handshake;
 
@@ -73,16 +77,30 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     if interpose::interposing() && !env::is_1(c"HEAPPROFD_NO_SIGNAL") {
         install_signal_handler();
     }
-    if env::get(SOCKET_ENV).is_none() {
+    // Where to connect at start-up: `HEAPPROFD_SOCKET` (record), else a
+    // profiling service whose startup-trigger store wants this program (a
+    // preloaded library only: one loaded later cannot see the program's
+    // start anyway). Otherwise the library stays dormant.
+    let (path, blocking) = if env::get(SOCKET_ENV).is_some() {
+        (
+            SocketPath::from_env_or(trigger::service_socket),
+            env::is_1(c"HEAPPROFD_BLOCKING_INIT"),
+        )
+    } else if interpose::interposing() {
+        match trigger::startup_service() {
+            // From the first allocation, as bionic's startup profiling.
+            Some(path) => (path, true),
+            None => return,
+        }
+    } else {
         return;
-    }
+    };
     if STATE
         .compare_exchange(IDLE, CONNECTING, Ordering::SeqCst, Ordering::SeqCst)
         .is_err()
     {
         return;
     }
-    let path = SocketPath::from_env_or_default();
     // A program whose calls cannot be reached runs unprofiled; the daemon
     // is told why instead of getting a session.
     if interpose::needs_patching()
@@ -98,7 +116,7 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
         return;
     }
     let flags = Handshake::FLAG_FROM_STARTUP;
-    if env::is_1(c"HEAPPROFD_BLOCKING_INIT") {
+    if blocking {
         match connect::connect(&path, flags) {
             Some(s) => {
                 if !watcher::spawn(path, flags, Some(s)) {

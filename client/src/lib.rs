@@ -45,6 +45,7 @@
 #[macro_use]
 mod asm_export;
 mod attach;
+mod build_tag;
 mod cxxhooks;
 mod dlhook;
 mod dynsym;

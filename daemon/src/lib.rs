@@ -10,11 +10,16 @@
 //!   unwinding workers (their per-record step is [`runtime::session_unwinder`],
 //!   callable without threads), the symbolizer, the bookkeeping thread (an
 //!   adapter over the model's `Bookkeeping`), and `record` / `record --pid`.
+//! * [`service`]: the profiling service (`heapprofd-rs daemon`): several
+//!   profiles at once, the control socket, the startup-trigger store.
+//! * [`config`]: Perfetto's `HeapprofdConfig` in text format (`--config`).
 //! * [`cli`]: the subcommands and their arguments (clap, units).
 //! * [`env`](mod@env): the environment variables, read once.
 //! * [`logger`]: the stderr logger behind the `log` facade.
 
 pub mod cli;
+pub mod config;
 pub mod env;
 pub mod logger;
 pub mod runtime;
+pub mod service;

@@ -1,7 +1,8 @@
 //! `scripts/install.sh PREFIX`: the installed `heapprofd-rs` finds its
 //! client library in `PREFIX/lib/heapprofd-rs/` and profiles a real program;
 //! `--uninstall` removes exactly what was installed; a binary without its
-//! library fails with an error naming where it looked. Installs into a
+//! library fails with an error naming where it looked; the library carries
+//! the build tag `install` will check. Installs into a
 //! scratch prefix only (never the system's).
 
 use std::os::unix::fs::PermissionsExt;
@@ -101,4 +102,24 @@ fn binary_without_its_client_names_where_it_looked() {
         "the error does not say where it looked and what to do:\n{}",
         out.stderr
     );
+}
+
+#[test]
+fn client_library_carries_the_build_tag() {
+    // What `install` will compare: the tag of the shared contracts this test
+    // was built with, in the library's own section.
+    let mut c = Command::new("readelf");
+    c.arg("-p")
+        .arg(heapprofd_proto::BUILD_TAG_SECTION)
+        .arg(&release_bins().client_so);
+    let out = run(c, TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains(heapprofd_proto::BUILD_TAG),
+        "the library's {} section does not hold {:?}:\n{}",
+        heapprofd_proto::BUILD_TAG_SECTION,
+        heapprofd_proto::BUILD_TAG,
+        out.stdout
+    );
+    assert!(heapprofd_proto::BUILD_TAG.starts_with("heapprofd-rs "));
 }

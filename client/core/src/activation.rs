@@ -52,7 +52,7 @@ pub(crate) fn start_pending() {
     let path = if id > 0 {
         SocketPath::for_id(id as u32)
     } else {
-        SocketPath::from_env_or_default()
+        SocketPath::from_env_or(crate::trigger::service_socket)
     };
     if !watcher::spawn(path, Handshake::FLAG_FROM_SIGNAL, None) {
         STATE.store(IDLE, Ordering::SeqCst);

@@ -148,6 +148,29 @@ fn try_connect(path: &SocketPath, flags: u32) -> Option<&'static session::Sessio
     Some(s)
 }
 
+/// The process listening is root's or our own effective user's: we are
+/// about to hand it our `/proc/self/mem`. (A socket path can be chosen by
+/// the environment, which a set-user-ID program ignores, or found in a
+/// trigger store's directory; this is the check that holds either way.)
+fn daemon_trusted(sock: RawFd) -> bool {
+    // SAFETY: a zeroed ucred for the kernel to fill, with its length.
+    let mut cred: libc::ucred = unsafe { core::mem::zeroed() };
+    let mut len = core::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    rc == 0 && (cred.uid == 0 || cred.uid == euid)
+}
+
 /// Connects `sock` to `path` with one-second send and receive timeouts.
 fn dial(sock: RawFd, path: &SocketPath) -> bool {
     set_timeouts(sock, Duration::from_secs(1));
@@ -165,7 +188,7 @@ fn dial(sock: RawFd, path: &SocketPath) -> bool {
             core::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
         )
     };
-    rc == 0
+    rc == 0 && daemon_trusted(sock)
 }
 
 /// Tells the daemon at `path` that process `pid` (this one, or a child it

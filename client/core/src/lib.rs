@@ -33,7 +33,8 @@
 //! addresses). [`state`] holds the hooks' switch and the connection state
 //! machine; [`activation`] (a signal's request, started by the next
 //! allocation), [`watcher`] (the connecting and watching thread),
-//! [`connect`] (the handshake) and [`socket_path`] start sessions; [`fork`]
+//! [`connect`] (the handshake), [`socket_path`] and [`trigger`] (a
+//! service's startup-trigger store) start sessions; [`fork`]
 //! is the atfork child handler. [`tls`] (per-thread state, the guard),
 //! [`procmaps`] (raw `/proc/self/maps` reading), [`env`], [`errno`] and
 //! [`log`] are the allocation-free plumbing.
@@ -54,4 +55,5 @@ pub mod session;
 pub mod socket_path;
 pub mod state;
 pub mod tls;
+pub mod trigger;
 pub mod watcher;

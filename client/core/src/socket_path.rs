@@ -52,10 +52,14 @@ impl SocketPath {
         })
     }
 
-    /// `$HEAPPROFD_SOCKET` or the default path.
-    pub fn from_env_or_default() -> SocketPath {
+    /// `$HEAPPROFD_SOCKET`, else `fallback` (the profiling service's socket,
+    /// see `crate::trigger::service_socket`), else the default path: where a
+    /// wake-up without an id (signal value 0, as bionic sends for
+    /// heapprofd; attach id 0) connects.
+    pub fn from_env_or(fallback: impl FnOnce() -> Option<SocketPath>) -> SocketPath {
         crate::env::get(SOCKET_ENV)
             .and_then(SocketPath::from_bytes)
+            .or_else(fallback)
             .or_else(|| SocketPath::from_bytes(DEFAULT_SOCKET_PATH.as_bytes()))
             .unwrap_or(SocketPath {
                 buf: [0; 108],

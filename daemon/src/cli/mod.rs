@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use heapprofd_report::{ConvertArgs, ReportArgs, convert, run_report};
 
 use crate::env::Env;
-use crate::runtime::{attach, record};
+use crate::runtime::{attach, record, service, service_record};
 pub use record_args::RecordArgs;
 pub use usage_error::UsageError;
 
@@ -37,6 +37,10 @@ pub struct Cli {
 pub enum Command {
     /// Run a command under the profiler and write a heap-profile trace.
     Record(RecordArgs),
+    /// Run the profiling service in the foreground (control socket
+    /// `control.sock` in $HEAPPROFD_SERVICE_DIR, else /run/heapprofd-rs for
+    /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`.
+    Daemon,
     /// Summarize a trace: top allocation sites, unreleased memory.
     Report(ReportArgs),
     /// Convert a trace to pprof, folded stacks or a flame graph SVG.
@@ -101,6 +105,10 @@ fn record_hint(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<String> {
 /// returns what it wrote, for the binary to tell ([`convert`]).
 pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
     Ok(match command {
+        Command::Daemon => Ran::Exit(service::run()?),
+        Command::Record(args) if !args.name.is_empty() || args.config.is_some() => {
+            Ran::Exit(service_record::run(args)?)
+        }
         Command::Record(args) if args.pid.is_some() => Ran::Exit(attach::run(args, env)?),
         Command::Record(args) => Ran::Exit(record::run(args, env)?),
         Command::Report(args) => Ran::Exit(run_report(args).map(|()| 0)?),

@@ -1,4 +1,5 @@
-//! The command line of `heapprofd-rs record` (`-- CMD` and `--pid PID`).
+//! The command line of `heapprofd-rs record` (`-- CMD`, `--pid PID` and
+//! `-n NAME`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,6 +15,7 @@ EXAMPLES:
   heapprofd-rs record -- ./my-server --port 8080
   heapprofd-rs record -i 1 -o every-alloc.pftrace -- ./unit-tests
   heapprofd-rs record -i 512k --duration 30s --continuous-dump 5s -- ./batch-job
+  heapprofd-rs record -n python3 -d 10s -o py.pftrace   (needs `heapprofd-rs daemon`)
 
 Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
 pub struct RecordArgs {
@@ -77,8 +79,25 @@ pub struct RecordArgs {
     #[arg(short = 'p', long, value_name = "PID", conflicts_with = "command")]
     pub pid: Option<u32>,
 
+    /// Profile the programs of these names that start from now on, from
+    /// their first allocation, through the running service (`heapprofd-rs
+    /// daemon`; the programs need the client preloaded). Names are
+    /// bionic's: the first argument of the command line, cut at `@`, its
+    /// basename. (Not yet with --continuous-dump, --client-lib, --workers.)
+    #[arg(short = 'n', long, value_name = "NAME[,NAME...]", value_delimiter = ',',
+          conflicts_with_all = ["command", "pid", "continuous_dump", "client_lib", "workers"])]
+    pub name: Vec<String>,
+
+    /// The profile as Perfetto's HeapprofdConfig in text format (bare, or a
+    /// TraceConfig holding one), through the running service: its
+    /// `process_cmdline`, `sampling_interval_bytes`, `shmem_size_bytes`,
+    /// `block_client`, `continuous_dump_config`, `dump_at_max`... replace
+    /// the options; `-d` replaces its duration.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "pid", "name"])]
+    pub config: Option<PathBuf>,
+
     /// The command to profile, after `--`.
-    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
+    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "name", "config"])]
     pub command: Vec<String>,
 }
 

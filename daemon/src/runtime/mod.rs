@@ -40,6 +40,8 @@ pub mod program;
 pub mod record;
 pub mod rundir;
 pub mod server;
+pub mod service;
+pub mod service_record;
 pub mod session_unwinder;
 pub mod setup;
 pub mod stacks;

@@ -1,0 +1,151 @@
+//! `heapprofd-rs record -n NAME[,NAME...]`: ask the running service
+//! (`heapprofd-rs daemon`) to profile the programs of those names that
+//! start from now on, from their first allocation (startup profiling; the
+//! programs need the dormant client preloaded, e.g. through `LD_PRELOAD`).
+//!
+//! `record` creates the trace file itself (so it belongs to the user who
+//! asked) and sends its descriptor with the request over the control socket
+//! ([`crate::service::control`]); the profile ends after `--duration`, or on
+//! Ctrl-C / SIGTERM of `record` (it shuts down its side of the connection),
+//! and `record` prints the summary the service answers with. Without a
+//! running service this is an error that says to start one.
+//! `record --config FILE` sends the profile a Perfetto HeapprofdConfig
+//! describes ([`crate::config`]) the same way.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use heapprofd_proto::service::CONTROL_SOCKET;
+
+use super::supervise::{Signals, block_on};
+use crate::cli::record_args::RecordArgs;
+use crate::cli::usage_error::UsageError;
+use crate::service::control::{Reply, Request, frame_header, read_message, service_dir};
+use crate::service::spec::{Dumps, ProfileSpec, Sampling, Targets};
+
+/// The profile `record -n NAME` or `record --config FILE` asks for.
+pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
+    let mut spec = match &args.config {
+        Some(path) => {
+            let from = crate::config::load(path).map_err(|e| UsageError(format!("{e:#}")))?;
+            for w in &from.warnings {
+                log::warn!("warning: {w}");
+            }
+            from.spec
+        }
+        None => ProfileSpec {
+            targets: Targets {
+                names: args.name.clone(),
+                startup: true,
+                running: false,
+                ..Targets::default()
+            },
+            sampling: Sampling {
+                interval: args.interval,
+                shmem_size: args.shmem_size,
+                block_client: !args.no_block_client,
+                block_timeout_us: args
+                    .block_client
+                    .unwrap_or(Duration::from_secs(5))
+                    .as_micros() as u64,
+                seed: args.seed,
+            },
+            dumps: Dumps {
+                continuous: None,
+                dump_at_max: args.dump_at_max,
+            },
+            symbolize: !args.no_symbolize,
+            ..ProfileSpec::default()
+        },
+    };
+    if let Some(d) = args.duration {
+        spec.duration_ms = Some(d.as_millis() as u64);
+    }
+    spec.check().map_err(UsageError)?;
+    Ok(spec)
+}
+
+/// Runs `record -n` / `record --config`; returns the exit code.
+pub fn run(args: RecordArgs) -> Result<i32> {
+    let spec = spec_from(&args)?;
+    let names = spec.targets.names.clone();
+    let output = args.output.clone().unwrap_or_else(|| {
+        super::setup::default_output(names.first().map_or("names", String::as_str))
+    });
+    let dir = service_dir();
+    let control = dir.join(CONTROL_SOCKET);
+    let sock = UnixStream::connect(&control).with_context(|| {
+        format!(
+            "no profiling service at {}; start one with `heapprofd-rs daemon` \
+             (with the same HEAPPROFD_SERVICE_DIR)",
+            control.display()
+        )
+    })?;
+    let file = std::fs::File::create(&output).map_err(|e| {
+        UsageError(format!(
+            "cannot create the trace file {}: {e}; choose another path with -o",
+            output.display()
+        ))
+    })?;
+    let duration = spec.duration_ms;
+    let request = Request {
+        spec,
+        output_path: output.clone(),
+    };
+    let body = serde_json::to_vec(&request)?;
+    heapprofd_proto::socket::send_with_fds(
+        sock.as_raw_fd(),
+        &frame_header(body.len())?,
+        &[file.as_raw_fd()],
+    )
+    .context("sending the request to the service")?;
+    std::io::Write::write_all(&mut &sock, &body).context("sending the request to the service")?;
+    drop(file);
+    log::info!(
+        "profiling {} from their start{}; Ctrl-C to stop",
+        names.join(","),
+        duration.map_or(String::new(), |ms| format!(" for {ms}ms"))
+    );
+    let reply = block_on(wait_reply(sock))??;
+    match reply {
+        Reply::Done { summary, .. } => {
+            log::info!("{summary}");
+            Ok(0)
+        }
+        Reply::Failed(why) => {
+            // Nothing was written: no empty trace left behind.
+            if std::fs::metadata(&output).is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(&output);
+            }
+            bail!("the service could not run the profile: {why}")
+        }
+    }
+}
+
+/// Waits for the reply; on Ctrl-C or SIGTERM first tells the service to
+/// end the profile (shutting down our side), then waits for the reply.
+async fn wait_reply(sock: UnixStream) -> Result<Reply> {
+    let mut signals = Signals::install()?;
+    let reader = sock.try_clone()?;
+    let mut reply = tokio::task::spawn_blocking(move || read_message::<Reply>(&mut &reader));
+    tokio::select! {
+        r = &mut reply => return answered(r),
+        _ = signals.interrupt.recv() => {}
+        _ = signals.terminate.recv() => {}
+    }
+    log::info!("stopping; the service writes the trace");
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    answered(reply.await)
+}
+
+/// The reply, or an error that says the service went away.
+fn answered(
+    r: std::result::Result<std::io::Result<Reply>, tokio::task::JoinError>,
+) -> Result<Reply> {
+    r.context("waiting for the service")?.context(
+        "the service ended the connection without an answer (was it killed?); \
+         the trace is incomplete",
+    )
+}

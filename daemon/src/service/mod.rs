@@ -1,0 +1,6 @@
+//! The profiling service: `heapprofd-rs daemon`, the profiles it runs at
+//! once, the control socket the command line talks to, the startup-trigger
+//! store, and finding the running processes a profile wants.
+
+pub mod control;
+pub mod spec;

@@ -1,0 +1,215 @@
+//! What a profile is: which processes it wants, how they are sampled, when
+//! it dumps, its guardrails. The command line builds a [`ProfileSpec`] from
+//! its options (or from a Perfetto `HeapprofdConfig`, see `crate::config`)
+//! and sends it to the service, which checks it again ([`ProfileSpec::check`]):
+//! nothing a peer sends is trusted.
+
+use serde::{Deserialize, Serialize};
+
+use heapprofd_proto::triggers::valid_name;
+
+/// The default mean sampling interval (Perfetto's).
+pub const DEFAULT_INTERVAL: u64 = 4096;
+/// The default ring size of one process.
+pub const DEFAULT_SHMEM: u64 = 8 << 20;
+/// The default ring size of a process under `--all` (many processes at
+/// once: 1 MiB each).
+pub const DEFAULT_SHMEM_ALL: u64 = 1 << 20;
+/// Most names and pids one profile may list.
+pub const MAX_TARGETS: usize = 1024;
+
+/// Which processes a profile wants.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Targets {
+    /// Processes by id.
+    pub pids: Vec<u32>,
+    /// Processes by name (bionic's normalized name; `*` `?` `[...]` globs,
+    /// a leading `/` matching the whole first argument; globs only for
+    /// running processes, as Perfetto requires).
+    pub names: Vec<String>,
+    /// Every process that has the client.
+    pub all: bool,
+    /// Processes that start while the profile runs (by name or all).
+    pub startup: bool,
+    /// Processes already running when the profile starts.
+    pub running: bool,
+    /// A process the command line is about to start (`record -- CMD`), and
+    /// every process it starts.
+    pub descendants_of: Option<u32>,
+    /// Skip running processes whose anonymous memory plus swap is below
+    /// this (Perfetto's `min_anonymous_memory_kb`).
+    pub min_anonymous_memory_kb: Option<u32>,
+}
+
+/// How a wanted process is sampled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Mean bytes between samples of `libc.malloc`.
+    pub interval: u64,
+    /// Ring-buffer size per process.
+    pub shmem_size: u64,
+    /// Writers wait for room instead of dropping samples.
+    pub block_client: bool,
+    /// How long they wait (0: forever).
+    pub block_timeout_us: u64,
+    /// Sampler seed (0: random).
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            interval: DEFAULT_INTERVAL,
+            shmem_size: DEFAULT_SHMEM,
+            block_client: false,
+            block_timeout_us: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// When the profile writes dumps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dumps {
+    /// Continuous dumps: first after `phase_ms`, then every `interval_ms`.
+    pub continuous: Option<Continuous>,
+    /// One dump at the peak of live sampled bytes instead of at the end.
+    pub dump_at_max: bool,
+}
+
+/// Perfetto's `ContinuousDumpConfig`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Continuous {
+    /// Delay before the first dump.
+    pub phase_ms: u32,
+    /// Time between dumps (> 0).
+    pub interval_ms: u32,
+}
+
+/// Limits on what the profile may cost the service (Perfetto's names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guardrails {
+    /// Stop when the service's resident memory exceeds this.
+    pub max_heapprofd_memory_kb: Option<u32>,
+    /// Stop when the service's CPU time since the profile started exceeds this.
+    pub max_heapprofd_cpu_secs: Option<u64>,
+}
+
+/// A whole profile request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileSpec {
+    /// Which processes.
+    pub targets: Targets,
+    /// How they are sampled.
+    pub sampling: Sampling,
+    /// When dumps are written.
+    pub dumps: Dumps,
+    /// Guardrails.
+    pub guardrails: Guardrails,
+    /// Stop after this long (none: until stopped).
+    pub duration_ms: Option<u64>,
+    /// Symbolize frames.
+    pub symbolize: bool,
+}
+
+/// Whether a name pattern is a glob.
+pub fn is_glob(pattern: &str) -> bool {
+    pattern.contains(['*', '?', '['])
+}
+
+impl ProfileSpec {
+    /// Checks what a peer may not get wrong; the first problem, in words.
+    pub fn check(&self) -> Result<(), String> {
+        let t = &self.targets;
+        if t.pids.is_empty() && t.names.is_empty() && !t.all && t.descendants_of.is_none() {
+            return Err("the profile names no process: give -n NAME, -p PID or --all".into());
+        }
+        if !t.startup && !t.running {
+            return Err("--no-startup and --no-running exclude each other".into());
+        }
+        if t.pids.len() + t.names.len() > MAX_TARGETS {
+            return Err(format!(
+                "more than {MAX_TARGETS} names and pids in one profile"
+            ));
+        }
+        for n in &t.names {
+            if !valid_name(n.as_bytes()) {
+                return Err(format!(
+                    "`{}` is not a process name (empty, longer than 255 bytes, or holding a newline)",
+                    n.escape_debug()
+                ));
+            }
+            if t.startup && is_glob(n) {
+                return Err(format!(
+                    "the pattern `{n}` can only match running processes: add --no-startup \
+                     (startup profiling needs exact names, as in Perfetto)"
+                ));
+            }
+        }
+        if t.pids.contains(&0) {
+            return Err("pid 0 is not a process".into());
+        }
+        if self.sampling.interval == 0 {
+            return Err("the sampling interval must be at least 1 byte".into());
+        }
+        heapprofd_shmem::check_data_size(self.sampling.shmem_size).map_err(|e| e.to_string())?;
+        if let Some(c) = self.dumps.continuous
+            && c.interval_ms == 0
+        {
+            return Err("the continuous dump interval must be more than 0 ms".into());
+        }
+        if self.dumps.dump_at_max && self.dumps.continuous.is_some() {
+            return Err("dump_at_max and continuous dumps exclude each other".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ProfileSpec {
+        ProfileSpec {
+            targets: Targets {
+                names: vec!["python3".into()],
+                startup: true,
+                running: true,
+                ..Targets::default()
+            },
+            ..ProfileSpec::default()
+        }
+    }
+
+    #[test]
+    fn checks() {
+        assert_eq!(spec().check(), Ok(()));
+        let mut s = spec();
+        s.targets.names.clear();
+        assert!(s.check().unwrap_err().contains("names no process"));
+        let mut s = spec();
+        s.targets.names = vec!["py*".into()];
+        assert!(s.check().unwrap_err().contains("--no-startup"));
+        s.targets.startup = false;
+        assert_eq!(s.check(), Ok(()));
+        s.targets.running = false;
+        assert!(s.check().unwrap_err().contains("exclude"));
+        let mut s = spec();
+        s.targets.names = vec!["a\nall 1".into()];
+        assert!(s.check().is_err());
+        let mut s = spec();
+        s.sampling.shmem_size = 12345;
+        assert!(s.check().is_err());
+        let mut s = spec();
+        s.dumps.continuous = Some(Continuous {
+            phase_ms: 0,
+            interval_ms: 0,
+        });
+        assert!(s.check().is_err());
+        let json = serde_json::to_string(&spec()).expect("json");
+        assert_eq!(
+            serde_json::from_str::<ProfileSpec>(&json).expect("back"),
+            spec()
+        );
+    }
+}
