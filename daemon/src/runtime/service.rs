@@ -258,7 +258,8 @@ async fn run_profile(
     let _ = std::fs::remove_file(dir.join(TRIGGERS_FILE));
     let summary = finish(daemon).await?;
     let processes = summary.processes.len();
-    log::info!("profile of {what} ended: {processes} processes");
+    let plural = if processes == 1 { "" } else { "es" };
+    log::info!("profile of {what} ended: {processes} process{plural}");
     Ok(Reply::Done {
         summary: summary.render(&req.output_path),
         processes,
