@@ -334,21 +334,28 @@ fn repeated_unprofiled_notices_are_noted_once() {
         unprofilable: heapprofd_proto::wire::Unprofilable::StaticProgram,
         ..heapprofd_tests::hostile_peer::handshake()
     };
+    // The daemon may refuse a connection it has no room for (at most 128
+    // pending): such a notice is not sent, and not counted.
+    let mut sent = 0;
     for _ in 0..2000 {
-        let sock = connect(&r.socket);
-        heapprofd_proto::socket::send_with_fds(sock.as_raw_fd(), &notice.encode(), &[])
-            .expect("sending a notice");
+        let Ok(sock) = std::os::unix::net::UnixStream::connect(&r.socket) else {
+            continue;
+        };
+        if heapprofd_proto::socket::send_with_fds(sock.as_raw_fd(), &notice.encode(), &[]).is_ok() {
+            sent += 1;
+        }
     }
+    assert!(sent >= 100, "only {sent} of 2000 notices could be sent");
     let (t, _, stderr) = r.finish_with_stderr();
     let me = std::process::id();
     let warnings = stderr
         .lines()
         .filter(|l| l.contains(&format!("pid {me} ")) && l.contains("runs unprofiled"))
         .count();
-    eprintln!("{warnings} warnings for 2000 notices");
+    eprintln!("{warnings} warnings for {sent} notices");
     assert!(
         (1..=2).contains(&warnings),
-        "{warnings} warnings about pid {me} running unprofiled (2000 notices sent; want it said once)\n{stderr}"
+        "{warnings} warnings about pid {me} running unprofiled ({sent} notices sent; want it said once)\n{stderr}"
     );
     let own = own_dumps(&t);
     assert!(!own.is_empty(), "the notices left no trace of pid {me}");
