@@ -3,7 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n=== %s\n' "$*"; }
+# Incremental caches double the size of target/ and a clean CI clone never
+# reuses them; CI machines have run out of disk with them on.
+export CARGO_INCREMENTAL=0
+
+# Each step names itself and the free disk space, so a CI log that ends in
+# "No space left on device" shows which step used it up.
+step() { printf '\n=== %s (disk free: %s)\n' "$*" "$(df -h --output=avail . | tail -1 | tr -d ' ')"; }
 
 step "dependencies"
 scripts/install-deps.sh
