@@ -58,7 +58,7 @@ pub(super) fn daemon_options(
 /// Finds the client library: `--client-lib`, else next to this executable
 /// (as `cargo build` leaves it), else in `../lib/heapprofd-rs/` beside the
 /// executable's directory (as `scripts/install.sh` puts it).
-pub(super) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     const NAME: &str = "libheapprofd_client.so";
     let candidates: Vec<PathBuf> = match explicit {
         Some(p) => vec![p.to_path_buf()],
