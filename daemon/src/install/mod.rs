@@ -18,6 +18,7 @@
 
 pub mod action;
 pub mod build_tag;
+pub mod installed;
 pub mod layout;
 pub mod plan;
 pub mod preload;

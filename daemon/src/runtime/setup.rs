@@ -83,6 +83,19 @@ pub(crate) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     std::fs::canonicalize(found).with_context(|| format!("resolving {}", found.display()))
 }
 
+/// The client library `record` preloads: the one installed system-wide
+/// (`heapprofd-rs install`) if there is one and `explicit` is not given (every
+/// process loads it anyway, and two copies in one process crash it), else
+/// [`find_client_lib`].
+pub(super) fn client_lib_to_preload(explicit: Option<&Path>) -> Result<PathBuf> {
+    if explicit.is_none()
+        && let Some(installed) = crate::install::installed::preloaded_library()?
+    {
+        return Ok(installed);
+    }
+    find_client_lib(explicit)
+}
+
 /// `heapprofd-<program>-<pid>-<YYYYmmdd-HHMMSS>.pftrace` in the current directory.
 pub(super) fn default_output(program: &str) -> PathBuf {
     let name = Path::new(program)
