@@ -49,7 +49,10 @@ pub fn run() -> Result<i32> {
 /// Creates the directory (0700) or checks an existing one.
 fn prepare_dir(dir: &Path) -> Result<()> {
     let me = nix::unistd::geteuid().as_raw();
-    match std::fs::DirBuilder::new().mode(access::dir_mode(me)).create(dir) {
+    match std::fs::DirBuilder::new()
+        .mode(access::dir_mode(me))
+        .create(dir)
+    {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => {
@@ -166,12 +169,7 @@ async fn profile(dir: &Path, stream: UnixStream, signals: &mut Signals) -> bool 
 /// user and group as the kernel tells them (`SO_PEERCRED`).
 fn read_request(
     std: std::os::unix::net::UnixStream,
-) -> Result<(
-    Request,
-    OwnedFd,
-    std::os::unix::net::UnixStream,
-    (u32, u32),
-)> {
+) -> Result<(Request, OwnedFd, std::os::unix::net::UnixStream, (u32, u32))> {
     std.set_nonblocking(false)?;
     std.set_read_timeout(Some(Duration::from_secs(2)))?;
     let peer = nix::sys::socket::getsockopt(&std, nix::sys::socket::sockopt::PeerCredentials)
@@ -234,7 +232,11 @@ async fn run_profile(
     signals: &mut Signals,
     stop: &mut bool,
 ) -> Result<Reply> {
-    let Asked { request, fd, requester } = asked;
+    let Asked {
+        request,
+        fd,
+        requester,
+    } = asked;
     let req = &request;
     let spec = &req.spec;
     supported(spec)?;

@@ -95,11 +95,11 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         .mode(0o600)
         .open(&output)
         .map_err(|e| {
-        UsageError(format!(
-            "cannot create the trace file {}: {e}; choose another path with -o",
-            output.display()
-        ))
-    })?;
+            UsageError(format!(
+                "cannot create the trace file {}: {e}; choose another path with -o",
+                output.display()
+            ))
+        })?;
     let duration = spec.duration_ms;
     let request = Request {
         spec,
