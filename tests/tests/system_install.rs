@@ -9,14 +9,15 @@
 //! * On the real system (root only; skipped with a message otherwise, CI
 //!   runs it as root): install, then real programs started afterwards load
 //!   the client and work (bash, coreutils, dpkg, git, gcc, python3, perl,
-//!   sqlite3, a set-user-ID program as `nobody`), a startup profile by name
-//!   through the service catches a program that has no `LD_PRELOAD` of its
-//!   own, `record -- CMD` still works beside the installed client, then
-//!   uninstall, and `/etc/ld.so.preload` and the install's directories are
-//!   as before. A guard uninstalls on every exit (a panic included), and a
-//!   stale install of a crashed run is removed first. The installed window
-//!   lasts a few seconds: every process started on the machine meanwhile
-//!   loads the client.
+//!   sqlite3, a set-user-ID program as `nobody`, su, a static program); a
+//!   startup profile by name through the service catches a program that
+//!   has no `LD_PRELOAD` of its own; `record -- CMD` still works beside the
+//!   installed client (it preloads the installed copy); then uninstall, and
+//!   `/etc/ld.so.preload` and the install's directories are as before. A
+//!   guard uninstalls on every exit (a panic included), and a stale install
+//!   of a crashed run is removed first. The installed window lasts about a
+//!   second: every process started on the machine meanwhile loads the
+//!   client.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -300,6 +301,14 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
          snprintf(p,64,\"hello %d\",6*7);puts(p);free(p);return 0;}\n",
     )
     .expect("write hello.c");
+    let hello_static = dir.join("hello-static");
+    run_ok(
+        Command::new("gcc")
+            .args(["-O2", "-static", "-o"])
+            .arg(&hello_static)
+            .arg(&hello_c),
+        "gcc -static hello.c",
+    );
     let svc = dir.join("svc");
     let trace = dir.join("named.pftrace");
     let rec_trace = dir.join("record.pftrace");
@@ -358,6 +367,11 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
         "gcc hello.c",
     );
     assert_eq!(run_ok(&mut Command::new(&hello), "hello"), "hello 42\n");
+    // A static program never reads the preload file: it just runs.
+    assert_eq!(
+        run_ok(&mut Command::new(&hello_static), "hello-static"),
+        "hello 42\n"
+    );
     assert_eq!(
         run_ok(
             Command::new("/usr/bin/python3").args([
@@ -431,6 +445,7 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
     unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
     let rec_out = rec.wait_with_output().expect("wait record -n");
     assert!(rec_out.status.success(), "record -n: {}", text(&rec_out));
+    // SAFETY: signalling our own child.
     unsafe { libc::kill(service.id() as i32, libc::SIGTERM) };
     let _ = service.wait();
 
