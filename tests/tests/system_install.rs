@@ -221,6 +221,71 @@ fn the_real_install_needs_root() {
     }
 }
 
+/// Two copies of the client in one process (another path or build in
+/// `LD_PRELOAD` beside the installed one): the first interposes and
+/// profiles, the second stays inert; once they forwarded calls to each
+/// other for ever. No root needed: both copies come from `LD_PRELOAD`.
+#[test]
+fn two_copies_of_the_client_in_one_process_profile_once() {
+    let dir = scratch_dir("two-copies");
+    let copy_dir = dir.join("copy");
+    std::fs::create_dir_all(&copy_dir).expect("mkdir");
+    let copy = copy_dir.join("libheapprofd_client.so");
+    std::fs::copy(&release_bins().client_so, &copy).expect("copy the library");
+    let prog = dir.join("many_stacks");
+    let src = heapprofd_tests::client_harness::workspace_root()
+        .join("tests/programs/record/many_stacks.c");
+    run_ok(
+        Command::new("gcc")
+            .args(["-O2", "-g", "-o"])
+            .arg(&prog)
+            .arg(&src),
+        "gcc many_stacks",
+    );
+    let both = format!("{}:{}", release_bins().client_so.display(), copy.display());
+    // Dormant: runs and ends.
+    let child = Command::new(&prog)
+        .arg("5")
+        .env("LD_PRELOAD", &both)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let out = heapprofd_tests::client_harness::wait_output(child, HANG, "two copies, dormant");
+    assert_eq!(out.code, Some(0), "two copies, dormant: {}", out.stderr);
+    // Profiled: each allocation once.
+    let trace = dir.join("two.pftrace");
+    let out = hp_record(&trace, &both, &prog);
+    assert!(
+        out.status.success(),
+        "record with two copies: {}",
+        text(&out)
+    );
+    let n: u64 = check_trace(&trace)
+        .samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| frame_is(f, "stack_leaf")))
+        .map(|s| s.alloc_count)
+        .sum();
+    assert_eq!(n, 7);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `record -i 1 -o TRACE -- env LD_PRELOAD=PRELOAD PROG 7`.
+fn hp_record(trace: &Path, preload: &str, prog: &Path) -> Output {
+    heapprofd()
+        .args(["record", "-i", "1", "-o"])
+        .arg(trace)
+        .arg("--")
+        .arg("env")
+        .arg(format!("LD_PRELOAD={preload}"))
+        .arg(prog)
+        .arg("7")
+        .stdin(Stdio::null())
+        .output()
+        .expect("record")
+}
+
 /// What the real install may change, as it is now.
 #[derive(Debug, PartialEq, Eq)]
 struct System {
@@ -367,6 +432,13 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
         "gcc hello.c",
     );
     assert_eq!(run_ok(&mut Command::new(&hello), "hello"), "hello 42\n");
+    // A second copy of the client in `LD_PRELOAD`: the program runs.
+    let st = Command::new(&many_stacks)
+        .arg("5")
+        .env("LD_PRELOAD", &release_bins().client_so)
+        .status()
+        .expect("many_stacks with a second copy");
+    assert!(st.success(), "many_stacks with a second copy: {st}");
     // A static program never reads the preload file: it just runs.
     assert_eq!(
         run_ok(&mut Command::new(&hello_static), "hello-static"),
