@@ -1,8 +1,9 @@
-//! Whether the client is installed system-wide, for `record -- CMD`: a
-//! process must never load two copies of the client (the installed one
-//! from `/etc/ld.so.preload` and another from `LD_PRELOAD`; measured: the
-//! program crashes), so when the install is there `record` preloads the
-//! installed library itself, which the dynamic linker then loads once.
+//! Whether the client is installed system-wide, for `record -- CMD`: when
+//! the install is there `record` preloads the installed library itself,
+//! which the dynamic linker then loads once, rather than a second copy
+//! beside it (a second copy stays inert, `client/src/originals.rs`, so the
+//! installed one would do the work anyway, with a different build's tag
+//! perhaps).
 
 use std::path::{Path, PathBuf};
 

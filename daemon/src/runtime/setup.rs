@@ -85,7 +85,7 @@ pub(crate) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
 
 /// The client library `record` preloads: the one installed system-wide
 /// (`heapprofd-rs install`) if there is one and `explicit` is not given (every
-/// process loads it anyway, and two copies in one process crash it), else
+/// process loads it anyway; a second copy beside it would stay inert), else
 /// [`find_client_lib`].
 pub(super) fn client_lib_to_preload(explicit: Option<&Path>) -> Result<PathBuf> {
     if explicit.is_none()
