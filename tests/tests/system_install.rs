@@ -132,6 +132,17 @@ fn install_below_a_root_is_idempotent_and_uninstall_restores_every_byte() {
     let o = hp(&["uninstall", "--root", &r]);
     assert!(text(&o).contains("not installed"), "{}", text(&o));
 
+    // A preload file that is a symbolic link: refused, nothing changed.
+    std::fs::rename(&preload, root.join("etc/real-preload")).expect("mv");
+    std::os::unix::fs::symlink("real-preload", &preload).expect("ln -s");
+    let linked = tree(&root);
+    let o = hp(&["install", "--root", &r]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("symbolic link"), "{}", text(&o));
+    assert_eq!(tree(&root), linked);
+    std::fs::remove_file(&preload).expect("rm");
+    std::fs::rename(root.join("etc/real-preload"), &preload).expect("mv");
+
     // No preload file at first: none after the uninstall.
     std::fs::remove_file(&preload).expect("rm");
     let before = tree(&root);

@@ -37,6 +37,19 @@ fn read_file(path: &Path) -> Result<Option<(Vec<u8>, Owner)>> {
     }
 }
 
+/// A preload file that is a symbolic link is left alone: replacing it would
+/// change what it is, and writing through it would change another file.
+fn refuse_symlink(path: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        bail!(
+            "{} is a symbolic link; add {} to the file it points to by hand",
+            path.display(),
+            Layout::library_entry()
+        );
+    }
+    Ok(())
+}
+
 /// The changes that install `source` (the client library of this build).
 pub fn install(layout: &Layout, source: &Path, force: bool) -> Result<Vec<Action>> {
     let entry = Layout::library_entry();
@@ -61,6 +74,7 @@ pub fn install(layout: &Layout, source: &Path, force: bool) -> Result<Vec<Action
         }
     }
     let old_state = InstallState::load(&layout.state())?;
+    refuse_symlink(&layout.preload())?;
     let current = read_file(&layout.preload())?;
 
     let mut actions = Vec::new();
@@ -136,6 +150,7 @@ pub fn uninstall(layout: &Layout) -> Result<(Vec<Action>, Vec<String>)> {
     let entry = Layout::library_entry();
     let state = InstallState::load(&layout.state())?;
     let preload_path = layout.preload();
+    refuse_symlink(&preload_path)?;
     let current = read_file(&preload_path)?;
     let mut actions = Vec::new();
     let mut warnings = Vec::new();
