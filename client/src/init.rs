@@ -94,8 +94,12 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
         )
     } else if interpose::interposing() {
         match trigger::startup_service() {
-            // From the first allocation, as bionic's startup profiling.
-            Some(path) => (path, true),
+            // From the first allocation, as bionic's startup profiling;
+            // silently (the program may be anyone's).
+            Some(path) => {
+                connect::quiet();
+                (path, true)
+            }
             None => return,
         }
     } else {

@@ -8,7 +8,7 @@
 //! user may ask); the trigger store is root's, 0644 (a user cannot write
 //! it); a user's `record -n` profiles only that user's processes (another
 //! user's and root's, started with the same name and the client, run
-//! normally and are not in the trace); the trace is owned by the user,
+//! normally, silently, and are not in the trace); the trace is owned by the user,
 //! mode 0600 (the other user cannot read it); root's `record -n` profiles
 //! every user's processes.
 
@@ -120,6 +120,12 @@ fn run_many_stacks(user: Option<&str>, svc: &Path, prog: &Path, n: u32) -> u32 {
     assert!(
         out.status.success(),
         "many_stacks as {user:?}: {}",
+        text(&out)
+    );
+    // Profiled or refused, the program itself notices nothing.
+    assert!(
+        out.stderr.is_empty(),
+        "many_stacks as {user:?} wrote to stderr: {}",
         text(&out)
     );
     pid
