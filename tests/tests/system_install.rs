@@ -9,7 +9,8 @@
 //! * On the real system (root only; skipped with a message otherwise, CI
 //!   runs it as root): install, then real programs started afterwards load
 //!   the client and work (bash, coreutils, dpkg, git, gcc, python3, perl,
-//!   sqlite3, a set-user-ID program as `nobody`, su, a static program); a
+//!   sqlite3, node if present, a set-user-ID program as `nobody`, su, a
+//!   static program, a second copy of the client in `LD_PRELOAD`); a
 //!   startup profile by name through the service catches a program that
 //!   has no `LD_PRELOAD` of its own; `record -- CMD` still works beside the
 //!   installed client (it preloads the installed copy); then uninstall, and
@@ -26,7 +27,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use heapprofd_proto::service::{CONTROL_SOCKET, DIR_ENV, TRIGGERS_FILE};
-use heapprofd_tests::attach_harness::is_root;
+use heapprofd_tests::attach_harness::{have, is_root};
 use heapprofd_tests::record_harness::{
     check_trace, frame_is, heapprofd, release_bins, scratch_dir,
 };
@@ -480,6 +481,17 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
         ),
         "42\n"
     );
+    if have("node") {
+        assert_eq!(
+            run_ok(
+                Command::new("node").args(["-e", "console.log([3,1,2].sort().join(','))"]),
+                "node"
+            ),
+            "1,2,3\n"
+        );
+    } else {
+        eprintln!("system_install: node not installed, not run");
+    }
     // A set-user-ID program run by an unprivileged user (the dynamic linker
     // is in secure mode: /etc/ld.so.preload still applies).
     let mount = run_ok(

@@ -67,8 +67,8 @@ pub fn install(layout: &Layout, source: &Path, force: bool) -> Result<Vec<Action
         let tag = build_tag::of_bytes(bytes);
         if tag != Tag::Same && !force {
             bail!(
-                "an installed client library {} has {tag}; uninstall it with the binary that \
-                 installed it, or pass --force to replace it",
+                "an installed client library {} has {tag}; run `heapprofd-rs uninstall` \
+                 first, or pass --force to replace it (running programs keep the old one)",
                 lib.display()
             );
         }
