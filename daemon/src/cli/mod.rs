@@ -40,7 +40,10 @@ pub enum Command {
     Record(RecordArgs),
     /// Run the profiling service in the foreground (control socket
     /// `control.sock` in $HEAPPROFD_SERVICE_DIR, else /run/heapprofd-rs for
-    /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`.
+    /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`. Run by
+    /// root it serves every user, each profile seeing only its requester's
+    /// processes (all of them for root); scripts/heapprofd-rs.service runs it
+    /// under systemd.
     Daemon,
     /// Put the dormant client into every new process of the machine (root):
     /// copy it to /usr/lib/heapprofd-rs/preload/ and add it to
