@@ -26,7 +26,8 @@ pub mod state;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use nix::fcntl::{Flock, FlockArg};
 
 use self::action::Action;
 use self::layout::Layout;
@@ -65,6 +66,7 @@ pub struct UninstallArgs {
 /// Runs `install`; returns the exit code.
 pub fn install(args: &InstallArgs) -> Result<i32> {
     let layout = layout_for(args.root.as_deref(), "install")?;
+    let _lock = lock(&layout)?;
     let source = crate::runtime::setup::find_client_lib(args.client_lib.as_deref())?;
     let actions = plan::install(&layout, &source, args.force)?;
     if actions.is_empty() {
@@ -89,6 +91,7 @@ pub fn install(args: &InstallArgs) -> Result<i32> {
 /// Runs `uninstall`; returns the exit code.
 pub fn uninstall(args: &UninstallArgs) -> Result<i32> {
     let layout = layout_for(args.root.as_deref(), "uninstall")?;
+    let _lock = lock(&layout)?;
     let (actions, warnings) = plan::uninstall(&layout)?;
     for w in &warnings {
         log::warn!("{w}");
@@ -102,6 +105,18 @@ pub fn uninstall(args: &UninstallArgs) -> Result<i32> {
         println!("uninstalled: new programs no longer load the client");
     }
     Ok(0)
+}
+
+/// Serializes installs and uninstalls (two at once would plan from the same
+/// state and race on the temporary files): an exclusive `flock` of the
+/// preload file's directory, held until the returned descriptor is closed.
+fn lock(layout: &Layout) -> Result<Flock<std::fs::File>> {
+    let dir = layout.preload();
+    let dir = dir.parent().unwrap_or(Path::new("/"));
+    let f = std::fs::File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    Flock::lock(f, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .with_context(|| format!("locking {}", dir.display()))
 }
 
 fn layout_for(root: Option<&Path>, command: &str) -> Result<Layout> {
