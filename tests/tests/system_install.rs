@@ -154,6 +154,32 @@ fn install_below_a_root_is_idempotent_and_uninstall_restores_every_byte() {
     );
     assert!(hp(&["uninstall", "--root", &r]).status.success());
     assert_eq!(tree(&root), before);
+
+    // Four installs at once (they take turns): one line, then four
+    // uninstalls at once: nothing left.
+    let many = |cmd: &str| {
+        let children: Vec<_> = (0..4)
+            .map(|_| {
+                heapprofd()
+                    .args([cmd, "--root", &r])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        for c in children {
+            let out = c.wait_with_output().expect("wait");
+            assert!(out.status.success(), "concurrent {cmd}: {}", text(&out));
+        }
+    };
+    many("install");
+    assert_eq!(
+        std::fs::read(&preload).expect("read"),
+        format!("{LIB}\n").as_bytes()
+    );
+    many("uninstall");
+    assert_eq!(tree(&root), before);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
