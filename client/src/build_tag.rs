@@ -1,8 +1,8 @@
 //! The build tag of the shared contracts (`heapprofd_proto::BUILD_TAG`) in
 //! the library's `.heapprofd_rs_build` section, for the system-wide
-//! `heapprofd-rs install` (issue 13, not built yet) to refuse a library from
-//! another build; today only the `install_layout` test reads it (readelf).
-//! Nothing reads it at run time.
+//! `heapprofd-rs install` to refuse a library from another build (the
+//! daemon's `install/build_tag.rs` reads it from the file; the
+//! `install_layout` test with readelf). Nothing reads it at run time.
 
 use heapprofd_proto::BUILD_TAG;
 

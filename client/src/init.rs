@@ -60,6 +60,12 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     let Some(_g) = Guard::enter() else { return };
     frontend::install(&patching::GLIBC);
     originals::resolve(&[&HOOKS, &FORWARDED]);
+    // Another copy of the client came first (`LD_PRELOAD` beside the one
+    // installed system-wide): it interposes and profiles; this copy's hooks
+    // only pass calls on, and it takes no signal and starts no session.
+    if originals::another_copy_first() {
+        return;
+    }
     if cxxhooks::NEW.recorded() {
         got::bypass(&HOOKS, hooks::MALLOC.original());
     }
@@ -88,8 +94,12 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
         )
     } else if interpose::interposing() {
         match trigger::startup_service() {
-            // From the first allocation, as bionic's startup profiling.
-            Some(path) => (path, true),
+            // From the first allocation, as bionic's startup profiling;
+            // silently (the program may be anyone's).
+            Some(path) => {
+                connect::quiet();
+                (path, true)
+            }
             None => return,
         }
     } else {

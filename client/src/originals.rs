@@ -17,6 +17,10 @@
 //! `malloc` with a value (its canonical PLT entry): not a definition, so it
 //! neither hides our interposition nor becomes an original.
 //!
+//! Another copy of the client (by file name) is skipped: never an
+//! original, and if it comes first, it is the one that interposes and this
+//! copy stays inert ([`another_copy_first`]).
+//!
 //! C++ records are recorded only when their original comes from the object
 //! that defines the original of their `pair` (`malloc` or `free`): see
 //! [`Kind::CxxNew`](crate::hook::Kind::CxxNew). The tables are the caller's (`init`, `patching`); a
@@ -108,6 +112,44 @@ struct Walk<'a> {
     malloc_before_us: bool,
     /// Whether this library was seen.
     saw_us: bool,
+    /// Whether another copy of the client came before this library.
+    other_copy_before_us: bool,
+}
+
+/// The client's file name: an object of that name other than this library
+/// is another copy of the client (another build or path, e.g. one in
+/// `LD_PRELOAD` beside the one `/etc/ld.so.preload` names). Its hooks are
+/// never anyone's originals: two copies forwarding to each other would
+/// loop for ever.
+const CLIENT_FILE: &[u8] = b"libheapprofd_client.so";
+
+/// Set when another copy of the client comes before this library in load
+/// order: that copy interposes and profiles; this one stays inert.
+static OTHER_COPY_FIRST: core::sync::atomic::AtomicBool =
+    core::sync::atomic::AtomicBool::new(false);
+
+/// Whether another copy of the client was loaded before this library (it
+/// does the work; this one must not start sessions or take signals).
+pub(crate) fn another_copy_first() -> bool {
+    OTHER_COPY_FIRST.load(Ordering::Relaxed)
+}
+
+/// Whether the object `info` describes is a copy of the client (by its
+/// file name).
+///
+/// # Safety
+/// `info` is one `dl_iterate_phdr` reports.
+unsafe fn is_client_copy(info: &libc::dl_phdr_info) -> bool {
+    if info.dlpi_name.is_null() {
+        return false;
+    }
+    // SAFETY: glibc's object name, NUL-terminated, valid during the walk.
+    let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
+    let base = match name.iter().rposition(|&b| b == b'/') {
+        Some(i) => name.get(i + 1..).unwrap_or(&[]),
+        None => name,
+    };
+    base == CLIENT_FILE
 }
 
 /// Resolves every record of `tables` whose original is not known yet (one
@@ -121,11 +163,15 @@ pub(crate) fn resolve(tables: &[&[&'static Hook]]) {
         index: 0,
         malloc_before_us: false,
         saw_us: false,
+        other_copy_before_us: false,
     };
     // SAFETY: the callback only reads the objects glibc reports.
     unsafe { libc::dl_iterate_phdr(Some(visit), (&mut w as *mut Walk<'_>).cast()) };
     if w.saw_us {
-        interpose::set(!w.malloc_before_us);
+        if w.other_copy_before_us {
+            OTHER_COPY_FIRST.store(true, Ordering::Relaxed);
+        }
+        interpose::set(!w.malloc_before_us && !w.other_copy_before_us);
     }
     for h in tables.iter().flat_map(|t| t.iter()) {
         let Some(pair) = h.pair else { continue };
@@ -164,6 +210,10 @@ unsafe extern "C" fn visit(
         w.index += 1;
         if crate::elfdyn::in_object(info, w.ours) {
             w.saw_us = true;
+            return 0;
+        }
+        if is_client_copy(info) {
+            w.other_copy_before_us |= !w.saw_us;
             return 0;
         }
         let Some(d) = read_dynamic(info) else {

@@ -13,6 +13,8 @@
 //! * [`service`]: the profiling service (`heapprofd-rs daemon`): several
 //!   profiles at once, the control socket, the startup-trigger store.
 //! * [`config`]: Perfetto's `HeapprofdConfig` in text format (`--config`).
+//! * [`install`]: `install` / `uninstall`, the client in every new process
+//!   (`/etc/ld.so.preload`).
 //! * [`cli`]: the subcommands and their arguments (clap, units).
 //! * [`env`](mod@env): the environment variables, read once.
 //! * [`logger`]: the stderr logger behind the `log` facade.
@@ -20,6 +22,7 @@
 pub mod cli;
 pub mod config;
 pub mod env;
+pub mod install;
 pub mod logger;
 pub mod runtime;
 pub mod service;

@@ -30,8 +30,8 @@ pub mod perfetto;
 /// hash of the sources of this crate and of shmem (the wire records, the
 /// socket protocol, the ring layout), computed by the build script. The
 /// client library carries it in its `.heapprofd_rs_build` section
-/// ([`BUILD_TAG_SECTION`]), for the system-wide `heapprofd-rs install`
-/// (not built yet) to refuse a library whose tag is not its own.
+/// ([`BUILD_TAG_SECTION`]), for the system-wide `heapprofd-rs install` to
+/// refuse a library whose tag is not its own.
 pub const BUILD_TAG: &str = concat!(
     "heapprofd-rs ",
     env!("CARGO_PKG_VERSION"),

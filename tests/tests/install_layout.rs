@@ -2,8 +2,9 @@
 //! client library in `PREFIX/lib/heapprofd-rs/` and profiles a real program;
 //! `--uninstall` removes exactly what was installed; a binary without its
 //! library fails with an error naming where it looked; the library carries
-//! the build tag `install` will check. Installs into a
-//! scratch prefix only (never the system's).
+//! the build tag `heapprofd-rs install` checks; the systemd unit
+//! `scripts/heapprofd-rs.service` verifies. Installs into a scratch prefix
+//! only (never the system's).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -122,4 +123,42 @@ fn client_library_carries_the_build_tag() {
         out.stdout
     );
     assert!(heapprofd_proto::BUILD_TAG.starts_with("heapprofd-rs "));
+}
+
+/// `scripts/heapprofd-rs.service` runs what `scripts/install.sh` installs,
+/// and `systemd-analyze verify` accepts it without a word (pointed at the
+/// release binary, since verify checks that the command exists; skipped
+/// with a message where systemd-analyze is missing).
+#[test]
+fn systemd_unit_runs_the_installed_daemon_and_verifies() {
+    let unit = std::fs::read_to_string(workspace_root().join("scripts/heapprofd-rs.service"))
+        .expect("read scripts/heapprofd-rs.service");
+    let exec = "ExecStart=/usr/local/bin/heapprofd-rs daemon\n";
+    assert!(unit.contains(exec), "the unit does not run `{exec}`");
+    assert!(unit.contains("RuntimeDirectory=heapprofd-rs\n"));
+    let Ok(probe) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd_unit: systemd-analyze not installed: verify SKIPPED");
+        return;
+    };
+    assert!(probe.status.success());
+    let dir = scratch_dir("systemd-unit");
+    let copy = dir.join("heapprofd-rs.service");
+    let real = format!("ExecStart={} daemon\n", release_bins().heapprofd.display());
+    std::fs::write(&copy, unit.replace(exec, &real)).expect("write the unit copy");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .expect("systemd-analyze verify");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify: {}\n{said}",
+        out.status
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -104,16 +104,30 @@ fn own_text_range() -> (u64, u64) {
     s.found
 }
 
+/// Set when the session was wanted by a service's trigger store rather
+/// than by `record` ([`quiet`]).
+static QUIET: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Failed connections are not reported on stderr from now on: a process
+/// that a service's trigger store named (with the client installed
+/// system-wide, any program, of any user) must not write to its stderr
+/// because the service refused it (another user's profile) or is gone.
+pub fn quiet() {
+    QUIET.store(true, Ordering::Relaxed);
+}
+
 /// Connects and handshakes. On success the session is active and the
 /// returned reference holds one writer reference for the watcher.
 pub fn connect(path: &SocketPath, flags: u32) -> Option<&'static session::Session> {
     let result = try_connect(path, flags);
     if result.is_none() {
         CONNECT_FAILURES.fetch_add(1, Ordering::Relaxed);
-        crate::log::log(
-            b"heapprofd-rs: could not start a session with ",
-            path.as_bytes(),
-        );
+        if !QUIET.load(Ordering::Relaxed) {
+            crate::log::log(
+                b"heapprofd-rs: could not start a session with ",
+                path.as_bytes(),
+            );
+        }
     }
     result
 }

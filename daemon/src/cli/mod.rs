@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use heapprofd_report::{ConvertArgs, ReportArgs, convert, run_report};
 
 use crate::env::Env;
+use crate::install::{self, InstallArgs, UninstallArgs};
 use crate::runtime::{attach, record, service, service_record};
 pub use record_args::RecordArgs;
 pub use usage_error::UsageError;
@@ -39,8 +40,18 @@ pub enum Command {
     Record(RecordArgs),
     /// Run the profiling service in the foreground (control socket
     /// `control.sock` in $HEAPPROFD_SERVICE_DIR, else /run/heapprofd-rs for
-    /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`.
+    /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`. Run by
+    /// root it serves every user, each profile seeing only its requester's
+    /// processes (all of them for root); scripts/heapprofd-rs.service runs it
+    /// under systemd.
     Daemon,
+    /// Put the dormant client into every new process of the machine (root):
+    /// copy it to /usr/lib/heapprofd-rs/preload/ and add it to
+    /// /etc/ld.so.preload; `uninstall` undoes it exactly.
+    Install(InstallArgs),
+    /// Undo `install`: /etc/ld.so.preload as it was before (or absent), the
+    /// copied library and the install state removed.
+    Uninstall(UninstallArgs),
     /// Summarize a trace: top allocation sites, unreleased memory.
     Report(ReportArgs),
     /// Convert a trace to pprof, folded stacks or a flame graph SVG.
@@ -111,6 +122,8 @@ pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
         }
         Command::Record(args) if args.pid.is_some() => Ran::Exit(attach::run(args, env)?),
         Command::Record(args) => Ran::Exit(record::run(args, env)?),
+        Command::Install(args) => Ran::Exit(install::install(&args)?),
+        Command::Uninstall(args) => Ran::Exit(install::uninstall(&args)?),
         Command::Report(args) => Ran::Exit(run_report(args).map(|()| 0)?),
         Command::Convert(args) => Ran::Wrote(convert(&args)?),
     })

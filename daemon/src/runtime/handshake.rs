@@ -73,6 +73,36 @@ pub fn peer_allowed(peer: PeerCred) -> bool {
     peer.uid == me || peer.uid == 0
 }
 
+/// Whose processes a daemon takes as clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerAccess {
+    /// The daemon's own user, root, and `extra_uid` if set (root attaching
+    /// to another user's process): `record`'s daemons.
+    Own {
+        /// One more user.
+        extra_uid: Option<u32>,
+    },
+    /// Only this user's processes, root's refused too: a root service
+    /// running a profile that this (unprivileged) user asked for
+    /// ([`crate::service::access`]).
+    Only(u32),
+    /// Every user's: a root service running a profile root asked for.
+    Anyone,
+}
+
+impl PeerAccess {
+    /// Whether a peer of effective user `uid` may connect.
+    pub fn allows(self, uid: u32) -> bool {
+        match self {
+            PeerAccess::Own { extra_uid } => {
+                peer_allowed(PeerCred { pid: 0, uid }) || Some(uid) == extra_uid
+            }
+            PeerAccess::Only(u) => uid == u,
+            PeerAccess::Anyone => true,
+        }
+    }
+}
+
 /// A client that completed the handshake.
 pub struct NewSession {
     /// Who connected (pid from the kernel, not from the client's message).
@@ -138,17 +168,17 @@ fn parent_of(pid: u32) -> Option<u32> {
 }
 
 /// Step 1 (see the module docs): checks the peer's credentials (its user
-/// must be ours, root's, or `extra_uid`) and receives its handshake and
-/// descriptors before `deadline`.
+/// must be one `access` allows) and receives its handshake and descriptors
+/// before `deadline`.
 pub async fn receive(
     stream: UnixStream,
-    extra_uid: Option<u32>,
+    access: PeerAccess,
     deadline: Instant,
 ) -> Result<Accepted> {
     let peer = peer_cred(&stream).context("reading the peer's credentials (SO_PEERCRED)")?;
-    if !peer_allowed(peer) && Some(peer.uid) != extra_uid {
+    if !access.allows(peer.uid) {
         bail!(
-            "refusing pid {} of uid {}: only the daemon's own user or root may connect",
+            "refusing pid {} of uid {}: not a user this profile may see ({access:?})",
             peer.pid,
             peer.uid
         );

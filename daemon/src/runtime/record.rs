@@ -31,7 +31,7 @@ use anyhow::{Context, Result};
 use super::Counters;
 use super::rundir::RuntimeDir;
 use super::server::{Daemon, DaemonOptions};
-use super::setup::{daemon_options, default_output, find_client_lib};
+use super::setup::{client_lib_to_preload, daemon_options, default_output};
 use super::status::status_line_allowed;
 use super::summary::Summary;
 use super::supervise::{Profiling, Signals, Stop, block_on, end_of_run, finish, print_summary};
@@ -40,7 +40,7 @@ use crate::env::Env;
 
 /// Runs `record -- CMD`; returns the exit code to exit with.
 pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
-    let client_lib = find_client_lib(args.client_lib.as_deref())?;
+    let client_lib = client_lib_to_preload(args.client_lib.as_deref())?;
     let program = args.command[0].clone();
     let output = args
         .output

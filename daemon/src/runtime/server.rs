@@ -21,7 +21,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,7 +35,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
 use super::bookkeeper::{self, BookkeeperOptions, BookkeeperShared};
-use super::handshake::{Accepted, HANDSHAKE_TIMEOUT, establish, receive};
+use super::handshake::{Accepted, HANDSHAKE_TIMEOUT, PeerAccess, establish, receive};
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
@@ -90,8 +90,8 @@ struct Shared {
     workers: Vec<mpsc::Sender<WorkerMsg>>,
     counters: Arc<Counters>,
     next_id: AtomicU64,
-    /// Another user whose processes may connect (`u32::MAX`: none).
-    extra_uid: AtomicU32,
+    /// Whose processes may connect.
+    access: std::sync::Mutex<PeerAccess>,
     /// Connections accepted whose session has not reached a worker yet.
     in_flight: AtomicUsize,
     /// Permits for the blocking part of a handshake.
@@ -175,7 +175,7 @@ impl Daemon {
             workers,
             counters,
             next_id: AtomicU64::new(1),
-            extra_uid: AtomicU32::new(u32::MAX),
+            access: std::sync::Mutex::new(PeerAccess::Own { extra_uid: None }),
             in_flight: AtomicUsize::new(0),
             establishing: Arc::new(tokio::sync::Semaphore::new(MAX_ESTABLISHING)),
             refusals: AtomicU64::new(0),
@@ -209,7 +209,29 @@ impl Daemon {
     pub fn allow_user(&self, uid: u32, gid: u32) -> Result<()> {
         std::os::unix::fs::chown(&self.socket, Some(uid), Some(gid))
             .with_context(|| format!("giving {} to uid {uid}", self.socket.display()))?;
-        self.shared.extra_uid.store(uid, Ordering::Relaxed);
+        *lock(&self.shared.access) = PeerAccess::Own {
+            extra_uid: Some(uid),
+        };
+        Ok(())
+    }
+
+    /// For a service run by root: takes the processes that a profile asked
+    /// for by user `uid` may see ([`crate::service::access`]): everyone's
+    /// for root (the socket becomes mode 0666), else only that user's (the
+    /// socket is given to the user, mode 0600; root's processes are refused
+    /// too).
+    pub fn serve_requester(&self, uid: u32, gid: u32) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let access = if uid == 0 {
+            std::fs::set_permissions(&self.socket, std::fs::Permissions::from_mode(0o666))
+                .with_context(|| format!("opening {} to every user", self.socket.display()))?;
+            PeerAccess::Anyone
+        } else {
+            std::os::unix::fs::chown(&self.socket, Some(uid), Some(gid))
+                .with_context(|| format!("giving {} to uid {uid}", self.socket.display()))?;
+            PeerAccess::Only(uid)
+        };
+        *lock(&self.shared.access) = access;
         Ok(())
     }
 
@@ -331,8 +353,8 @@ async fn handle_connection(
     in_flight: InFlight,
 ) {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    let extra = Some(shared.extra_uid.load(Ordering::Relaxed)).filter(|&u| u != u32::MAX);
-    let received = match receive(std_stream, extra, deadline).await {
+    let access = *lock(&shared.access);
+    let received = match receive(std_stream, access, deadline).await {
         Ok(Accepted::Session(r)) => r,
         Ok(Accepted::Unprofilable { pid, why, cmdline }) => {
             note_unprofilable(&shared, pid, cmdline, why);
@@ -455,6 +477,12 @@ async fn watch_socket(
             }
         }
     }
+}
+
+/// The value behind `m`, also after a panic of another holder (a plain
+/// value: nothing is left half-changed).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Binds a UNIX socket that only our user can connect to.

@@ -1,8 +1,10 @@
 //! `heapprofd-rs daemon`: the profiling service in the foreground.
 //!
 //! It keeps the [service directory](crate::service::control::service_dir)
-//! (created mode 0700 if missing; an existing one must be ours and writable
-//! by nobody else), listens on its control socket, and runs the profiles
+//! (created mode 0700 if missing, 0755 for root's service, which serves
+//! every user ([`crate::service::access`]); an existing one must be ours
+//! and writable by nobody else), listens on its control socket (0600, 0666
+//! for root's), and runs the profiles
 //! the command line asks for, one at a time (this first version queues a
 //! second request until the first ends). For a profile it starts a
 //! [`Daemon`] on the directory's client socket and writes the
@@ -32,6 +34,7 @@ use super::Counters;
 use super::bookkeeper::BookkeeperOptions;
 use super::server::{Daemon, DaemonOptions};
 use super::supervise::{Signals, block_on, finish};
+use crate::service::access;
 use crate::service::control::{Reply, Request, read_body, service_dir};
 use crate::service::spec::ProfileSpec;
 
@@ -45,7 +48,11 @@ pub fn run() -> Result<i32> {
 
 /// Creates the directory (0700) or checks an existing one.
 fn prepare_dir(dir: &Path) -> Result<()> {
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+    let me = nix::unistd::geteuid().as_raw();
+    match std::fs::DirBuilder::new()
+        .mode(access::dir_mode(me))
+        .create(dir)
+    {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => {
@@ -59,13 +66,18 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     }
     let meta = std::fs::symlink_metadata(dir)
         .with_context(|| format!("cannot read the service directory {}", dir.display()))?;
-    let me = nix::unistd::geteuid().as_raw();
     if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
         bail!(
             "the service directory {} is not a directory of user {me} writable only by it; \
              remove it or set HEAPPROFD_SERVICE_DIR",
             dir.display()
         );
+    }
+    // Root's service serves every user: its directory must let them reach
+    // the sockets (an older one may have been made 0700).
+    if access::serves_everyone(me) && meta.mode() & 0o755 != 0o755 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("opening {} to every user", dir.display()))?;
     }
     Ok(())
 }
@@ -77,7 +89,8 @@ async fn serve(dir: PathBuf) -> Result<()> {
     let _ = std::fs::remove_file(dir.join(TRIGGERS_FILE));
     let control = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control);
-    let old = umask(Mode::from_bits_truncate(0o177));
+    let me = nix::unistd::geteuid().as_raw();
+    let old = umask(Mode::from_bits_truncate(0o777 & !access::control_mode(me)));
     let listener = UnixListener::bind(&control);
     umask(old);
     let listener = listener.with_context(|| format!("cannot listen on {}", control.display()))?;
@@ -115,7 +128,7 @@ async fn profile(dir: &Path, stream: UnixStream, signals: &mut Signals) -> bool 
         return false;
     };
     let got = tokio::task::spawn_blocking(move || read_request(std)).await;
-    let (request, fd, std) = match got {
+    let (request, fd, std, requester) = match got {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             log::warn!("bad control request: {e:#}");
@@ -127,7 +140,12 @@ async fn profile(dir: &Path, stream: UnixStream, signals: &mut Signals) -> bool 
         return false;
     };
     let mut stop = false;
-    let reply = match run_profile(dir, &request, fd, &mut stream, signals, &mut stop).await {
+    let asked = Asked {
+        request,
+        fd,
+        requester,
+    };
+    let reply = match run_profile(dir, asked, &mut stream, signals, &mut stop).await {
         Ok(r) => r,
         Err(e) => Reply::Failed(format!("{e:#}")),
     };
@@ -146,16 +164,18 @@ async fn profile(dir: &Path, stream: UnixStream, signals: &mut Signals) -> bool 
 
 /// Reads the framed request and the trace descriptor sent with it (a
 /// 2-second deadline: a peer that sends half a request cannot stall the
-/// service). Only a peer of our own user or root is served.
+/// service). A service run by root serves every user, another only its own
+/// user and root ([`access::may_request`]); the requester is the peer's
+/// user and group as the kernel tells them (`SO_PEERCRED`).
 fn read_request(
     std: std::os::unix::net::UnixStream,
-) -> Result<(Request, OwnedFd, std::os::unix::net::UnixStream)> {
+) -> Result<(Request, OwnedFd, std::os::unix::net::UnixStream, (u32, u32))> {
     std.set_nonblocking(false)?;
     std.set_read_timeout(Some(Duration::from_secs(2)))?;
     let peer = nix::sys::socket::getsockopt(&std, nix::sys::socket::sockopt::PeerCredentials)
         .context("reading the peer's credentials")?;
     let me = nix::unistd::geteuid().as_raw();
-    if peer.uid() != 0 && peer.uid() != me {
+    if !access::may_request(me, peer.uid()) {
         bail!(
             "refused a request of user {} (the service runs as {me})",
             peer.uid()
@@ -172,7 +192,15 @@ fn read_request(
     };
     let mut reader = &std;
     let request: Request = read_body(&mut reader, header).context("reading the request")?;
-    Ok((request, fd, std))
+    Ok((request, fd, std, (peer.uid(), peer.gid())))
+}
+
+/// A request as read: the profile, the trace's descriptor, and who asked
+/// (user, group).
+struct Asked {
+    request: Request,
+    fd: OwnedFd,
+    requester: (u32, u32),
 }
 
 /// What this service does not do yet: a profile it cannot run as asked is
@@ -199,12 +227,17 @@ fn supported(spec: &ProfileSpec) -> Result<()> {
 /// or the service gets SIGINT/SIGTERM (then `stop` is set).
 async fn run_profile(
     dir: &Path,
-    req: &Request,
-    fd: OwnedFd,
+    asked: Asked,
     stream: &mut UnixStream,
     signals: &mut Signals,
     stop: &mut bool,
 ) -> Result<Reply> {
+    let Asked {
+        request,
+        fd,
+        requester,
+    } = asked;
+    let req = &request;
     let spec = &req.spec;
     supported(spec)?;
     let mut client = ClientConfig::new(spec.sampling.interval, spec.sampling.shmem_size);
@@ -227,6 +260,9 @@ async fn run_profile(
     };
     let counters = Arc::new(Counters::default());
     let mut daemon = Daemon::start(options, counters)?;
+    if access::serves_everyone(nix::unistd::geteuid().as_raw()) {
+        daemon.serve_requester(requester.0, requester.1)?;
+    }
     daemon.serve();
     let names: Vec<(&str, u32)> = spec.targets.names.iter().map(|n| (n.as_str(), 1)).collect();
     write_triggers(dir, &heapprofd_proto::triggers::encode(0, names))?;

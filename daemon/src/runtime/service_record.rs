@@ -4,15 +4,18 @@
 //! programs need the dormant client preloaded, e.g. through `LD_PRELOAD`).
 //!
 //! `record` creates the trace file itself (so it belongs to the user who
-//! asked) and sends its descriptor with the request over the control socket
+//! asked; mode 0600) and sends its descriptor with the request over the control socket
 //! ([`crate::service::control`]); the profile ends after `--duration`, or on
 //! Ctrl-C / SIGTERM of `record` (it shuts down its side of the connection),
-//! and `record` prints the summary the service answers with. Without a
-//! running service this is an error that says to start one.
+//! and `record` prints the summary the service answers with. A user without
+//! a service of their own asks root's, if one runs (it profiles only that
+//! user's processes for them). Without a running service this is an error
+//! that says to start one.
 //! `record --config FILE` sends the profile a Perfetto HeapprofdConfig
 //! describes ([`crate::config`]) the same way.
 
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -22,7 +25,7 @@ use heapprofd_proto::service::CONTROL_SOCKET;
 use super::supervise::{Signals, block_on};
 use crate::cli::record_args::RecordArgs;
 use crate::cli::usage_error::UsageError;
-use crate::service::control::{Reply, Request, frame_header, read_message, service_dir};
+use crate::service::control::{Reply, Request, frame_header, read_message, service_dir_to_ask};
 use crate::service::spec::{Dumps, ProfileSpec, Sampling, Targets};
 
 /// The profile `record -n NAME` or `record --config FILE` asks for.
@@ -74,7 +77,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     let output = args.output.clone().unwrap_or_else(|| {
         super::setup::default_output(names.first().map_or("names", String::as_str))
     });
-    let dir = service_dir();
+    let dir = service_dir_to_ask();
     let control = dir.join(CONTROL_SOCKET);
     let sock = UnixStream::connect(&control).with_context(|| {
         format!(
@@ -83,12 +86,20 @@ pub fn run(args: RecordArgs) -> Result<i32> {
             control.display()
         )
     })?;
-    let file = std::fs::File::create(&output).map_err(|e| {
-        UsageError(format!(
-            "cannot create the trace file {}: {e}; choose another path with -o",
-            output.display()
-        ))
-    })?;
+    // Readable by the requesting user only: a root service may have
+    // profiled processes of this user that nobody else may look into.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&output)
+        .map_err(|e| {
+            UsageError(format!(
+                "cannot create the trace file {}: {e}; choose another path with -o",
+                output.display()
+            ))
+        })?;
     let duration = spec.duration_ms;
     let request = Request {
         spec,

@@ -58,7 +58,7 @@ pub(super) fn daemon_options(
 /// Finds the client library: `--client-lib`, else next to this executable
 /// (as `cargo build` leaves it), else in `../lib/heapprofd-rs/` beside the
 /// executable's directory (as `scripts/install.sh` puts it).
-pub(super) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     const NAME: &str = "libheapprofd_client.so";
     let candidates: Vec<PathBuf> = match explicit {
         Some(p) => vec![p.to_path_buf()],
@@ -81,6 +81,19 @@ pub(super) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     };
     // LD_PRELOAD needs an absolute path once CMD changes directory.
     std::fs::canonicalize(found).with_context(|| format!("resolving {}", found.display()))
+}
+
+/// The client library `record` preloads: the one installed system-wide
+/// (`heapprofd-rs install`) if there is one and `explicit` is not given (every
+/// process loads it anyway; a second copy beside it would stay inert), else
+/// [`find_client_lib`].
+pub(super) fn client_lib_to_preload(explicit: Option<&Path>) -> Result<PathBuf> {
+    if explicit.is_none()
+        && let Some(installed) = crate::install::installed::preloaded_library()?
+    {
+        return Ok(installed);
+    }
+    find_client_lib(explicit)
 }
 
 /// `heapprofd-<program>-<pid>-<YYYYmmdd-HHMMSS>.pftrace` in the current directory.

@@ -63,6 +63,23 @@ pub fn service_dir() -> PathBuf {
     }
 }
 
+/// The service the command line asks: [`service_dir`], except that a user
+/// without a service of their own uses root's ([`SYSTEM_DIR`]) if one runs
+/// (it serves every user, [`super::access`]).
+pub fn service_dir_to_ask() -> PathBuf {
+    let own = service_dir();
+    let control = heapprofd_proto::service::CONTROL_SOCKET;
+    if std::env::var_os(DIR_ENV).is_some_and(|d| !d.is_empty()) || own.join(control).exists() {
+        return own;
+    }
+    let system = PathBuf::from(SYSTEM_DIR);
+    if system.join(control).exists() {
+        system
+    } else {
+        own
+    }
+}
+
 /// Writes one framed JSON message.
 pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;

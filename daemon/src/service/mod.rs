@@ -1,6 +1,8 @@
 //! The profiling service: `heapprofd-rs daemon`, the profiles it runs at
 //! once, the control socket the command line talks to, the startup-trigger
-//! store, and finding the running processes a profile wants.
+//! store, and finding the running processes a profile wants; who may ask
+//! for what ([`access`]).
 
+pub mod access;
 pub mod control;
 pub mod spec;
