@@ -256,7 +256,6 @@ macro_rules! new_throwing {
     };
 }
 
-
 /// A throwing `operator new` variant on aarch64 (the same paths as the
 /// x86_64 one): x0/x1 saved in the frame across the decision; a sampled
 /// call keeps the mode in x19 (saved, described by the CFI for an

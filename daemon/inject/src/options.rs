@@ -46,4 +46,3 @@ pub struct InjectReport {
     /// target had one thread): end it with [`crate::detach`].
     pub sync: bool,
 }
-

@@ -35,9 +35,7 @@ pub fn is_user_emulator(path: &Path) -> bool {
     let arch = rest.strip_suffix("-static").unwrap_or(rest);
     !arch.is_empty()
         && !arch.starts_with("system")
-        && arch
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && arch.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// Whether process `pid` runs a qemu user-mode emulator (its

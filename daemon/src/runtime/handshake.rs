@@ -241,7 +241,10 @@ pub fn establish(
         if !(emulation::runs_under_emulator(peer.pid) && is_regular(&maps)) {
             return Err(e);
         }
-        log::debug!("pid {}: emulated, using the guest's view of its maps", peer.pid);
+        log::debug!(
+            "pid {}: emulated, using the guest's view of its maps",
+            peer.pid
+        );
     }
     check_proc_file(&mem, peer.pid, "mem")?;
     let (ring, memfd) =
