@@ -10,7 +10,7 @@
 # Chromium); for aarch64 (tests/tests/aarch64_e2e.rs and the cross-built unit
 # tests): the cross compilers and libc, qemu-user-static to run the programs,
 # lld (GNU ld refuses the client's two version scripts) and Rust's
-# aarch64-unknown-linux-gnu target.
+# aarch64-unknown-linux-gnu target; the Android targets (type-checked only).
 # Python: the official Perfetto trace schema. Cargo: cargo-fuzz.
 set -euo pipefail
 
@@ -39,10 +39,12 @@ if ! python3 -c 'import perfetto.protos.perfetto.trace.perfetto_trace_pb2' >/dev
   python3 -c 'import perfetto.protos.perfetto.trace.perfetto_trace_pb2'
 fi
 
-if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
-  echo "install-deps: rustup target add aarch64-unknown-linux-gnu"
-  rustup target add aarch64-unknown-linux-gnu
-fi
+for t in aarch64-unknown-linux-gnu aarch64-linux-android x86_64-linux-android; do
+  if ! rustup target list --installed | grep -qx "$t"; then
+    echo "install-deps: rustup target add $t"
+    rustup target add "$t"
+  fi
+done
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "install-deps: cargo install cargo-fuzz"

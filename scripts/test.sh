@@ -33,6 +33,14 @@ step "aarch64: lint, and the client built for the end-to-end tests under qemu"
 cargo clippy --target aarch64-unknown-linux-gnu --workspace --all-targets -- -D warnings
 cargo build --release --target aarch64-unknown-linux-gnu -p heapprofd-client
 
+# What ships to an Android device, type-checked for both Android ABIs (no
+# NDK linker here, so no link).
+step "android: cargo check of the client, shmem, proto and unwinder"
+for t in aarch64-linux-android x86_64-linux-android; do
+  cargo check --target "$t" -p heapprofd-shmem -p heapprofd-proto \
+    -p heapprofd-client-core -p heapprofd-client -p heapprofd-unwinder
+done
+
 step "tests"
 cargo test --workspace
 
