@@ -29,14 +29,36 @@ python3 scripts/check-layout.py
 step "release build (the end-to-end tests run these binaries)"
 cargo build --release --workspace
 
+step "aarch64: lint, and the client built for the end-to-end tests under qemu"
+cargo clippy --target aarch64-unknown-linux-gnu --workspace --all-targets -- -D warnings
+cargo build --release --target aarch64-unknown-linux-gnu -p heapprofd-client
+
+# What ships to an Android device, type-checked for both Android ABIs (no
+# NDK linker here, so no link).
+step "android: cargo check of the client, shmem, proto and unwinder"
+for t in aarch64-linux-android x86_64-linux-android; do
+  cargo check --target "$t" -p heapprofd-shmem -p heapprofd-proto \
+    -p heapprofd-client-core -p heapprofd-client -p heapprofd-unwinder
+done
+
 step "tests"
 cargo test --workspace
+
+# Unit and integration tests of what runs in a profiled process (and the
+# unwinder), built for aarch64 and run by qemu-user (.cargo/config.toml).
+# The two ring stress tests with 8 writer threads in a child process are
+# left out: emulated, their writers outlast the ring's spinlock timeout.
+step "aarch64 tests under qemu-user"
+HEAPPROFD_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+  cargo test --target aarch64-unknown-linux-gnu -p heapprofd-shmem -p heapprofd-proto \
+  -p heapprofd-client-core -p heapprofd-client -p heapprofd-unwinder \
+  -- --skip stress_many_writers_in_child_process
 
 # The fuzz build needs ~1 GB more. On a small disk (a CI machine has run out),
 # drop the test build first: nothing after this step uses it.
 if [ "$(df --output=avail -k . | tail -1)" -lt $((8 * 1024 * 1024)) ]; then
-  echo "less than 8 GiB free: removing target/debug before the fuzz build"
-  rm -rf target/debug
+  echo "less than 8 GiB free: removing the test builds before the fuzz build"
+  rm -rf target/debug target/aarch64-unknown-linux-gnu/debug
 fi
 
 step "fuzz targets build and survive their seed corpus"

@@ -4,7 +4,7 @@
 //! nothing: its own binary must not be interposed by its hooks.
 
 /// The exported name of an assembly hook.
-#[cfg(all(target_arch = "x86_64", not(test)))]
+#[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(test)))]
 macro_rules! export {
     ($sym:literal) => {
         concat!(
@@ -12,7 +12,7 @@ macro_rules! export {
             $sym,
             "\n.type ",
             $sym,
-            ", @function\n",
+            ", %function\n",
             $sym,
             ":"
         )
@@ -20,7 +20,7 @@ macro_rules! export {
 }
 
 /// Nothing in the unit-test build.
-#[cfg(all(target_arch = "x86_64", test))]
+#[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), test))]
 macro_rules! export {
     ($sym:literal) => {
         ""

@@ -17,8 +17,7 @@
 //! between the original and the program: an unrecorded call is a jump to
 //! the original, a recorded one calls it from an assembly frame and then
 //! calls [`new_record`]. The nothrow `new`s and every `delete` cannot
-//! throw and are Rust. Elsewhere than x86_64 the throwing `new`s only
-//! forward (assembly written for x86_64 only).
+//! throw and are Rust. The assembly exists for x86_64 and aarch64.
 
 use core::ffi::c_void;
 
@@ -257,48 +256,128 @@ macro_rules! new_throwing {
     };
 }
 
-#[cfg(target_arch = "x86_64")]
+/// A throwing `operator new` variant on aarch64 (the same paths as the
+/// x86_64 one): x0/x1 saved in the frame across the decision; a sampled
+/// call keeps the mode in x19 (saved, described by the CFI for an
+/// exception thrown out of the original) and the size in the frame.
+#[cfg(target_arch = "aarch64")]
+macro_rules! new_throwing {
+    ($rec:ident, $label:ident, $cname:literal, $sym:literal) => {
+        unsafe extern "C" {
+            fn $label();
+        }
+
+        #[doc = concat!("The record of `", $sym, "` (a throwing `operator new`).")]
+        pub(crate) static $rec: Hook =
+            Hook::cxx($cname, $label as *const (), Kind::CxxNew, &hooks::MALLOC);
+
+        core::arch::global_asm!(
+            ".pushsection .text.{label},\"ax\",%progbits",
+            ".p2align 4",
+            ".globl {label}",
+            ".hidden {label}",
+            ".type {label}, %function",
+            export!($sym),
+            "{label}:",
+            ".cfi_startproc",
+            // Unrecorded (libstdc++'s operator) or no session: jump.
+            "adrp x16, {rec}",
+            "add x16, x16, :lo12:{rec}",
+            "ldrb w17, [x16, #{recorded}]",
+            "cbz w17, 3f",
+            "adrp x17, {hot}",
+            "ldr x17, [x17, :lo12:{hot}]",
+            "cbz x17, 3f",
+            "stp x29, x30, [sp, #-48]!",
+            ".cfi_def_cfa_offset 48",
+            ".cfi_offset x29, -48",
+            ".cfi_offset x30, -40",
+            "mov x29, sp",
+            "stp x0, x1, [sp, #16]",
+            "str x19, [sp, #32]",
+            ".cfi_offset x19, -16",
+            "bl {decide}",
+            "cbz x0, 5f",
+            // Sampled: call the original from this frame (it may throw),
+            // then record. `recorded` is only set once the original is known.
+            "mov x19, x0",
+            "ldp x0, x1, [sp, #16]",
+            "adrp x16, {rec}",
+            "add x16, x16, :lo12:{rec}",
+            "ldr x16, [x16, #{original}]",
+            "blr x16",
+            "str x0, [sp, #24]",
+            "ldr x1, [sp, #16]",
+            "mov x2, x19",
+            "bl {record}",
+            "ldr x0, [sp, #24]",
+            ".cfi_remember_state",
+            "ldr x19, [sp, #32]",
+            "ldp x29, x30, [sp], #48",
+            ".cfi_def_cfa_offset 0",
+            ".cfi_restore x19",
+            ".cfi_restore x29",
+            ".cfi_restore x30",
+            "ret",
+            ".cfi_restore_state",
+            // Not sampled after all: pop the frame, then jump.
+            "5:",
+            "ldp x0, x1, [sp, #16]",
+            "ldr x19, [sp, #32]",
+            "ldp x29, x30, [sp], #48",
+            ".cfi_def_cfa_offset 0",
+            ".cfi_restore x19",
+            ".cfi_restore x29",
+            ".cfi_restore x30",
+            "3:",
+            "adrp x16, {rec}",
+            "add x16, x16, :lo12:{rec}",
+            "ldr x17, [x16, #{original}]",
+            "cbz x17, 4f",
+            "br x17",
+            // Not resolved yet: resolve, then jump.
+            "4:",
+            "stp x29, x30, [sp, #-32]!",
+            ".cfi_def_cfa_offset 32",
+            ".cfi_offset x29, -32",
+            ".cfi_offset x30, -24",
+            "mov x29, sp",
+            "stp x0, x1, [sp, #16]",
+            "mov x0, x16",
+            "bl {resolve}",
+            "mov x17, x0",
+            "ldp x0, x1, [sp, #16]",
+            "ldp x29, x30, [sp], #32",
+            ".cfi_def_cfa_offset 0",
+            ".cfi_restore x29",
+            ".cfi_restore x30",
+            "br x17",
+            ".cfi_endproc",
+            ".size {label}, . - {label}",
+            ".popsection",
+            label = sym $label,
+            rec = sym $rec,
+            recorded = const core::mem::offset_of!(Hook, recorded),
+            original = const core::mem::offset_of!(Hook, original),
+            hot = sym heapprofd_client_core::state::HOT,
+            decide = sym new_decide,
+            record = sym new_record,
+            resolve = sym new_resolve,
+        );
+    };
+}
+
 new_throwing!(NEW, heapprofd_rs_cxx_new, c"_Znwm", "_Znwm");
-#[cfg(target_arch = "x86_64")]
 new_throwing!(NEW_ARRAY, heapprofd_rs_cxx_new_array, c"_Znam", "_Znam");
-#[cfg(target_arch = "x86_64")]
 new_throwing!(
     NEW_ALIGNED,
     heapprofd_rs_cxx_new_aligned,
     c"_ZnwmSt11align_val_t",
     "_ZnwmSt11align_val_t"
 );
-#[cfg(target_arch = "x86_64")]
 new_throwing!(
     NEW_ARRAY_ALIGNED,
     heapprofd_rs_cxx_new_array_aligned,
     c"_ZnamSt11align_val_t",
     "_ZnamSt11align_val_t"
 );
-
-/// Elsewhere: records without hooks (nothing exported, nothing patched).
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW: Hook = Hook::cxx(c"_Znwm", core::ptr::null(), Kind::CxxNew, &hooks::MALLOC);
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW_ARRAY: Hook =
-    Hook::cxx(c"_Znam", core::ptr::null(), Kind::CxxNew, &hooks::MALLOC);
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW_ALIGNED: Hook = Hook::cxx(
-    c"_ZnwmSt11align_val_t",
-    core::ptr::null(),
-    Kind::CxxNew,
-    &hooks::MALLOC,
-);
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) static NEW_ARRAY_ALIGNED: Hook = Hook::cxx(
-    c"_ZnamSt11align_val_t",
-    core::ptr::null(),
-    Kind::CxxNew,
-    &hooks::MALLOC,
-);
-#[cfg(not(target_arch = "x86_64"))]
-const _: (
-    extern "C" fn(usize) -> u64,
-    extern "C" fn(*mut c_void, usize, u64),
-    extern "C" fn(&Hook) -> usize,
-) = (new_decide, new_record, new_resolve);

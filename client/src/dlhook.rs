@@ -21,20 +21,20 @@ use core::sync::atomic::Ordering;
 use crate::hook::{Hook, Kind};
 use crate::newobjects::{NEW_OBJECTS, after_dlopen};
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe extern "C" {
     fn heapprofd_rs_dlopen_hook();
 }
 
 /// The record of the `dlopen` hook (no hook where there is none: objects
 /// loaded by `dlopen` are then found by the watcher's poll only).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) static DLOPEN: Hook = Hook::new(
     c"dlopen",
     heapprofd_rs_dlopen_hook as *const (),
     Kind::Dlopen,
 );
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(crate) static DLOPEN: Hook = Hook::new(c"dlopen", core::ptr::null(), Kind::Dlopen);
 
 /// Whether the hook should wrap this call (1) or tail-jump to glibc (0):
@@ -107,7 +107,47 @@ core::arch::global_asm!(
     wrapped = sym dlopen_wrapped,
 );
 
-#[cfg(not(target_arch = "x86_64"))]
+// The same on aarch64: x0/x1 kept in the frame across the decision, the
+// frame popped before the jump so glibc sees the caller's x30.
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".pushsection .text.heapprofd_rs_dlopen_hook,\"ax\",%progbits",
+    ".p2align 4",
+    ".globl heapprofd_rs_dlopen_hook",
+    ".hidden heapprofd_rs_dlopen_hook",
+    ".type heapprofd_rs_dlopen_hook, %function",
+    "heapprofd_rs_dlopen_hook:",
+    ".cfi_startproc",
+    "stp x29, x30, [sp, #-32]!",
+    ".cfi_def_cfa_offset 32",
+    ".cfi_offset x29, -32",
+    ".cfi_offset x30, -24",
+    "mov x29, sp",
+    "stp x0, x1, [sp, #16]",
+    "bl {decide}",
+    "mov w9, w0",
+    "ldp x0, x1, [sp, #16]",
+    "ldp x29, x30, [sp], #32",
+    ".cfi_def_cfa_offset 0",
+    ".cfi_restore x29",
+    ".cfi_restore x30",
+    "cbnz w9, 2f",
+    "adrp x16, {record}",
+    "add x16, x16, :lo12:{record}",
+    "ldr x16, [x16, #{original}]",
+    "br x16",
+    "2:",
+    "b {wrapped}",
+    ".cfi_endproc",
+    ".size heapprofd_rs_dlopen_hook, . - heapprofd_rs_dlopen_hook",
+    ".popsection",
+    decide = sym dlopen_decide,
+    record = sym DLOPEN,
+    original = const core::mem::offset_of!(Hook, original),
+    wrapped = sym dlopen_wrapped,
+);
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const _: (
     extern "C" fn(*const c_char) -> u32,
     extern "C" fn(*const c_char, c_int) -> *mut c_void,

@@ -189,9 +189,10 @@ unsafe fn defines(base: usize, d: &Dynamic, i: usize, key: &[u8]) -> Option<usiz
     Some(addr)
 }
 
-/// The function an indirect symbol's resolver picks (x86_64: glibc calls
-/// resolvers with no arguments). Elsewhere not resolved: not a definition
-/// we can forward to.
+/// The function an indirect symbol's resolver picks, called as glibc calls
+/// it: with no arguments on x86_64; on aarch64 with `AT_HWCAP` (flagged
+/// `_IFUNC_ARG_HWCAP`, bit 62) and a pointer to `{size, hwcap, hwcap2}`.
+/// Elsewhere not resolved: not a definition we can forward to.
 ///
 /// # Safety
 /// `resolver` is an `STT_GNU_IFUNC` symbol's value in a loaded object.
@@ -203,7 +204,36 @@ unsafe fn resolve_ifunc(resolver: usize) -> Option<usize> {
         let a = f();
         (a != 0).then_some(a)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        /// glibc's `__ifunc_arg_t`.
+        #[repr(C)]
+        struct IfuncArg {
+            size: u64,
+            hwcap: u64,
+            hwcap2: u64,
+        }
+        const IFUNC_ARG_HWCAP: u64 = 1 << 62;
+        // SAFETY: getauxval has no preconditions.
+        let (hwcap, hwcap2) = unsafe {
+            (
+                libc::getauxval(libc::AT_HWCAP),
+                libc::getauxval(libc::AT_HWCAP2),
+            )
+        };
+        let arg = IfuncArg {
+            size: core::mem::size_of::<IfuncArg>() as u64,
+            hwcap,
+            hwcap2,
+        };
+        // SAFETY: the caller's contract; the resolver returns an address.
+        let f = unsafe {
+            core::mem::transmute::<usize, extern "C" fn(u64, *const IfuncArg) -> usize>(resolver)
+        };
+        let a = f(hwcap | IFUNC_ARG_HWCAP, &arg);
+        (a != 0).then_some(a)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = resolver;
         None

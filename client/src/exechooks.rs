@@ -18,9 +18,9 @@
 //!   repaired first (`inherit::repair_environ`).
 //!
 //! `execl`, `execle` and `execlp` are variadic, which stable Rust cannot
-//! define: a few instructions of x86_64 assembly spill the register
-//! arguments next to the stack ones and call [`execl_impl`] (elsewhere they
-//! are not exported and go to glibc's directly). The hooks run in `vfork`
+//! define: a few instructions of assembly (x86_64 and aarch64) spill the
+//! register arguments next to the stack ones and call [`execl_impl`]. The
+//! hooks run in `vfork`
 //! children and between `fork` and `exec` of threaded programs: they use
 //! the stack, raw system calls and no lock. A raw `execve` system call
 //! (`syscall(SYS_execve, ...)`) is not seen.
@@ -198,23 +198,31 @@ const EXECLP: u32 = 2;
 /// far lower in practice: `ARG_MAX` bytes).
 const MAX_ARGS: usize = 1 << 20;
 
+/// How many variadic arguments arrive in registers after `path`: x86_64's
+/// rsi, rdx, rcx, r8, r9; aarch64's x1..x7 (Linux's AAPCS64 passes
+/// variadic arguments like named ones).
+#[cfg(target_arch = "aarch64")]
+const REG_ARGS: usize = 7;
+#[cfg(not(target_arch = "aarch64"))]
+const REG_ARGS: usize = 5;
+
 /// The variadic execs, after their assembly spilled the register arguments:
-/// `regs` holds the five after `path` (rsi, rdx, rcx, r8, r9), `stack` the
-/// rest. The arguments are `arg0, ..., NULL` (then `envp` for `execle`).
+/// `regs` holds the [`REG_ARGS`] after `path`, `stack` the rest. The
+/// arguments are `arg0, ..., NULL` (then `envp` for `execle`).
 extern "C" fn execl_impl(
     kind: u32,
     path: *const c_char,
     regs: *const usize,
     stack: *const usize,
 ) -> c_int {
-    // SAFETY: the variadic arguments are pointer-sized, five in `regs` and
-    // the others on the caller's stack, in order, the list ending with a
-    // NULL (the exec functions' contract).
+    // SAFETY: the variadic arguments are pointer-sized, REG_ARGS in `regs`
+    // and the others on the caller's stack, in order, the list ending with
+    // a NULL (the exec functions' contract).
     let arg = |i: usize| unsafe {
-        if i < 5 {
+        if i < REG_ARGS {
             *regs.add(i)
         } else {
-            *stack.add(i - 5)
+            *stack.add(i - REG_ARGS)
         }
     };
     let n = (0..MAX_ARGS).find(|&i| arg(i) == 0).unwrap_or(MAX_ARGS);
@@ -318,12 +326,56 @@ macro_rules! execl_asm {
     };
 }
 
-#[cfg(target_arch = "x86_64")]
-execl_asm!(EXECL_REC, heapprofd_rs_execl, c"execl", "execl", EXECL);
-#[cfg(target_arch = "x86_64")]
-execl_asm!(EXECLE_REC, heapprofd_rs_execle, c"execle", "execle", EXECLE);
-#[cfg(target_arch = "x86_64")]
-execl_asm!(EXECLP_REC, heapprofd_rs_execlp, c"execlp", "execlp", EXECLP);
+/// One variadic exec on aarch64: spill x1..x7 into the frame, pass the
+/// caller's stack arguments (at the entry sp) to [`execl_impl`].
+#[cfg(target_arch = "aarch64")]
+macro_rules! execl_asm {
+    ($rec:ident, $label:ident, $cname:literal, $sym:literal, $kind:expr) => {
+        unsafe extern "C" {
+            fn $label();
+        }
 
-#[cfg(not(target_arch = "x86_64"))]
-const _: extern "C" fn(u32, *const c_char, *const usize, *const usize) -> c_int = execl_impl;
+        #[doc = concat!("The record of `", $sym, "` (variadic, in assembly).")]
+        pub(crate) static $rec: Hook = Hook::new($cname, $label as *const (), Kind::Forward);
+
+        core::arch::global_asm!(
+            ".pushsection .text.{label},\"ax\",%progbits",
+            ".p2align 4",
+            ".globl {label}",
+            ".hidden {label}",
+            ".type {label}, %function",
+            export!($sym),
+            "{label}:",
+            ".cfi_startproc",
+            "stp x29, x30, [sp, #-80]!",
+            ".cfi_def_cfa_offset 80",
+            ".cfi_offset x29, -80",
+            ".cfi_offset x30, -72",
+            "mov x29, sp",
+            "stp x1, x2, [sp, #16]",
+            "stp x3, x4, [sp, #32]",
+            "stp x5, x6, [sp, #48]",
+            "str x7, [sp, #64]",
+            "mov x1, x0",
+            "mov w0, #{kind}",
+            "add x2, sp, #16",
+            "add x3, sp, #80",
+            "bl {imp}",
+            "ldp x29, x30, [sp], #80",
+            ".cfi_def_cfa_offset 0",
+            ".cfi_restore x29",
+            ".cfi_restore x30",
+            "ret",
+            ".cfi_endproc",
+            ".size {label}, . - {label}",
+            ".popsection",
+            label = sym $label,
+            kind = const $kind,
+            imp = sym execl_impl,
+        );
+    };
+}
+
+execl_asm!(EXECL_REC, heapprofd_rs_execl, c"execl", "execl", EXECL);
+execl_asm!(EXECLE_REC, heapprofd_rs_execle, c"execle", "execle", EXECLE);
+execl_asm!(EXECLP_REC, heapprofd_rs_execlp, c"execlp", "execlp", EXECLP);

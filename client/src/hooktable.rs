@@ -46,7 +46,6 @@ pub(crate) static HOOKS: [&Hook; 31] = [
 ];
 
 /// Exported, forwarded, never patched.
-#[cfg(target_arch = "x86_64")]
 pub(crate) static FORWARDED: [&Hook; 14] = [
     &hooks::MALLOC_USABLE_SIZE,
     &exec::EXECVE,
@@ -62,19 +61,4 @@ pub(crate) static FORWARDED: [&Hook; 14] = [
     &exec::EXECL_REC,
     &exec::EXECLE_REC,
     &exec::EXECLP_REC,
-];
-/// Exported, forwarded, never patched (no variadic execs here).
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) static FORWARDED: [&Hook; 11] = [
-    &hooks::MALLOC_USABLE_SIZE,
-    &exec::EXECVE,
-    &exec::EXECVEAT,
-    &exec::FEXECVE,
-    &exec::EXECVPE,
-    &exec::EXECV,
-    &exec::EXECVP,
-    &exec::POSIX_SPAWN,
-    &exec::POSIX_SPAWNP,
-    &exec::SYSTEM,
-    &exec::POPEN,
 ];

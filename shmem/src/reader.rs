@@ -214,6 +214,18 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
                 )
             };
         }
+        #[cfg(target_arch = "aarch64")]
+        for line in 0..PREFETCH_AHEAD.min(self.write_pos.saturating_sub(self.read_pos)) / 64 {
+            let pos = (self.read_pos + line * 64) & self.rb.mask();
+            let p = self.rb.data_ptr().wrapping_add(pos as usize);
+            // SAFETY: `pos` is inside the data area; `prfm` has no
+            // architectural effect and never faults (the stable intrinsic
+            // does not exist yet).
+            unsafe {
+                core::arch::asm!("prfm pldl1keep, [{p}]", p = in(reg) p,
+                    options(nostack, preserves_flags, readonly))
+            };
+        }
     }
 
     /// Stores the read position (freeing space for writers) and mirrors the

@@ -332,13 +332,30 @@ fn stress_child_entry() {
     }
 }
 
+/// This test binary as a command. Under an emulator (the aarch64 tests
+/// run by qemu-user, which cannot exec a foreign binary by itself),
+/// `HEAPPROFD_TEST_RUNNER` holds the emulator's command line to prefix.
+fn self_command() -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let runner = std::env::var("HEAPPROFD_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        Some(first) => {
+            let mut c = Command::new(first);
+            c.args(words).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    }
+}
+
 fn run_stress(data_size: u64, threads: u64, per_thread: u64, block: bool) {
     let (rb, fd) = RingBuffer::create(data_size).unwrap();
     // Let the child inherit the descriptor.
     // SAFETY: clearing FD_CLOEXEC on a descriptor we own.
     unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
     let spec = format!("{},{threads},{per_thread},{}", fd.as_raw_fd(), block as u8);
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let mut child = self_command()
         .args([
             "--exact",
             "stress_child_entry",

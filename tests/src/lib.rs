@@ -15,6 +15,7 @@
 //! * [`browser`]: a headless Chromium over the DevTools protocol (the HTML
 //!   page's tests).
 
+pub mod alloc_truth;
 pub mod attach_harness;
 pub mod bench_args;
 pub mod browser;

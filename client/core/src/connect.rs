@@ -25,6 +25,9 @@ use nix::unistd::getpid;
 use crate::session::{self, SessionParams};
 use crate::socket_path::SocketPath;
 
+/// ELF `PF_X` (the libc crate names it for glibc only).
+const PF_X: u32 = 1;
+
 /// Socket of a handshake in progress, so a forked child can close its copy.
 pub(crate) static CONNECTING_FD: AtomicI32 = AtomicI32::new(-1);
 /// Handshakes that failed (for debugging).
@@ -82,7 +85,7 @@ fn own_text_range() -> (u64, u64) {
             let info = &*info;
             for i in 0..info.dlpi_phnum as usize {
                 let ph = &*info.dlpi_phdr.add(i);
-                if ph.p_type != libc::PT_LOAD || ph.p_flags & libc::PF_X == 0 {
+                if ph.p_type != libc::PT_LOAD || ph.p_flags & PF_X == 0 {
                     continue;
                 }
                 let start = info.dlpi_addr.wrapping_add(ph.p_vaddr);

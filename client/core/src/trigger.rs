@@ -175,12 +175,19 @@ fn open_store(dir: &[u8]) -> Option<i32> {
     }
 }
 
+/// `fstat`'s system call number (the libc crate does not name it for
+/// aarch64 Android; the kernel's generic table has it as 80).
+#[cfg(all(target_os = "android", target_arch = "aarch64"))]
+const SYS_FSTAT: libc::c_long = 80;
+#[cfg(not(all(target_os = "android", target_arch = "aarch64")))]
+const SYS_FSTAT: libc::c_long = libc::SYS_fstat;
+
 /// A regular file owned by root or by us, writable by nobody else.
 fn trusted(fd: i32) -> bool {
     // SAFETY: a zeroed stat buffer of the right type for the kernel to fill.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: fstat writes only into `st`.
-    let rc = unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st as *mut libc::stat) };
+    let rc = unsafe { libc::syscall(SYS_FSTAT, fd, &mut st as *mut libc::stat) };
     if rc != 0 {
         return false;
     }

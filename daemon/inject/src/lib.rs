@@ -49,26 +49,46 @@
 //! Every failure after the stop restores the registers before detaching.
 //! Errors are [`InjectError`]s: each says what failed and what to do.
 
+// Off x86_64 only the probe and the signal remain: the ELF and attach-ABI
+// facts the hijack uses are compiled but unused there.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
+
+#[cfg(target_arch = "x86_64")]
 mod calls;
 mod elf;
 mod error;
+mod options;
 mod permission;
+#[cfg(target_arch = "x86_64")]
 mod plan;
 mod probe;
+#[cfg(target_arch = "x86_64")]
 mod ptrace;
+#[cfg(target_arch = "x86_64")]
 mod remote;
+#[cfg(target_arch = "x86_64")]
 mod restore;
+#[cfg(target_arch = "x86_64")]
 mod safety;
+#[cfg(target_arch = "x86_64")]
 mod sigframe;
 mod signal;
+#[cfg(target_arch = "x86_64")]
 mod stall;
 mod status;
+#[cfg(target_arch = "x86_64")]
 mod steps;
+#[cfg(not(target_arch = "x86_64"))]
+mod unsupported;
 
 pub use error::InjectError;
+pub use options::{InjectOptions, InjectReport};
 pub use probe::{Target, client_thread, probe, probe_loaded, threads};
-pub use remote::{InjectOptions, InjectReport, detach, inject};
+#[cfg(target_arch = "x86_64")]
+pub use remote::{detach, inject};
 pub use signal::signal_activate;
+#[cfg(not(target_arch = "x86_64"))]
+pub use unsupported::{detach, inject};
 
 /// File name of the client library.
 pub const CLIENT_FILE_NAME: &str = "libheapprofd_client.so";

@@ -3,11 +3,11 @@
 //! of `inject`).
 
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::calls::{Hijack, run_calls};
 use crate::error::{InjectError, Result};
+use crate::options::{InjectOptions, InjectReport};
 use crate::permission::permission_hint;
 use crate::plan::{Plan, make_plan};
 use crate::probe::{Target, threads};
@@ -17,48 +17,6 @@ use crate::safety::{SafetyModel, Verdict};
 use crate::stall::Stall;
 use crate::status::{first_number, status_field};
 use crate::steps::Steps;
-
-/// How to inject.
-#[derive(Debug, Clone)]
-pub struct InjectOptions {
-    /// The client library (absolute path; loaded unless already mapped).
-    pub lib: PathBuf,
-    /// The socket id passed to the client (`/tmp/heapprofd-rs-<euid>/<id>.sock`).
-    pub id: u32,
-    /// How long to look for a thread at a safe point.
-    pub safe_point_timeout: Duration,
-    /// How long `dlopen` and the attach entry may take before we give up.
-    pub call_timeout: Duration,
-    /// Unwind tables of the target's modules (the daemon's cache, so its
-    /// sessions reuse what the safe-point checks parsed).
-    pub module_cache: std::sync::Arc<heapprofd_unwinder::ModuleCache>,
-    /// Tests only: the step to stall at (`HEAPPROFD_ATTACH_TEST_STALL`,
-    /// see `stall.rs`).
-    pub test_stall: Option<String>,
-}
-
-/// What an injection did.
-#[derive(Debug, Clone)]
-pub struct InjectReport {
-    /// The thread that ran the calls.
-    pub tid: u32,
-    /// How long that thread was stopped (from the interrupt's stop to the
-    /// detach), including the calls.
-    pub pause: Duration,
-    /// Threads stopped and checked before one was safe (1 = the first).
-    pub attempts: u32,
-    /// Whether `dlopen` was called (false: the client was already loaded).
-    pub loaded: bool,
-    /// Time spent preparing (symbols, unwind tables) before stopping anything.
-    pub prepare: Duration,
-    /// Why the threads that were refused were refused (the last reason of each).
-    pub refused: Vec<(u32, String)>,
-    /// Where the pause went: (step, duration), in order.
-    pub steps: Vec<(&'static str, Duration)>,
-    /// The session was started synchronously, without a client thread (the
-    /// target had one thread): end it with [`detach`].
-    pub sync: bool,
-}
 
 /// Outcome of one thread.
 enum Attempt {

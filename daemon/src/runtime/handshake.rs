@@ -46,6 +46,8 @@ use nix::sys::stat::{FileStat, SFlag, fstat, stat};
 use nix::unistd::geteuid;
 use tokio::io::Interest;
 
+use super::emulation;
+
 /// How long a connection has to complete its handshake, from its accept.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -264,7 +266,16 @@ pub fn establish(
         stream,
         deadline,
     } = received;
-    check_proc_file(&maps, peer.pid, "maps")?;
+    if let Err(e) = check_proc_file(&maps, peer.pid, "maps") {
+        // Under qemu-user the guest's own view (see `emulation`).
+        if !(emulation::runs_under_emulator(peer.pid) && is_regular(&maps)) {
+            return Err(e);
+        }
+        log::debug!(
+            "pid {}: emulated, using the guest's view of its maps",
+            peer.pid
+        );
+    }
     check_proc_file(&mem, peer.pid, "mem")?;
     let (ring, memfd) =
         RingBuffer::create(config.shmem_size).context("creating the ring buffer")?;
@@ -331,6 +342,11 @@ fn check_proc_file(fd: &OwnedFd, pid: u32, name: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `fd` is a regular file (a memfd counts).
+fn is_regular(fd: &OwnedFd) -> bool {
+    fstat(fd.as_fd()).is_ok_and(|st| file_type(&st) == SFlag::S_IFREG)
 }
 
 fn file_type(st: &FileStat) -> SFlag {

@@ -32,6 +32,7 @@ pub mod attach;
 pub mod bookkeeper;
 pub mod cleanup;
 pub mod clock;
+pub mod emulation;
 pub mod handshake;
 pub mod mapping;
 pub mod memo;

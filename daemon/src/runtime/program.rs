@@ -41,8 +41,13 @@ fn resolve(cmd: &OsStr) -> Option<PathBuf> {
 /// Why `cmd` (as exec would find it) cannot load the client, if it cannot.
 /// Unreadable files and scripts (their interpreter is what runs) say
 /// nothing.
+/// A qemu user-mode emulator says nothing either: the guest program's own
+/// loader loads the client (see `emulation`).
 pub fn unprofilable(cmd: &OsStr) -> Option<Unprofilable> {
     let path = resolve(cmd)?;
+    if super::emulation::is_user_emulator(&path) {
+        return None;
+    }
     check_file(&path)
 }
 

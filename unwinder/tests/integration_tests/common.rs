@@ -156,10 +156,13 @@ pub fn context(cap: &Capture, cache: &Arc<ModuleCache>) -> ProcessContext {
 }
 
 /// Unwinds the capture, after checking on it that replayed walks (see
-/// `replay.rs`) agree with full walks.
+/// `replay.rs`; x86_64) agree with full walks.
 pub fn unwind(ctx: &mut ProcessContext, cap: &Capture) -> UnwindResult {
-    let c = crate::replay::check_replay(ctx, &cap.regs, cap.sp, &cap.stack, cap.sp, 300);
-    eprintln!("replay check of {}: {c:?}", cap.dir.display());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let c = crate::replay::check_replay(ctx, &cap.regs, cap.sp, &cap.stack, cap.sp, 300);
+        eprintln!("replay check of {}: {c:?}", cap.dir.display());
+    }
     ctx.unwind(Arch::X86_64, &cap.regs, cap.sp, &cap.stack, 0..0)
 }
 

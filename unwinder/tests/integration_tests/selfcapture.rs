@@ -1,5 +1,5 @@
 //! Captures the calling thread's registers and stack the way the client
-//! library does (inline asm for rip/rsp/rbp, then a copy of `[rsp, stack
+//! library does (inline asm for the registers, then a copy of `[sp, stack
 //! end)`), for tests and benchmarks that unwind their own process.
 
 #![allow(dead_code)]
@@ -54,6 +54,39 @@ pub fn capture(stack_end: u64) -> SelfSample {
     regs.0[16] = ip;
     regs.0[7] = sp;
     regs.0[6] = bp;
+    SelfSample { regs, sp, stack }
+}
+
+/// Captures registers and the stack from the current sp to `stack_end`
+/// (pc, sp, frame pointer and link register: what the walk starts from).
+#[cfg(target_arch = "aarch64")]
+#[inline(never)]
+pub fn capture(stack_end: u64) -> SelfSample {
+    use heapprofd_proto::wire::aarch64;
+    let (pc, sp, fp, lr): (u64, u64, u64, u64);
+    // SAFETY: reads four registers; touches no memory.
+    unsafe {
+        std::arch::asm!(
+            "adr {pc}, .",
+            "mov {sp}, sp",
+            "mov {fp}, x29",
+            "mov {lr}, x30",
+            pc = out(reg) pc,
+            sp = out(reg) sp,
+            fp = out(reg) fp,
+            lr = out(reg) lr,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    let len = (stack_end - sp) as usize;
+    // SAFETY: [sp, stack_end) is this thread's live stack, above the
+    // current stack pointer, and mapped (stack_end is its mapping's end).
+    let stack = unsafe { std::slice::from_raw_parts(sp as *const u8, len) }.to_vec();
+    let mut regs = RegisterFile::default();
+    regs.0[aarch64::PC] = pc;
+    regs.0[aarch64::SP] = sp;
+    regs.0[aarch64::FP] = fp;
+    regs.0[aarch64::LR] = lr;
     SelfSample { regs, sp, stack }
 }
 

@@ -1,0 +1,193 @@
+//! aarch64, run for real: the client built for `aarch64-unknown-linux-gnu`
+//! inside real aarch64 programs, emulated by `qemu-aarch64-static`, profiled
+//! end to end by the native daemon (`record -- qemu-aarch64-static -L
+//! /usr/aarch64-linux-gnu PROG`; see `daemon/src/runtime/emulation.rs` for
+//! what qemu-user changes and what the daemon allows for).
+//!
+//! * `alloc_truth.cpp` (C++, -O2, no frame pointers) at `-i 1`: every
+//!   function's allocations and bytes, allocated and freed, equal the
+//!   ground truth, exactly as in `record_truth.rs`; every stack reaches
+//!   `main` and `_start` (or the thread start), with no error frame.
+//! * `many_stacks.c` (C, -O2): 300 blocks, each at its own recursion depth:
+//!   300 distinct stacks, depths 1..=300 of `stack_recurse`, all exact.
+//!
+//! Needs `g++-aarch64-linux-gnu`, `qemu-user-static` and the aarch64 client
+//! (`cargo build --release --target aarch64-unknown-linux-gnu -p
+//! heapprofd-client`); `scripts/install-deps.sh` and `scripts/test.sh` see
+//! to all three.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use heapprofd_tests::alloc_truth::{DTV, ThreadStart, check_stack_from, group, show, truth};
+use heapprofd_tests::client_harness::{compile, workspace_root};
+use heapprofd_tests::record_harness::{
+    Sample, Totals, TraceSummary, check_trace, group_by, record, scratch_dir,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+const QEMU: &str = "qemu-aarch64-static";
+const SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// The aarch64 client library.
+fn client() -> PathBuf {
+    let lib = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("aarch64-unknown-linux-gnu/release/libheapprofd_client.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build --release --target aarch64-unknown-linux-gnu -p \
+         heapprofd-client` (scripts/test.sh does)",
+        lib.display()
+    );
+    lib
+}
+
+/// Cross-compiles `src` (C or C++ by its extension) into `dir`.
+fn cross_compile(src: &str, dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    let src = workspace_root().join("tests/programs").join(src);
+    let cc = if src.extension().is_some_and(|e| e == "cpp") {
+        "aarch64-linux-gnu-g++"
+    } else {
+        "aarch64-linux-gnu-gcc"
+    };
+    compile(&[
+        cc,
+        "-O2",
+        "-g",
+        "-pthread",
+        "-o",
+        out.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    out
+}
+
+/// `record -i 1` of `prog args` under qemu; checks the run and the trace.
+fn record_emulated(dir: &Path, prog: &Path, args: &[&str]) -> TraceSummary {
+    let trace = dir.join("t.pftrace");
+    let client = client();
+    let mut cmd = vec![QEMU, "-L", SYSROOT, prog.to_str().unwrap()];
+    cmd.extend(args);
+    let out = record(
+        &[
+            "-i",
+            "1",
+            "--client-lib",
+            client.to_str().unwrap(),
+            "-o",
+            trace.to_str().unwrap(),
+        ],
+        &cmd,
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    assert!(
+        !out.stderr.contains("unprofiled"),
+        "the emulated program must be profiled:\n{}",
+        out.stderr
+    );
+    let summary = check_trace(&trace);
+    let pids = summary.pids();
+    assert_eq!(
+        pids.len(),
+        1,
+        "one process expected: {pids:?}\n{}",
+        out.stderr
+    );
+    for d in &summary.dumps {
+        for flag in ["buffer_overran", "buffer_corrupted", "hit_guardrail"] {
+            assert_eq!(d[flag], false, "{flag} set:\n{d}");
+        }
+        assert_eq!(d["client_error"], "CLIENT_ERROR_NONE");
+    }
+    assert_eq!(
+        summary.last_stat(pids[0], "unwinding_errors"),
+        0,
+        "unwinding errors:\n{}",
+        show(&summary.latest())
+    );
+    summary
+}
+
+#[test]
+fn cxx_program_exact_at_interval_1() {
+    let dir = scratch_dir("aarch64-truth");
+    let prog = cross_compile("alloc_truth.cpp", &dir, "alloc_truth");
+    let summary = record_emulated(&dir, &prog, &["1"]);
+    let samples = summary.latest();
+    let groups = group_by(&samples, group);
+    let in_group = |g: &str| -> Vec<Sample> {
+        samples
+            .iter()
+            .filter(|s| group(&s.frames) == g)
+            .cloned()
+            .collect()
+    };
+    for t in truth(1) {
+        let got = groups.get(t.function).copied().unwrap_or_default();
+        let want = Totals {
+            allocs: t.allocs,
+            bytes: t.bytes,
+            frees: t.frees,
+            freed: t.freed,
+        };
+        assert_eq!(
+            got,
+            want,
+            "{}: trace (left) vs truth (right); its stacks:\n{}",
+            t.function,
+            show(&in_group(t.function))
+        );
+        for s in in_group(t.function) {
+            check_stack_from(&t, &s, ThreadStart::InLibc);
+        }
+    }
+    let dtv = groups.get(DTV).copied().unwrap_or_default();
+    eprintln!("aarch64 ld.so DTV callocs: {dtv:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn c_program_with_300_distinct_stacks_exact() {
+    const N: usize = 300;
+    let dir = scratch_dir("aarch64-stacks");
+    let prog = cross_compile("record/many_stacks.c", &dir, "many_stacks");
+    let summary = record_emulated(&dir, &prog, &[&N.to_string()]);
+    let leaf: Vec<Sample> = summary
+        .latest()
+        .into_iter()
+        .filter(|s| s.frames.last().is_some_and(|f| f == "stack_leaf"))
+        .collect();
+    let allocs: u64 = leaf.iter().map(|s| s.alloc_count).sum();
+    let bytes: u64 = leaf.iter().map(|s| s.allocated).sum();
+    assert_eq!(
+        (allocs, bytes),
+        (N as u64, 32 * N as u64),
+        "{}",
+        show(&leaf)
+    );
+    let mut depths: Vec<usize> = leaf
+        .iter()
+        .map(|s| {
+            let f = &s.frames;
+            assert_eq!(f[0], "_start", "outermost frame: {f:?}");
+            let main = f.iter().position(|x| x == "main").expect("main");
+            let recursion = &f[main + 1..f.len() - 1];
+            assert!(
+                recursion.iter().all(|x| x == "stack_recurse"),
+                "main -> stack_recurse x k -> stack_leaf: {f:?}"
+            );
+            recursion.len()
+        })
+        .collect();
+    depths.sort_unstable();
+    assert_eq!(
+        depths,
+        (1..=N).collect::<Vec<_>>(),
+        "one stack per recursion depth"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
