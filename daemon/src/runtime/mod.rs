@@ -33,6 +33,7 @@ pub mod bookkeeper;
 pub mod cleanup;
 pub mod clock;
 pub mod handshake;
+pub mod hub;
 pub mod mapping;
 pub mod memo;
 pub mod procinfo;
@@ -41,6 +42,8 @@ pub mod record;
 pub mod rundir;
 pub mod server;
 pub mod service;
+pub mod service_book;
+pub mod service_profile;
 pub mod service_record;
 pub mod session_unwinder;
 pub mod setup;
@@ -64,6 +67,8 @@ pub enum BookMsg {
     Dump,
     /// Write the final dump, close the trace and report back.
     Finish(std::sync::mpsc::Sender<anyhow::Result<summary::Summary>>),
+    /// The service's profiles ([`service_book`]; ignored elsewhere).
+    Service(service_book::ServiceMsg),
 }
 
 /// Relaxed counters for the status line (approximate by design).

@@ -3,4 +3,5 @@
 //! store, and finding the running processes a profile wants.
 
 pub mod control;
+pub mod running;
 pub mod spec;

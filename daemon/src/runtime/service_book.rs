@@ -1,0 +1,335 @@
+//! The service's bookkeeping thread: one [`Book`] (bookkeeping and trace)
+//! per profile, and the session events fanned out to the profiles each
+//! session feeds ([`super::hub`]).
+//!
+//! A session's events go, cloned, to every profile of its route. A
+//! profile that joins a session later (it started while the process was
+//! already profiled for another) first gets the session's start and the
+//! stacks defined so far, then its events from there on: what the process
+//! allocated before is unknown to it, as for `record --pid`. When a
+//! profile ends ([`ServiceMsg::End`]), the sessions other profiles still
+//! want end for it alone (a synthetic end, stopped by the daemon); the
+//! sessions it had alone were stopped by the service, and its trace is
+//! written once their last records are drained (at most [`END_WAIT`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use heapprofd_model::messages::{Op, SessionEnd, SessionEvent, SessionId, SessionStats};
+use heapprofd_model::profile::FrameId;
+
+use super::BookMsg;
+use super::bookkeeper::{Book, BookkeeperOptions, BookkeeperShared};
+use super::hub::{Hub, ProfileId};
+use super::summary::Summary;
+
+/// How long an ending profile waits for the sessions it had alone.
+pub const END_WAIT: Duration = Duration::from_secs(10);
+
+/// The service's own messages to its bookkeeping thread.
+#[derive(Debug)]
+pub enum ServiceMsg {
+    /// A profile starts, writing to this trace.
+    Add(ProfileId, BookkeeperOptions),
+    /// Process `pid` is flagged `rejected_concurrent` in profile's trace.
+    Rejected(ProfileId, u32, Vec<String>),
+    /// A dump of one profile now.
+    Dump(ProfileId),
+    /// The profile ends (already out of the hub): its summary, once written.
+    End(ProfileId, Sender<anyhow::Result<Summary>>),
+}
+
+/// What the thread knows of one session.
+#[derive(Debug)]
+struct Feed {
+    /// Its start, for profiles that join later.
+    started: SessionEvent,
+    /// Its stack definitions so far (id -> frames), for the same.
+    stacks: Vec<Option<Box<[FrameId]>>>,
+    /// Its latest statistics.
+    stats: SessionStats,
+    /// The profiles that got its start.
+    delivered: Vec<ProfileId>,
+    pid: u32,
+}
+
+struct Router {
+    hub: Arc<Hub>,
+    shared: BookkeeperShared,
+    books: BTreeMap<ProfileId, Book>,
+    feeds: HashMap<SessionId, Feed>,
+    ending: Vec<(ProfileId, Sender<anyhow::Result<Summary>>, Instant)>,
+}
+
+/// Runs the thread until [`BookMsg::Finish`] (the service stops: every
+/// profile still open is written).
+pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, hub: Arc<Hub>) {
+    let mut r = Router {
+        hub,
+        shared,
+        books: BTreeMap::new(),
+        feeds: HashMap::new(),
+        ending: Vec::new(),
+    };
+    loop {
+        let msg = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(m) => Some(m),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        match msg {
+            Some(BookMsg::Session(e)) => r.event(*e),
+            Some(BookMsg::Dump) => r.books.values_mut().for_each(Book::dump),
+            Some(BookMsg::Service(m)) => r.service(m),
+            Some(BookMsg::Finish(reply)) => {
+                r.finish_all();
+                let _ = reply.send(Ok(Summary::default()));
+                return;
+            }
+            None => {}
+        }
+        r.check_ending();
+    }
+}
+
+impl Router {
+    fn service(&mut self, m: ServiceMsg) {
+        match m {
+            ServiceMsg::Add(id, options) => match Book::open(self.shared.clone(), options) {
+                Ok(b) => {
+                    self.books.insert(id, b);
+                }
+                Err(e) => log::warn!("profile {id}: {e}"),
+            },
+            ServiceMsg::Rejected(id, pid, cmdline) => {
+                if let Some(b) = self.books.get_mut(&id) {
+                    b.bookkeeping_mut().reject_concurrent(pid, cmdline);
+                }
+            }
+            ServiceMsg::Dump(id) => {
+                if let Some(b) = self.books.get_mut(&id) {
+                    b.dump();
+                }
+            }
+            ServiceMsg::End(id, reply) => {
+                // Sessions that others still want end for this one now.
+                let shared: Vec<SessionId> = self
+                    .feeds
+                    .iter()
+                    .filter(|(s, f)| f.delivered.contains(&id) && self.still_routed(**s))
+                    .map(|(&s, _)| s)
+                    .collect();
+                for s in shared {
+                    self.end_for(s, id);
+                }
+                self.ending.push((id, reply, Instant::now() + END_WAIT));
+            }
+        }
+    }
+
+    /// Whether session `s` still feeds some profile.
+    fn still_routed(&self, s: SessionId) -> bool {
+        self.hub.route(s).is_some_and(|r| !r.profiles.is_empty())
+    }
+
+    /// Ends session `s` for profile `id` alone.
+    fn end_for(&mut self, s: SessionId, id: ProfileId) {
+        let Some(f) = self.feeds.get_mut(&s) else {
+            return;
+        };
+        f.delivered.retain(|&p| p != id);
+        let ended = SessionEvent::Ended {
+            id: s,
+            pid: f.pid,
+            stats: f.stats.clone(),
+            end: SessionEnd {
+                disconnected: false,
+                stopped_by_daemon: true,
+            },
+        };
+        if let Some(b) = self.books.get_mut(&id) {
+            b.handle(ended);
+        }
+    }
+
+    /// Writes the profiles whose own sessions are drained (or waited for
+    /// long enough) and answers.
+    fn check_ending(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.ending.len() {
+            let id = self.ending[i].0;
+            let waiting: Vec<SessionId> = self
+                .feeds
+                .iter()
+                .filter(|(_, f)| f.delivered.contains(&id))
+                .map(|(&s, _)| s)
+                .collect();
+            if !waiting.is_empty() && now < self.ending[i].2 {
+                i += 1;
+                continue;
+            }
+            for s in waiting {
+                self.end_for(s, id);
+            }
+            let (id, reply, _) = self.ending.swap_remove(i);
+            let result = match self.books.remove(&id) {
+                Some(b) => b.finish(),
+                None => Err(anyhow::anyhow!("the profile's trace could not be opened")),
+            };
+            let _ = reply.send(result);
+        }
+    }
+
+    fn finish_all(&mut self) {
+        for e in &mut self.ending {
+            e.2 = Instant::now();
+        }
+        self.check_ending();
+        let ids: Vec<ProfileId> = self.books.keys().copied().collect();
+        for id in ids {
+            let sessions: Vec<SessionId> = self
+                .feeds
+                .iter()
+                .filter(|(_, f)| f.delivered.contains(&id))
+                .map(|(&s, _)| s)
+                .collect();
+            for s in sessions {
+                self.end_for(s, id);
+            }
+            if let Some(b) = self.books.remove(&id)
+                && let Err(e) = b.finish()
+            {
+                log::warn!("profile {id}: {e:#}");
+            }
+        }
+    }
+
+    /// Gives the session's start (and stacks so far) to the profiles of
+    /// its route that did not get it yet.
+    fn reconcile(&mut self, s: SessionId) {
+        let Some(route) = self.hub.route(s) else {
+            return;
+        };
+        let Some(f) = self.feeds.get_mut(&s) else {
+            return;
+        };
+        for p in route.profiles {
+            if f.delivered.contains(&p) {
+                continue;
+            }
+            let Some(b) = self.books.get_mut(&p) else {
+                continue;
+            };
+            f.delivered.push(p);
+            let mut started = f.started.clone();
+            if let SessionEvent::Started { from_startup, .. } = &mut started
+                && f.stats != SessionStats::default()
+            {
+                // Joined a running session: not from its start.
+                *from_startup = false;
+            }
+            b.handle(started);
+            let ops: Vec<Op> = f
+                .stacks
+                .iter()
+                .enumerate()
+                .filter_map(|(i, fr)| {
+                    fr.as_ref().map(|frames| Op::Stack {
+                        id: i as u32,
+                        frames: frames.clone(),
+                    })
+                })
+                .collect();
+            if !ops.is_empty() {
+                b.handle(SessionEvent::Ops {
+                    id: s,
+                    ops,
+                    stats: f.stats.clone(),
+                });
+            }
+        }
+    }
+
+    /// Sends `e` to every profile that got the session's start.
+    fn deliver(&mut self, s: SessionId, e: SessionEvent) {
+        let Some(f) = self.feeds.get(&s) else {
+            return;
+        };
+        let targets: Vec<ProfileId> = f.delivered.clone();
+        let Some((last, rest)) = targets.split_last() else {
+            return;
+        };
+        for p in rest {
+            if let Some(b) = self.books.get_mut(p) {
+                b.handle(e.clone());
+            }
+        }
+        if let Some(b) = self.books.get_mut(last) {
+            b.handle(e);
+        }
+    }
+
+    fn event(&mut self, e: SessionEvent) {
+        let s = e.session();
+        match &e {
+            SessionEvent::Started { pid, cmdline, .. } => {
+                let pid = *pid;
+                if let Some(route) = self.hub.route(s) {
+                    for p in &route.rejected {
+                        if let Some(b) = self.books.get_mut(p) {
+                            b.bookkeeping_mut().reject_concurrent(pid, cmdline.clone());
+                        }
+                    }
+                }
+                self.feeds.insert(
+                    s,
+                    Feed {
+                        started: e,
+                        stacks: Vec::new(),
+                        stats: SessionStats::default(),
+                        delivered: Vec::new(),
+                        pid,
+                    },
+                );
+                self.reconcile(s);
+            }
+            SessionEvent::Ops { ops, stats, .. } => {
+                self.reconcile(s);
+                if let Some(f) = self.feeds.get_mut(&s) {
+                    for op in ops {
+                        if let Op::Stack { id, frames } = op {
+                            let i = *id as usize;
+                            if f.stacks.len() <= i {
+                                f.stacks.resize(i + 1, None);
+                            }
+                            f.stacks[i] = Some(frames.clone());
+                        }
+                    }
+                    f.stats = stats.clone();
+                }
+                self.deliver(s, e);
+            }
+            SessionEvent::Ended { .. } => {
+                self.reconcile(s);
+                self.deliver(s, e);
+                self.feeds.remove(&s);
+                self.hub.session_ended(s);
+            }
+            SessionEvent::Unprofilable { cmdline, .. } => {
+                let first = cmdline.first().map_or("", String::as_str);
+                let name = String::from_utf8_lossy(heapprofd_proto::triggers::process_name(
+                    first.as_bytes(),
+                ))
+                .into_owned();
+                for p in self.hub.wanting_name(&name) {
+                    if let Some(b) = self.books.get_mut(&p) {
+                        b.handle(e.clone());
+                    }
+                }
+            }
+        }
+    }
+}
