@@ -80,8 +80,13 @@ pub struct RecordArgs {
     /// Profile running processes instead of starting one (a comma list:
     /// several processes into one trace; more than one goes through the
     /// running service, `heapprofd-rs daemon`).
-    #[arg(short = 'p', long, value_name = "PID[,PID...]", value_delimiter = ',',
-          conflicts_with = "command")]
+    #[arg(
+        short = 'p',
+        long,
+        value_name = "PID[,PID...]",
+        value_delimiter = ',',
+        conflicts_with = "command"
+    )]
     pub pid: Vec<u32>,
 
     /// Profile the programs of these names, through the running service

@@ -417,9 +417,8 @@ async fn handle_connection(
     let (config, admitted) = match &shared.admit {
         None => (shared.client, Admitted(None)),
         Some(a) => {
-            let from_startup = received.handshake.flags
-                & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP
-                != 0;
+            let from_startup =
+                received.handshake.flags & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP != 0;
             match a.admit(id, pid, from_startup) {
                 Some(c) => (c, Admitted(Some((Arc::clone(a), id)))),
                 None => {
@@ -481,7 +480,8 @@ async fn handle_connection(
         let _ = worker.send(WorkerMsg::Stop(id));
     }
     drop(in_flight);
-    watch_socket(watch, id, worker.clone(), &shared.counters).await;
+    let announce = shared.admit.is_some().then_some(pid);
+    watch_socket(watch, id, worker.clone(), &shared.counters, announce).await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -551,12 +551,14 @@ fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unpro
 }
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
-/// The first byte also confirms that the client records (`Counters::confirmed`).
+/// The first byte also confirms that the client records (`Counters::confirmed`;
+/// the service, `announce` set to the pid, also says so).
 async fn watch_socket(
     mut sock: UnixStream,
     id: SessionId,
     worker: mpsc::Sender<WorkerMsg>,
     counters: &Counters,
+    announce: Option<u32>,
 ) {
     let mut buf = [0u8; 256];
     let mut first = true;
@@ -569,6 +571,9 @@ async fn watch_socket(
             Ok(_) => {
                 if std::mem::take(&mut first) {
                     counters.confirmed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(pid) = announce {
+                        log::info!("pid {pid} records (session {id})");
+                    }
                 }
                 if worker.send(WorkerMsg::Poke(id)).is_err() {
                     return;

@@ -31,9 +31,9 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::BookMsg;
 use super::Counters;
 use super::hub::{Hub, HubAdmit};
-use super::BookMsg;
 use super::server::{BookRunner, Daemon, ServerOptions, Stopper};
 use super::service_profile::serve_request;
 use super::supervise::{Signals, block_on, finish};
@@ -85,6 +85,8 @@ pub(super) struct Service {
     pub(super) stopper: Stopper,
     /// Which profiles want which processes.
     pub(super) hub: Arc<Hub>,
+    /// `dir` is where clients look without `HEAPPROFD_SERVICE_DIR`.
+    pub(super) default_dir: bool,
     /// Profile ids.
     next_profile: AtomicU64,
     /// Serializes rewrites of the trigger store.
@@ -138,6 +140,7 @@ async fn serve(dir: PathBuf) -> Result<()> {
         book: daemon.book(),
         stopper: daemon.stopper(),
         hub,
+        default_dir: is_default_dir(&dir),
         next_profile: AtomicU64::new(1),
         store: std::sync::Mutex::new(()),
     });
@@ -181,6 +184,14 @@ async fn serve(dir: PathBuf) -> Result<()> {
     let _ = finish(daemon).await;
     log::info!("service stopped");
     Ok(())
+}
+
+/// Whether a client without `HEAPPROFD_SERVICE_DIR` looks for the service
+/// in `dir`: the system directory, or our user's runtime directory.
+fn is_default_dir(dir: &Path) -> bool {
+    let uid = nix::unistd::geteuid().as_raw();
+    dir == Path::new(heapprofd_proto::service::SYSTEM_DIR)
+        || dir == Path::new(heapprofd_proto::attach::runtime_dir_for_uid(uid).as_str())
 }
 
 /// Replaces the trigger store atomically (write, then rename), mode 0644

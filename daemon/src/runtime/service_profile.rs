@@ -226,7 +226,10 @@ fn take_running(service: &Service, id: ProfileId, spec: &ProfileSpec) {
         let pid = found.pid;
         match service.hub.join(id, pid) {
             Joined::Shared => {
-                log::info!("profile {id}: pid {pid} ({}) shared with another profile", found.name);
+                log::info!(
+                    "profile {id}: pid {pid} ({}) shared with another profile",
+                    found.name
+                );
                 continue;
             }
             Joined::Rejected => {
@@ -245,6 +248,14 @@ fn take_running(service: &Service, id: ProfileId, spec: &ProfileSpec) {
             log::info!(
                 "profile {id}: pid {pid} ({}) has no dormant client loaded; \
                  profile it with `record --pid {pid}`",
+                found.name
+            );
+            continue;
+        }
+        if !running::directed_here(pid, &service.dir, service.default_dir) {
+            log::info!(
+                "profile {id}: pid {pid} ({}) would connect to another service \
+                 (HEAPPROFD_SERVICE_DIR or HEAPPROFD_SOCKET in its environment); not woken",
                 found.name
             );
             continue;

@@ -54,6 +54,34 @@ pub fn has_client(pid: u32) -> bool {
         .is_ok_and(|m| m.lines().any(|l| l.ends_with(CLIENT_FILE)))
 }
 
+/// Whether a client in process `pid`, woken with signal value 0, would
+/// connect to the service in `dir`: its `HEAPPROFD_SOCKET` (if set) is
+/// `dir`'s client socket and its `HEAPPROFD_SERVICE_DIR` (if set) is `dir`;
+/// with neither, `dir` must be the default service directory (`default`).
+/// A process whose environment we may not read is not.
+pub fn directed_here(pid: u32, dir: &std::path::Path, default: bool) -> bool {
+    use heapprofd_proto::service::{CLIENT_SOCKET, DIR_ENV};
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let get = |key: &str| {
+        env.split(|&b| b == 0).find_map(|kv| {
+            kv.strip_prefix(key.as_bytes())?
+                .strip_prefix(b"=")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+    };
+    if let Some(sock) = get("HEAPPROFD_SOCKET").filter(|s| !s.is_empty())
+        && std::path::Path::new(&sock) != dir.join(CLIENT_SOCKET)
+    {
+        return false;
+    }
+    match get(DIR_ENV).filter(|d| !d.is_empty()) {
+        Some(d) => std::path::Path::new(&d) == dir,
+        None => default,
+    }
+}
+
 /// Whether `pattern` (a name, a glob, or a `/`-path) matches a process.
 pub fn name_matches(pattern: &str, first_arg: &str, name: &str) -> bool {
     let text = if pattern.starts_with('/') {
@@ -118,10 +146,7 @@ pub fn find(targets: &Targets) -> Vec<Found> {
         let wanted = if targets.all {
             has_client(pid)
         } else {
-            targets
-                .names
-                .iter()
-                .any(|p| name_matches(p, &first, &name))
+            targets.names.iter().any(|p| name_matches(p, &first, &name))
         };
         if wanted {
             out.push(Found { pid, name });
