@@ -261,10 +261,27 @@ fn record_config_takes_a_perfetto_heapprofd_config() {
         .sum();
     assert_eq!(count, 7);
 
-    // Running processes too (Perfetto's default): refused, saying what to set.
+    // Running processes too (Perfetto's default): taken (none runs here);
+    // a guardrail the service does not enforce is refused, naming it, and
+    // leaves no empty trace.
     std::fs::write(
         &config,
         "process_cmdline: \"many_stacks\"\nsampling_interval_bytes: 4096\n",
+    )
+    .expect("write the config");
+    let out = heapprofd()
+        .args(["record", "--config", &cfg, "-d", "200ms", "-o"])
+        .arg(dir.join("running.pftrace"))
+        .env(DIR_ENV, &svc)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run record --config");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    check_trace(&dir.join("running.pftrace"));
+    std::fs::write(
+        &config,
+        "process_cmdline: \"many_stacks\"\nsampling_interval_bytes: 4096\nmax_heapprofd_memory_kb: 1000\n",
     )
     .expect("write the config");
     let out = heapprofd()
@@ -276,7 +293,7 @@ fn record_config_takes_a_perfetto_heapprofd_config() {
         .expect("run record --config");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("no_running: true"), "{err}");
+    assert!(err.contains("max_heapprofd_memory_kb"), "{err}");
     assert!(
         !dir.join("refused.pftrace").exists(),
         "an empty trace was left behind"
