@@ -350,3 +350,49 @@ fn pid_shorthand_and_pid_lists() {
     assert_eq!(code, 0, "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_guardrail_ends_the_process_profile_flagged() {
+    // max_heapprofd_memory_kb far below any service's memory: the process
+    // hits it as soon as its session starts; it is in the trace, flagged
+    // hit_guardrail, with at most what came before, and runs to its end.
+    let dir = scratch_dir("svc-guard");
+    let svc = Service::start(&dir.join("svc"));
+    let config = dir.join("guard.cfg");
+    std::fs::write(
+        &config,
+        "process_cmdline: \"guard_x\"\nsampling_interval_bytes: 1\nno_running: true\n\
+         max_heapprofd_memory_kb: 1\n",
+    )
+    .expect("write the config");
+    let trace = dir.join("guard.pftrace");
+    let rec = svc.record(&["--config", &config.to_string_lossy()], &trace);
+    svc.wait_store("name 1 guard_x");
+    let pid = run_preloaded(
+        &svc.dir,
+        &record_programs().path("many_stacks"),
+        "guard_x",
+        &["40"],
+    );
+    svc.wait_log(&format!(
+        "pid {pid} hit the max_heapprofd_memory_kb guardrail"
+    ));
+    end_record(rec, "record --config");
+    let t = check_trace(&trace);
+    let dumps: Vec<_> = t
+        .dumps
+        .iter()
+        .filter(|d| d["pid"].as_u64() == Some(u64::from(pid)))
+        .collect();
+    assert!(!dumps.is_empty(), "the process is not in the trace");
+    assert!(
+        dumps
+            .iter()
+            .all(|d| d["hit_guardrail"] == serde_json::Value::Bool(true)),
+        "{dumps:?}"
+    );
+    assert!(totals(&t, pid, "stack_leaf").0 <= 40);
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

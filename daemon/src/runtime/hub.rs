@@ -208,6 +208,20 @@ impl Hub {
         self.state().sessions.remove(&session);
     }
 
+    /// Profile `id` leaves session `session` (a guardrail); whether no
+    /// profile wants the session any more (stop it).
+    pub fn leave(&self, session: SessionId, id: ProfileId) -> bool {
+        let mut st = self.state();
+        match st.sessions.get_mut(&session) {
+            Some(r) => {
+                let before = r.profiles.len();
+                r.profiles.retain(|&p| p != id);
+                before > 0 && r.profiles.is_empty()
+            }
+            None => false,
+        }
+    }
+
     /// Profile `id` ends: removed from every route; the sessions (and
     /// their pids) no other profile wants, to stop.
     pub fn end_profile(&self, id: ProfileId) -> Vec<(SessionId, u32)> {

@@ -131,9 +131,12 @@ async fn serve(dir: PathBuf) -> Result<()> {
         admit: Some(Arc::new(HubAdmit(Arc::clone(&hub)))),
     };
     let book_hub = Arc::clone(&hub);
+    let stopper = Arc::new(std::sync::OnceLock::new());
+    let book_stopper = Arc::clone(&stopper);
     let runner: BookRunner =
-        Box::new(move |rx, shared| super::service_book::run(rx, shared, book_hub));
+        Box::new(move |rx, shared| super::service_book::run(rx, shared, book_hub, book_stopper));
     let mut daemon = Daemon::start_with(options, Arc::new(Counters::default()), runner)?;
+    let _ = stopper.set(daemon.stopper());
     daemon.serve();
     let service = Arc::new(Service {
         dir: dir.clone(),

@@ -11,10 +11,15 @@
 //! want end for it alone (a synthetic end, stopped by the daemon); the
 //! sessions it had alone were stopped by the service, and its trace is
 //! written once their last records are drained (at most [`END_WAIT`]).
+//!
+//! Guardrails (Perfetto's `max_heapprofd_cpu_secs`,
+//! `max_heapprofd_memory_kb`) are checked per profile at each batch and
+//! every 200 ms: a process past one ends for that profile, flagged
+//! `hit_guardrail` in its trace, instead of growing without bound.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use heapprofd_model::messages::{Op, SessionEnd, SessionEvent, SessionId, SessionStats};
@@ -23,16 +28,20 @@ use heapprofd_model::profile::FrameId;
 use super::BookMsg;
 use super::bookkeeper::{Book, BookkeeperOptions, BookkeeperShared};
 use super::hub::{Hub, ProfileId};
+use super::server::Stopper;
 use super::summary::Summary;
+use crate::service::spec::Guardrails;
 
 /// How long an ending profile waits for the sessions it had alone.
 pub const END_WAIT: Duration = Duration::from_secs(10);
+/// How often the service's memory is read for `max_heapprofd_memory_kb`.
+pub const MEMORY_CHECK: Duration = Duration::from_millis(500);
 
 /// The service's own messages to its bookkeeping thread.
 #[derive(Debug)]
 pub enum ServiceMsg {
-    /// A profile starts, writing to this trace.
-    Add(ProfileId, BookkeeperOptions),
+    /// A profile starts, writing to this trace, with these guardrails.
+    Add(ProfileId, BookkeeperOptions, Guardrails),
     /// Process `pid` is flagged `rejected_concurrent` in profile's trace.
     Rejected(ProfileId, u32, Vec<String>),
     /// A dump of one profile now.
@@ -58,18 +67,31 @@ struct Feed {
 struct Router {
     hub: Arc<Hub>,
     shared: BookkeeperShared,
+    stopper: Arc<OnceLock<Stopper>>,
     books: BTreeMap<ProfileId, Book>,
+    guardrails: BTreeMap<ProfileId, Guardrails>,
+    /// The service's resident memory, read at most every [`MEMORY_CHECK`].
+    rss_kb: (u64, Option<Instant>),
     feeds: HashMap<SessionId, Feed>,
     ending: Vec<(ProfileId, Sender<anyhow::Result<Summary>>, Instant)>,
 }
 
 /// Runs the thread until [`BookMsg::Finish`] (the service stops: every
 /// profile still open is written).
-pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, hub: Arc<Hub>) {
+/// `stopper` stops the sessions a guardrail ends (set once the daemon runs).
+pub fn run(
+    rx: Receiver<BookMsg>,
+    shared: BookkeeperShared,
+    hub: Arc<Hub>,
+    stopper: Arc<OnceLock<Stopper>>,
+) {
     let mut r = Router {
         hub,
         shared,
+        stopper,
         books: BTreeMap::new(),
+        guardrails: BTreeMap::new(),
+        rss_kb: (0, None),
         feeds: HashMap::new(),
         ending: Vec::new(),
     };
@@ -90,6 +112,7 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, hub: Arc<Hub>) {
             }
             None => {}
         }
+        r.check_guardrails(None);
         r.check_ending();
     }
 }
@@ -97,12 +120,17 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, hub: Arc<Hub>) {
 impl Router {
     fn service(&mut self, m: ServiceMsg) {
         match m {
-            ServiceMsg::Add(id, options) => match Book::open(self.shared.clone(), options) {
-                Ok(b) => {
-                    self.books.insert(id, b);
+            ServiceMsg::Add(id, options, guardrails) => {
+                match Book::open(self.shared.clone(), options) {
+                    Ok(b) => {
+                        self.books.insert(id, b);
+                        if guardrails != Guardrails::default() {
+                            self.guardrails.insert(id, guardrails);
+                        }
+                    }
+                    Err(e) => log::warn!("profile {id}: {e}"),
                 }
-                Err(e) => log::warn!("profile {id}: {e}"),
-            },
+            }
             ServiceMsg::Rejected(id, pid, cmdline) => {
                 if let Some(b) = self.books.get_mut(&id) {
                     b.bookkeeping_mut().reject_concurrent(pid, cmdline);
@@ -175,6 +203,7 @@ impl Router {
                 self.end_for(s, id);
             }
             let (id, reply, _) = self.ending.swap_remove(i);
+            self.guardrails.remove(&id);
             let result = match self.books.remove(&id) {
                 Some(b) => b.finish(),
                 None => Err(anyhow::anyhow!("the profile's trace could not be opened")),
@@ -199,10 +228,84 @@ impl Router {
             for s in sessions {
                 self.end_for(s, id);
             }
+            self.guardrails.remove(&id);
             if let Some(b) = self.books.remove(&id)
                 && let Err(e) = b.finish()
             {
                 log::warn!("profile {id}: {e:#}");
+            }
+        }
+    }
+
+    /// The service's resident memory in KiB (read again at most every
+    /// [`MEMORY_CHECK`]).
+    fn rss_kb(&mut self) -> u64 {
+        let fresh = self.rss_kb.1.is_some_and(|t| t.elapsed() < MEMORY_CHECK);
+        if !fresh {
+            let pages = std::fs::read_to_string("/proc/self/statm")
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .unwrap_or(0);
+            let page_kb = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+                .ok()
+                .flatten()
+                .map_or(4, |p| p as u64 / 1024);
+            self.rss_kb = (pages * page_kb, Some(Instant::now()));
+        }
+        self.rss_kb.0
+    }
+
+    /// Ends, for each profile with guardrails, the sessions (of `only`, or
+    /// all) past one: `max_heapprofd_cpu_secs` against the time spent
+    /// unwinding the process, `max_heapprofd_memory_kb` against the
+    /// service's resident memory (heapprofd's own measure: past it, every
+    /// process of the profile). The process is flagged `hit_guardrail` in
+    /// that profile's trace and its session ends there (and stops if no
+    /// other profile wants it).
+    fn check_guardrails(&mut self, only: Option<SessionId>) {
+        if self.guardrails.is_empty() {
+            return;
+        }
+        let rss = self.rss_kb();
+        let mut hits = Vec::new();
+        for (&s, f) in &self.feeds {
+            if only.is_some_and(|o| o != s) {
+                continue;
+            }
+            for p in &f.delivered {
+                let Some(g) = self.guardrails.get(p) else {
+                    continue;
+                };
+                let memory = g
+                    .max_heapprofd_memory_kb
+                    .is_some_and(|k| rss > u64::from(k));
+                let cpu = g
+                    .max_heapprofd_cpu_secs
+                    .is_some_and(|c| f.stats.total_unwinding_time_us > c.saturating_mul(1_000_000));
+                if memory || cpu {
+                    hits.push((s, *p, f.pid, memory));
+                }
+            }
+        }
+        for (s, p, pid, memory) in hits {
+            log::warn!(
+                "profile {p}: pid {pid} hit the {} guardrail; its profile ends there",
+                if memory {
+                    "max_heapprofd_memory_kb"
+                } else {
+                    "max_heapprofd_cpu_secs"
+                }
+            );
+            self.end_for(s, p);
+            if let Some(b) = self.books.get_mut(&p)
+                && let Some(proc_) = b.bookkeeping_mut().profile_mut().process_mut(pid)
+            {
+                proc_.flags.hit_guardrail = true;
+            }
+            if self.hub.leave(s, p)
+                && let Some(stopper) = self.stopper.get()
+            {
+                stopper.stop_session(s, pid);
             }
         }
     }
@@ -295,6 +398,7 @@ impl Router {
                     },
                 );
                 self.reconcile(s);
+                self.check_guardrails(Some(s));
             }
             SessionEvent::Ops { ops, stats, .. } => {
                 self.reconcile(s);
@@ -311,6 +415,7 @@ impl Router {
                     f.stats = stats.clone();
                 }
                 self.deliver(s, e);
+                self.check_guardrails(Some(s));
             }
             SessionEvent::Ended { .. } => {
                 self.reconcile(s);

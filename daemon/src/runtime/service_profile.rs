@@ -105,9 +105,6 @@ fn supported(spec: &ProfileSpec) -> Result<()> {
     if spec.targets.descendants_of.is_some() {
         bail!("the service does not start commands (record -- CMD runs its own daemon)");
     }
-    if spec.guardrails != Default::default() {
-        bail!("guardrails (max_heapprofd_memory_kb, max_heapprofd_cpu_secs) are not enforced yet");
-    }
     Ok(())
 }
 
@@ -158,7 +155,11 @@ async fn run_profile(
         interval: spec.sampling.interval,
         dump_at_max: spec.dumps.dump_at_max,
     };
-    let _ = book.send(BookMsg::Service(ServiceMsg::Add(id, options)));
+    let _ = book.send(BookMsg::Service(ServiceMsg::Add(
+        id,
+        options,
+        spec.guardrails,
+    )));
     service.hub.add_profile(
         id,
         Wanted {
