@@ -146,7 +146,7 @@ impl Hub {
             }
         }
         let first = *wanting.first()?;
-        let client = st.profiles.get(&first)?.client.clone();
+        let client = st.profiles.get(&first)?.client;
         let (mut profiles, mut rejected) = (Vec::new(), Vec::new());
         for id in wanting {
             match st.profiles.get(&id) {
@@ -171,7 +171,7 @@ impl Hub {
     /// has one and samples alike.
     pub fn join(&self, id: ProfileId, pid: u32) -> Joined {
         let mut st = self.state();
-        let Some(mine) = st.profiles.get(&id).map(|w| w.client.clone()) else {
+        let Some(mine) = st.profiles.get(&id).map(|w| w.client) else {
             return Joined::NoSession;
         };
         let Some(route) = st

@@ -45,6 +45,7 @@ pub mod service;
 pub mod service_book;
 pub mod service_profile;
 pub mod service_record;
+pub mod service_state;
 pub mod session_unwinder;
 pub mod setup;
 pub mod stacks;

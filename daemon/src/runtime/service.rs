@@ -17,10 +17,9 @@
 //! removed with the last one. SIGINT or SIGTERM ends every profile (each
 //! trace written, each `record` answered), then the service.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -31,11 +30,11 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::BookMsg;
 use super::Counters;
 use super::hub::{Hub, HubAdmit};
-use super::server::{BookRunner, Daemon, ServerOptions, Stopper};
+use super::server::{BookRunner, Daemon, ServerOptions};
 use super::service_profile::serve_request;
+use super::service_state::Service;
 use super::supervise::{Signals, block_on, finish};
 use crate::service::control::service_dir;
 
@@ -74,49 +73,6 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What every profile task shares.
-#[derive(Debug)]
-pub(super) struct Service {
-    /// The service directory.
-    pub(super) dir: PathBuf,
-    /// The bookkeeping thread of the one daemon on the client socket.
-    pub(super) book: std::sync::mpsc::Sender<BookMsg>,
-    /// Stops its sessions.
-    pub(super) stopper: Stopper,
-    /// Which profiles want which processes.
-    pub(super) hub: Arc<Hub>,
-    /// `dir` is where clients look without `HEAPPROFD_SERVICE_DIR`.
-    pub(super) default_dir: bool,
-    /// Profile ids.
-    next_profile: AtomicU64,
-    /// Serializes rewrites of the trigger store.
-    store: std::sync::Mutex<()>,
-}
-
-impl Service {
-    /// A fresh profile id.
-    pub(super) fn profile_id(&self) -> u64 {
-        self.next_profile.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Rewrites the trigger store from the hub's profiles (removed when
-    /// none runs).
-    pub(super) fn update_store(&self) {
-        let _g = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        let path = self.dir.join(TRIGGERS_FILE);
-        if self.hub.profile_ids().is_empty() {
-            let _ = std::fs::remove_file(&path);
-            return;
-        }
-        let (all, names) = self.hub.startup_triggers();
-        let bytes =
-            heapprofd_proto::triggers::encode(all, names.iter().map(|(n, c)| (n.as_str(), *c)));
-        if let Err(e) = write_triggers(&self.dir, &bytes) {
-            log::warn!("{e:#}");
-        }
-    }
-}
-
 async fn serve(dir: PathBuf) -> Result<()> {
     let mut signals = Signals::install()?;
     // Stale store of a killed service: nothing wants anything now (removed
@@ -138,15 +94,12 @@ async fn serve(dir: PathBuf) -> Result<()> {
     let mut daemon = Daemon::start_with(options, Arc::new(Counters::default()), runner)?;
     let _ = stopper.set(daemon.stopper());
     daemon.serve();
-    let service = Arc::new(Service {
-        dir: dir.clone(),
-        book: daemon.book(),
-        stopper: daemon.stopper(),
+    let service = Arc::new(Service::new(
+        dir.clone(),
+        daemon.book(),
+        daemon.stopper(),
         hub,
-        default_dir: is_default_dir(&dir),
-        next_profile: AtomicU64::new(1),
-        store: std::sync::Mutex::new(()),
-    });
+    ));
     let control = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control);
     let old = umask(Mode::from_bits_truncate(0o177));
@@ -187,22 +140,4 @@ async fn serve(dir: PathBuf) -> Result<()> {
     let _ = finish(daemon).await;
     log::info!("service stopped");
     Ok(())
-}
-
-/// Whether a client without `HEAPPROFD_SERVICE_DIR` looks for the service
-/// in `dir`: the system directory, or our user's runtime directory.
-fn is_default_dir(dir: &Path) -> bool {
-    let uid = nix::unistd::geteuid().as_raw();
-    dir == Path::new(heapprofd_proto::service::SYSTEM_DIR)
-        || dir == Path::new(heapprofd_proto::attach::runtime_dir_for_uid(uid).as_str())
-}
-
-/// Replaces the trigger store atomically (write, then rename), mode 0644
-/// (clients of every user read it; only we write it).
-fn write_triggers(dir: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = dir.join(format!("{TRIGGERS_FILE}.tmp"));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
-    std::fs::rename(&tmp, dir.join(TRIGGERS_FILE))
-        .with_context(|| format!("installing {}", dir.join(TRIGGERS_FILE).display()))
 }
