@@ -1,7 +1,8 @@
 //! The daemon at run time: the server and handshakes, the unwinding
-//! workers, the symbolizer, the bookkeeping thread, and the two ways of
+//! workers, the symbolizer, the bookkeeping thread, and the ways of
 //! running it: `record -- CMD` ([`record`]) and `record --pid` ([`attach`]),
-//! which share [`supervise`]. [`program`] tells `record` whether CMD can
+//! which share [`supervise`], and the service (`heapprofd-rs daemon`,
+//! [`service`]: several profiles on one daemon, [`hub`], [`service_book`]). [`program`] tells `record` whether CMD can
 //! load the client at all; a notice from a client that its process runs
 //! unprofiled goes from the handshake straight to the bookkeeping.
 //!
