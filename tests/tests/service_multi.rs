@@ -396,3 +396,37 @@ fn a_guardrail_ends_the_process_profile_flagged() {
     assert_eq!(code, 0, "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_control_peer_that_goes_away_mid_profile_is_harmless() {
+    // `record` killed while its profile runs (and a second one open): its
+    // profile ends (the service sees the connection close) and is written
+    // to the file record created; the other profile and the service go on.
+    let dir = scratch_dir("svc-peer-gone");
+    let svc = Service::start(&dir.join("svc"));
+    let gone = dir.join("gone.pftrace");
+    let mut killed = svc.record(&["-n", "peer_gone", "-i", "1"], &gone);
+    svc.wait_store("name 1 peer_gone");
+    let other = dir.join("other.pftrace");
+    let kept = svc.record(&["-n", "peer_kept", "-i", "1"], &other);
+    svc.wait_store("name 1 peer_kept");
+    let exit_now = record_programs().path("exit_now");
+    let pid = run_preloaded(&svc.dir, &exit_now, "peer_gone", &["3"]);
+    killed.0.kill().expect("SIGKILL record");
+    let _ = killed.0.wait();
+    svc.wait_log("(peer_gone) ended: 1 process");
+    // Written for nobody, but a valid trace with the process in it.
+    assert_eq!(
+        totals(&check_trace(&gone), pid, "alloc_then_exit"),
+        (3, 3 * 64)
+    );
+    let kept_pid = run_preloaded(&svc.dir, &exit_now, "peer_kept", &["4"]);
+    end_record(kept, "the other record");
+    assert_eq!(
+        totals(&check_trace(&other), kept_pid, "alloc_then_exit"),
+        (4, 4 * 64)
+    );
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
