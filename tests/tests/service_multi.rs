@@ -288,7 +288,11 @@ fn record_all_takes_running_and_new_processes_into_one_trace() {
         &["10"],
     );
     let err = end_record(rec, "record --all");
-    assert!(err.contains("3 processes"), "{err}\nservice:\n{}", svc.log());
+    assert!(
+        err.contains("3 processes"),
+        "{err}\nservice:\n{}",
+        svc.log()
+    );
     let t = check_trace(&trace);
     assert_eq!(totals(&t, one.pid, "grow_site"), (4, 4000));
     assert_eq!(totals(&t, two.pid, "grow_site"), (6, 6000));

@@ -52,6 +52,9 @@ pub struct Route {
     /// Profiles that wanted it but sample differently (flagged
     /// `rejected_concurrent` in theirs).
     pub rejected: Vec<ProfileId>,
+    /// The profiles it was admitted for: they get its start even if they
+    /// began to end before it reached the bookkeeping.
+    pub admitted: Vec<ProfileId>,
 }
 
 /// The profiles that want a connecting process, as [`Hub::admit`] decides.
@@ -159,6 +162,7 @@ impl Hub {
             session,
             Route {
                 pid,
+                admitted: profiles.clone(),
                 profiles,
                 client,
                 rejected: rejected.clone(),
@@ -193,6 +197,16 @@ impl Hub {
     /// The profiles session `session` feeds now (none: stop it).
     pub fn route(&self, session: SessionId) -> Option<Route> {
         self.state().sessions.get(&session).cloned()
+    }
+
+    /// The sessions admitted for profile `id` (whatever they feed now).
+    pub fn admitted_for(&self, id: ProfileId) -> Vec<SessionId> {
+        self.state()
+            .sessions
+            .iter()
+            .filter(|(_, r)| r.admitted.contains(&id))
+            .map(|(&s, _)| s)
+            .collect()
     }
 
     /// Whether process `pid` has a session that feeds some profile.
@@ -320,9 +334,13 @@ mod tests {
         assert_eq!(hub.join(4, 103), Joined::Shared);
         assert_eq!(hub.join(4, 101), Joined::Rejected);
         assert_eq!(hub.join(4, 999), Joined::NoSession);
-        // Profile 1 ends: 101 is its alone (stop), 102 goes on for 2.
+        // Profile 1 ends: 101 is its alone (stop), 102 goes on for 2; both
+        // stay admitted for 1 (their start still goes to it).
         assert_eq!(hub.end_profile(1), vec![(11, 101)]);
         assert_eq!(hub.route(12).expect("route").profiles, vec![2]);
+        let mut admitted = hub.admitted_for(1);
+        admitted.sort_unstable();
+        assert_eq!(admitted, vec![11, 12]);
         let mut stop = hub.end_profile(3);
         stop.extend(hub.end_profile(4));
         assert_eq!(stop, vec![(13, 103)]);

@@ -10,7 +10,9 @@
 //! profile ends ([`ServiceMsg::End`]), the sessions other profiles still
 //! want end for it alone (a synthetic end, stopped by the daemon); the
 //! sessions it had alone were stopped by the service, and its trace is
-//! written once their last records are drained (at most [`END_WAIT`]).
+//! written once their last records are drained, and once every session
+//! admitted for it before its end has reached this thread (a process that
+//! connected just before the end is in the trace; at most [`END_WAIT`]).
 //!
 //! Guardrails (Perfetto's `max_heapprofd_cpu_secs`,
 //! `max_heapprofd_memory_kb`) are checked per profile at each batch and
@@ -142,16 +144,6 @@ impl Router {
                 }
             }
             ServiceMsg::End(id, reply) => {
-                // Sessions that others still want end for this one now.
-                let shared: Vec<SessionId> = self
-                    .feeds
-                    .iter()
-                    .filter(|(s, f)| f.delivered.contains(&id) && self.still_routed(**s))
-                    .map(|(&s, _)| s)
-                    .collect();
-                for s in shared {
-                    self.end_for(s, id);
-                }
                 self.ending.push((id, reply, Instant::now() + END_WAIT));
             }
         }
@@ -183,19 +175,34 @@ impl Router {
     }
 
     /// Writes the profiles whose own sessions are drained (or waited for
-    /// long enough) and answers.
+    /// long enough) and answers. Sessions other profiles still want end for
+    /// an ending profile at once; those it had alone are waited for, and so
+    /// are sessions admitted for it whose start has not arrived yet.
     fn check_ending(&mut self) {
         let now = Instant::now();
         let mut i = 0;
         while i < self.ending.len() {
             let id = self.ending[i].0;
-            let waiting: Vec<SessionId> = self
+            let mine: Vec<SessionId> = self
                 .feeds
                 .iter()
                 .filter(|(_, f)| f.delivered.contains(&id))
                 .map(|(&s, _)| s)
                 .collect();
-            if !waiting.is_empty() && now < self.ending[i].2 {
+            let mut waiting = Vec::new();
+            for s in mine {
+                if self.still_routed(s) {
+                    self.end_for(s, id);
+                } else {
+                    waiting.push(s);
+                }
+            }
+            let on_the_way = self
+                .hub
+                .admitted_for(id)
+                .into_iter()
+                .any(|s| !self.feeds.contains_key(&s));
+            if (!waiting.is_empty() || on_the_way) && now < self.ending[i].2 {
                 i += 1;
                 continue;
             }
@@ -312,14 +319,24 @@ impl Router {
 
     /// Gives the session's start (and stacks so far) to the profiles of
     /// its route that did not get it yet.
-    fn reconcile(&mut self, s: SessionId) {
+    fn reconcile(&mut self, s: SessionId, at_start: bool) {
         let Some(route) = self.hub.route(s) else {
             return;
         };
         let Some(f) = self.feeds.get_mut(&s) else {
             return;
         };
-        for p in route.profiles {
+        // At its start: every profile it was admitted for that is still
+        // open or ending; later: the profiles that joined since.
+        let mut targets = route.profiles;
+        if at_start {
+            for p in route.admitted {
+                if !targets.contains(&p) {
+                    targets.push(p);
+                }
+            }
+        }
+        for p in targets {
             if f.delivered.contains(&p) {
                 continue;
             }
@@ -397,11 +414,11 @@ impl Router {
                         pid,
                     },
                 );
-                self.reconcile(s);
+                self.reconcile(s, true);
                 self.check_guardrails(Some(s));
             }
             SessionEvent::Ops { ops, stats, .. } => {
-                self.reconcile(s);
+                self.reconcile(s, false);
                 if let Some(f) = self.feeds.get_mut(&s) {
                     for op in ops {
                         if let Op::Stack { id, frames } = op {
@@ -418,7 +435,7 @@ impl Router {
                 self.check_guardrails(Some(s));
             }
             SessionEvent::Ended { .. } => {
-                self.reconcile(s);
+                self.reconcile(s, false);
                 self.deliver(s, e);
                 self.feeds.remove(&s);
                 self.hub.session_ended(s);
