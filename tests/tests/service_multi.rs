@@ -82,6 +82,10 @@ fn concurrent_profiles_share_a_process_and_keep_their_own() {
     assert_eq!(code, 0, "record B:\n{err}");
     let (code, err) = wait_exit(&mut c.0, "record C");
     assert_eq!(code, 0, "record C:\n{err}");
+    assert!(
+        err.contains("rejected_concurrent"),
+        "record C's summary:\n{err}"
+    );
 
     // -i 1 from the first allocation: the shared process's 40 blocks of 32
     // bytes in both A and B; each one's own exit_now (64-byte blocks) only
@@ -385,7 +389,8 @@ fn a_guardrail_ends_the_process_profile_flagged() {
     svc.wait_log(&format!(
         "pid {pid} hit the max_heapprofd_memory_kb guardrail"
     ));
-    end_record(rec, "record --config");
+    let err = end_record(rec, "record --config");
+    assert!(err.contains("hit a guardrail"), "{err}");
     let t = check_trace(&trace);
     let dumps: Vec<_> = t
         .dumps
