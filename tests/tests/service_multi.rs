@@ -342,7 +342,14 @@ fn pid_shorthand_and_pid_lists() {
     let mut one = Stepper::start(&svc.dir, "pid_one");
     let mut two = Stepper::start(&svc.dir, "pid_two");
     let trace = dir.join("pids.pftrace");
-    let list = format!("{},{}", one.pid, two.pid);
+    // A process without the client: named in record's output, not profiled.
+    let bare = Reaped(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("start sleep"),
+    );
+    let list = format!("{},{},{}", one.pid, two.pid, bare.0.id());
     let rec = svc.record(&["-p", &list, "-i", "1"], &trace);
     svc.wait_log(&format!("woke pid {}", one.pid));
     svc.wait_log(&format!("woke pid {}", two.pid));
@@ -352,7 +359,15 @@ fn pid_shorthand_and_pid_lists() {
     svc.wait_log(&format!("pid {} records", two.pid));
     one.say("grow 2");
     two.say("grow 3");
-    end_record(rec, "record -p PID,PID");
+    let err = end_record(rec, "record -p PID,PID");
+    assert!(
+        err.contains(&format!(
+            "pid {} (sleep) has no dormant client",
+            bare.0.id()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("2 processes"), "{err}");
     let t = check_trace(&trace);
     assert_eq!(totals(&t, one.pid, "grow_site"), (2, 2000));
     assert_eq!(totals(&t, two.pid, "grow_site"), (3, 3000));

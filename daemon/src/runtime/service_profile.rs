@@ -171,9 +171,11 @@ async fn run_profile(
     service.update_store();
     let what = describe(spec);
     log::info!("profile {id}: {what}");
-    if spec.targets.running {
-        take_running(service, id, spec);
-    }
+    let notes = if spec.targets.running {
+        take_running(service, id, spec)
+    } else {
+        Vec::new()
+    };
     let deadline = spec
         .duration_ms
         .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
@@ -211,8 +213,14 @@ async fn run_profile(
     let processes = summary.processes.len();
     let plural = if processes == 1 { "" } else { "es" };
     log::info!("profile {id} ({what}) ended: {processes} process{plural}");
+    let mut text = String::new();
+    for n in &notes {
+        text.push_str(n);
+        text.push('\n');
+    }
+    text.push_str(&summary.render(&req.output_path));
     Ok(Reply::Done {
-        summary: summary.render(&req.output_path),
+        summary: text,
         processes,
     })
 }
@@ -221,8 +229,10 @@ async fn run_profile(
 /// another profile has (or is flagged `rejected_concurrent` when that one
 /// samples differently), else wakes a preloaded dormant client with the
 /// activation signal. A process without one is said to need `record --pid`.
-fn take_running(service: &Service, id: ProfileId, spec: &ProfileSpec) {
+/// Returns what `record` should be told about processes it did not get.
+fn take_running(service: &Service, id: ProfileId, spec: &ProfileSpec) -> Vec<String> {
     let book = service.book.clone();
+    let mut notes = Vec::new();
     for found in running::find(&spec.targets) {
         let pid = found.pid;
         match service.hub.join(id, pid) {
@@ -241,24 +251,35 @@ fn take_running(service: &Service, id: ProfileId, spec: &ProfileSpec) {
                 );
                 let cmdline = super::handshake::read_cmdline(pid);
                 let _ = book.send(BookMsg::Service(ServiceMsg::Rejected(id, pid, cmdline)));
+                notes.push(format!(
+                    "pid {pid} ({}): another profile samples it differently; \
+                     flagged rejected_concurrent",
+                    found.name
+                ));
                 continue;
             }
             Joined::NoSession => {}
         }
         if !running::has_client(pid) {
-            log::info!(
-                "profile {id}: pid {pid} ({}) has no dormant client loaded; \
-                 profile it with `record --pid {pid}`",
+            let why = format!(
+                "pid {pid} ({}) has no dormant client loaded; profile it with \
+                 `record --pid {pid}`",
                 found.name
             );
+            log::info!("profile {id}: {why}");
+            notes.push(why);
             continue;
         }
         if !running::directed_here(pid, &service.dir, service.default_dir) {
-            log::info!(
-                "profile {id}: pid {pid} ({}) would connect to another service \
+            let why = format!(
+                "pid {pid} ({}) would connect to another service \
                  (HEAPPROFD_SERVICE_DIR or HEAPPROFD_SOCKET in its environment); not woken",
                 found.name
             );
+            log::info!("profile {id}: {why}");
+            if !spec.targets.all {
+                notes.push(why);
+            }
             continue;
         }
         service.hub.expect(id, pid);
@@ -268,9 +289,13 @@ fn take_running(service: &Service, id: ProfileId, spec: &ProfileSpec) {
                 found.name,
                 heapprofd_inject::ACTIVATION_SIGNAL
             ),
-            Err(e) => log::warn!("profile {id}: pid {pid} ({}): {e}", found.name),
+            Err(e) => {
+                log::warn!("profile {id}: pid {pid} ({}): {e}", found.name);
+                notes.push(format!("pid {pid} ({}): {e}", found.name));
+            }
         }
     }
+    notes
 }
 
 /// Sleeps until `deadline` (an instant, so making the future anew on each
