@@ -12,6 +12,8 @@
 //! * [`bench_args`]: `--help` and usage errors for the bench binaries.
 //! * [`report_harness`]: recording test programs for the `report`/`convert`
 //!   tests and reading their JSON.
+//! * [`service_harness`]: a `heapprofd-rs daemon` in a scratch directory,
+//!   its log lines, `record` against it, preloaded programs.
 //! * [`browser`]: a headless Chromium over the DevTools protocol (the HTML
 //!   page's tests).
 
@@ -23,3 +25,4 @@ pub mod client_harness;
 pub mod hostile_peer;
 pub mod record_harness;
 pub mod report_harness;
+pub mod service_harness;

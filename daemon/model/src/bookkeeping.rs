@@ -28,6 +28,9 @@
 //!   the `disconnected` flag (Perfetto has no field for "could not be
 //!   profiled"; trace processor reports it as a disconnected client) and
 //!   the reason for the summary.
+//! * **Processes another profile samples differently**
+//!   ([`Bookkeeping::reject_concurrent`]): an empty default heap with the
+//!   `rejected_concurrent` flag.
 //!
 //! Dumps are the caller's: [`Bookkeeping::profile_mut`] lends the profile
 //! to a [`TraceWriter`](crate::trace::TraceWriter).
@@ -179,6 +182,24 @@ impl Bookkeeping {
             }
         }
         true
+    }
+
+    /// Process `pid` was wanted, but another profile already samples it
+    /// differently: it is in the trace with an empty default heap and the
+    /// `rejected_concurrent` flag (as Perfetto's heapprofd writes it).
+    pub fn reject_concurrent(&mut self, pid: u32, cmdline: Vec<String>) {
+        if self.profile.process(pid).is_none() {
+            self.profile.add_process(pid, cmdline, false);
+            self.profile.set_heap(
+                pid,
+                heapprofd_proto::wire::HEAP_LIBC_MALLOC,
+                Some(heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME),
+                self.interval,
+            );
+        }
+        if let Some(p) = self.profile.process_mut(pid) {
+            p.flags.rejected_concurrent = true;
+        }
     }
 
     fn apply(&mut self, id: SessionId, pid: u32, ops: Vec<Op>) {

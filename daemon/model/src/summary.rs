@@ -29,6 +29,12 @@ pub enum ProcessWarning {
     /// After a profiled image, the process ran unprofiled (it exec'd a
     /// program that cannot load the client).
     ThenUnprofiled(Unprofilable),
+    /// Another profile of the service samples the process differently
+    /// (`rejected_concurrent` in the trace).
+    RejectedConcurrent,
+    /// A guardrail of the profile ended the process's profile
+    /// (`hit_guardrail` in the trace; not the heap limit).
+    Guardrail,
 }
 
 /// One process of the summary.
@@ -100,6 +106,12 @@ pub(crate) fn summarize<'a>(
                     errors: p.stats.unwinding_errors,
                     samples: p.stats.heap_samples,
                 });
+            }
+            if p.flags.rejected_concurrent {
+                warnings.push(ProcessWarning::RejectedConcurrent);
+            }
+            if p.flags.hit_guardrail && over == 0 {
+                warnings.push(ProcessWarning::Guardrail);
             }
             let not_profiled = p.unprofilable.filter(|_| p.sessions == 0);
             if let Some(why) = p.unprofilable.filter(|_| p.sessions > 0) {

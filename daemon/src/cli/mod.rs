@@ -26,7 +26,9 @@ pub use usage_error::UsageError;
     name = "heapprofd-rs",
     version,
     propagate_version = true,
-    max_term_width = 100
+    max_term_width = 100,
+    after_help = "`heapprofd-rs --pid PID [OPTIONS]` is short for \
+                  `heapprofd-rs record --pid PID [OPTIONS]`."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -40,7 +42,8 @@ pub enum Command {
     Record(RecordArgs),
     /// Run the profiling service in the foreground (control socket
     /// `control.sock` in $HEAPPROFD_SERVICE_DIR, else /run/heapprofd-rs for
-    /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`. Run by
+    /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`, `record
+    /// --all` and `record -p PID,PID`; several profiles run at once. Run by
     /// root it serves every user, each profile seeing only its requester's
     /// processes (all of them for root); scripts/heapprofd-rs.service runs it
     /// under systemd.
@@ -61,7 +64,7 @@ pub enum Command {
 /// Parses the command line (exits on bad usage, with clap's message); a
 /// `record` given a command without `--` also gets the line to type.
 pub fn parse() -> Cli {
-    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv = pid_shorthand(std::env::args_os().collect());
     match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
@@ -73,6 +76,16 @@ pub fn parse() -> Cli {
             e.exit()
         }
     }
+}
+
+/// `heapprofd-rs --pid PID [OPTIONS]` (or `-p`), as the design card names
+/// it, is `heapprofd-rs record --pid PID [OPTIONS]`.
+fn pid_shorthand(mut argv: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let first = argv.get(1).and_then(|a| a.to_str()).unwrap_or("");
+    if first == "--pid" || first == "-p" || first.starts_with("--pid=") {
+        argv.insert(1, "record".into());
+    }
+    argv
 }
 
 /// `heapprofd-rs record ls -l` (no `--`): the corrected command line.
@@ -117,10 +130,12 @@ fn record_hint(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<String> {
 pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
     Ok(match command {
         Command::Daemon => Ran::Exit(service::run()?),
-        Command::Record(args) if !args.name.is_empty() || args.config.is_some() => {
+        Command::Record(args)
+            if !args.name.is_empty() || args.config.is_some() || args.all || args.pid.len() > 1 =>
+        {
             Ran::Exit(service_record::run(args)?)
         }
-        Command::Record(args) if args.pid.is_some() => Ran::Exit(attach::run(args, env)?),
+        Command::Record(args) if !args.pid.is_empty() => Ran::Exit(attach::run(args, env)?),
         Command::Record(args) => Ran::Exit(record::run(args, env)?),
         Command::Install(args) => Ran::Exit(install::install(&args)?),
         Command::Uninstall(args) => Ran::Exit(install::uninstall(&args)?),

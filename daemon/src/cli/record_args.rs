@@ -1,5 +1,5 @@
-//! The command line of `heapprofd-rs record` (`-- CMD`, `--pid PID` and
-//! `-n NAME`).
+//! The command line of `heapprofd-rs record` (`-- CMD`, `--pid PID[,PID]`,
+//! `-n NAME` and `--all`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,6 +16,8 @@ EXAMPLES:
   heapprofd-rs record -i 1 -o every-alloc.pftrace -- ./unit-tests
   heapprofd-rs record -i 512k --duration 30s --continuous-dump 5s -- ./batch-job
   heapprofd-rs record -n python3 -d 10s -o py.pftrace   (needs `heapprofd-rs daemon`)
+  heapprofd-rs record --all -d 10s -o all.pftrace       (needs `heapprofd-rs daemon`)
+  heapprofd-rs --pid 1234 -d 5s                          (short for `record --pid 1234`)
 
 Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
 pub struct RecordArgs {
@@ -75,29 +77,53 @@ pub struct RecordArgs {
     #[arg(long, hide = true, default_value = "0")]
     pub seed: u64,
 
-    /// Profile a running process instead of starting one.
-    #[arg(short = 'p', long, value_name = "PID", conflicts_with = "command")]
-    pub pid: Option<u32>,
+    /// Profile running processes instead of starting one (a comma list:
+    /// several processes into one trace; more than one goes through the
+    /// running service, `heapprofd-rs daemon`).
+    #[arg(
+        short = 'p',
+        long,
+        value_name = "PID[,PID...]",
+        value_delimiter = ',',
+        conflicts_with = "command"
+    )]
+    pub pid: Vec<u32>,
 
-    /// Profile the programs of these names that start from now on, from
-    /// their first allocation, through the running service (`heapprofd-rs
-    /// daemon`; the programs need the client preloaded). Names are
-    /// bionic's: the first argument of the command line, cut at `@`, its
-    /// basename. (Not yet with --continuous-dump, --client-lib, --workers.)
+    /// Profile the programs of these names, through the running service
+    /// (`heapprofd-rs daemon`): those already running (a preloaded dormant
+    /// client is woken with signal 36) and those that start while the
+    /// profile runs, from their first allocation (they need the client
+    /// preloaded). Names are bionic's: the first argument of the command
+    /// line, cut at `@`, its basename; `*` `?` globs with --no-startup.
+    /// (Not yet with --continuous-dump, --client-lib, --workers.)
     #[arg(short = 'n', long, value_name = "NAME[,NAME...]", value_delimiter = ',',
-          conflicts_with_all = ["command", "pid", "continuous_dump", "client_lib", "workers"])]
+          conflicts_with_all = ["command", "continuous_dump", "client_lib", "workers"])]
     pub name: Vec<String>,
+
+    /// Profile every process that has the client loaded (preloaded,
+    /// dormant), running ones and those that start, into one trace, through
+    /// the running service.
+    #[arg(long, conflicts_with_all = ["command", "continuous_dump", "client_lib", "workers"])]
+    pub all: bool,
+
+    /// With -n/--all: only processes already running.
+    #[arg(long, conflicts_with = "no_running")]
+    pub no_startup: bool,
+
+    /// With -n/--all: only processes that start from now on.
+    #[arg(long)]
+    pub no_running: bool,
 
     /// The profile as Perfetto's HeapprofdConfig in text format (bare, or a
     /// TraceConfig holding one), through the running service: its
     /// `process_cmdline`, `sampling_interval_bytes`, `shmem_size_bytes`,
     /// `block_client`, `continuous_dump_config`, `dump_at_max`... replace
     /// the options; `-d` replaces its duration.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "pid", "name"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["command", "pid", "name", "all"])]
     pub config: Option<PathBuf>,
 
     /// The command to profile, after `--`.
-    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "name", "config"])]
+    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "name", "config", "all"])]
     pub command: Vec<String>,
 }
 

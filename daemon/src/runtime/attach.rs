@@ -87,7 +87,7 @@ fn choose_method(t: &Target, choice: &AttachChoice) -> Result<Method> {
 pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
     // The attach timings (HEAPPROFD_DEBUG) count from here.
     let started = Instant::now();
-    let pid = args.pid.context("record --pid without a pid")?;
+    let pid = *args.pid.first().context("record --pid without a pid")?;
     let target = inject::probe(pid)?;
     let method = choose_method(&target, &env.attach)?;
     let client_lib = find_client_lib(args.client_lib.as_deref())?;

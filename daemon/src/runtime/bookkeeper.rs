@@ -53,7 +53,10 @@ pub struct BookkeeperShared {
     pub counters: Arc<Counters>,
 }
 
-struct Book {
+/// One profile's bookkeeping and trace: what the bookkeeping thread runs
+/// (one for `record`, one per profile in the service).
+#[derive(Debug)]
+pub struct Book {
     book: Bookkeeping,
     shared: BookkeeperShared,
     // Unbuffered: the writer does one write per packet, so errors surface at
@@ -66,51 +69,18 @@ struct Book {
 
 /// Runs the bookkeeping thread until [`BookMsg::Finish`].
 pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperOptions) {
-    let clocks = read_clocks();
-    let file = match options.output.try_clone() {
-        Ok(f) => f,
+    let mut book = match Book::open(shared, options) {
+        Ok(b) => b,
         Err(e) => {
-            drain_until_finish(rx, format!("cannot use the trace file: {e}"));
+            drain_until_finish(rx, e);
             return;
         }
     };
-    let config = WriterConfig {
-        dump_at_max: options.dump_at_max,
-        ..WriterConfig::default()
-    };
-    let (writer, write_error) = match TraceWriter::with_config(file, clocks, config) {
-        Ok(w) => (Some(w), None),
-        Err(e) => (None, Some(e.to_string())),
-    };
-    let mut book = Book {
-        book: Bookkeeping::new(&shared.interner, options.interval),
-        shared,
-        writer,
-        write_error,
-        options,
-        last_live_update: Instant::now(),
-    };
     while let Ok(msg) = rx.recv() {
         match msg {
-            BookMsg::Session(event) => {
-                let (force, started) = match &*event {
-                    SessionEvent::Started { pid, .. } => (None, Some(*pid)),
-                    SessionEvent::Ops { .. } => (Some(false), None),
-                    SessionEvent::Ended { .. } | SessionEvent::Unprofilable { .. } => {
-                        (Some(true), None)
-                    }
-                };
-                if book.book.handle(*event) {
-                    if let Some(force) = force {
-                        book.name_new_threads();
-                        book.refresh_counters(force);
-                    }
-                    if let Some(pid) = started {
-                        book.read_process(pid);
-                    }
-                }
-            }
+            BookMsg::Session(event) => book.handle(*event),
             BookMsg::Dump => book.dump(),
+            BookMsg::Service(_) => {}
             BookMsg::Finish(reply) => {
                 let _ = reply.send(book.finish());
                 return;
@@ -129,6 +99,54 @@ fn drain_until_finish(rx: Receiver<BookMsg>, error: String) {
 }
 
 impl Book {
+    /// Starts the trace on `options.output`; why not, in words.
+    pub fn open(shared: BookkeeperShared, options: BookkeeperOptions) -> Result<Book, String> {
+        let clocks = read_clocks();
+        let file = options
+            .output
+            .try_clone()
+            .map_err(|e| format!("cannot use the trace file: {e}"))?;
+        let config = WriterConfig {
+            dump_at_max: options.dump_at_max,
+            ..WriterConfig::default()
+        };
+        let (writer, write_error) = match TraceWriter::with_config(file, clocks, config) {
+            Ok(w) => (Some(w), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Ok(Book {
+            book: Bookkeeping::new(&shared.interner, options.interval),
+            shared,
+            writer,
+            write_error,
+            options,
+            last_live_update: Instant::now(),
+        })
+    }
+
+    /// Applies one session event (see [`Bookkeeping::handle`]).
+    pub fn handle(&mut self, event: SessionEvent) {
+        let (force, started) = match &event {
+            SessionEvent::Started { pid, .. } => (None, Some(*pid)),
+            SessionEvent::Ops { .. } => (Some(false), None),
+            SessionEvent::Ended { .. } | SessionEvent::Unprofilable { .. } => (Some(true), None),
+        };
+        if self.book.handle(event) {
+            if let Some(force) = force {
+                self.name_new_threads();
+                self.refresh_counters(force);
+            }
+            if let Some(pid) = started {
+                self.read_process(pid);
+            }
+        }
+    }
+
+    /// The bookkeeping (its profile, to flag a process).
+    pub fn bookkeeping_mut(&mut self) -> &mut Bookkeeping {
+        &mut self.book
+    }
+
     fn refresh_counters(&mut self, force: bool) {
         if !force && self.last_live_update.elapsed() < Duration::from_millis(200) {
             return;
@@ -181,7 +199,8 @@ impl Book {
         }
     }
 
-    fn dump(&mut self) {
+    /// Writes a dump of every process now.
+    pub fn dump(&mut self) {
         // The live processes' threads and memory as of this dump.
         let live = self.book.active_pids();
         for &pid in &live {
@@ -215,7 +234,8 @@ impl Book {
         self.write_error.get_or_insert(error);
     }
 
-    fn finish(mut self) -> anyhow::Result<Summary> {
+    /// Writes the final dump and closes the trace; the summary.
+    pub fn finish(mut self) -> anyhow::Result<Summary> {
         self.book.finish();
         self.dump();
         let mut trace_bytes = 0;

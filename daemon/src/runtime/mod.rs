@@ -1,7 +1,8 @@
 //! The daemon at run time: the server and handshakes, the unwinding
-//! workers, the symbolizer, the bookkeeping thread, and the two ways of
+//! workers, the symbolizer, the bookkeeping thread, and the ways of
 //! running it: `record -- CMD` ([`record`]) and `record --pid` ([`attach`]),
-//! which share [`supervise`]. [`program`] tells `record` whether CMD can
+//! which share [`supervise`], and the service (`heapprofd-rs daemon`,
+//! [`service`]: several profiles on one daemon, [`hub`], [`service_book`]). [`program`] tells `record` whether CMD can
 //! load the client at all; a notice from a client that its process runs
 //! unprofiled goes from the handshake straight to the bookkeeping.
 //!
@@ -34,6 +35,7 @@ pub mod cleanup;
 pub mod clock;
 pub mod emulation;
 pub mod handshake;
+pub mod hub;
 pub mod mapping;
 pub mod memo;
 pub mod procinfo;
@@ -42,7 +44,10 @@ pub mod record;
 pub mod rundir;
 pub mod server;
 pub mod service;
+pub mod service_book;
+pub mod service_profile;
 pub mod service_record;
+pub mod service_state;
 pub mod session_unwinder;
 pub mod setup;
 pub mod stacks;
@@ -65,6 +70,8 @@ pub enum BookMsg {
     Dump,
     /// Write the final dump, close the trace and report back.
     Finish(std::sync::mpsc::Sender<anyhow::Result<summary::Summary>>),
+    /// The service's profiles ([`service_book`]; ignored elsewhere).
+    Service(service_book::ServiceMsg),
 }
 
 /// Relaxed counters for the status line (approximate by design).

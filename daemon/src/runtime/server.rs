@@ -58,6 +58,46 @@ pub struct DaemonOptions {
     pub book: BookkeeperOptions,
 }
 
+/// The part of [`DaemonOptions`] without the bookkeeping (the service runs
+/// its own bookkeeping thread, [`Daemon::start_with`]).
+#[derive(Debug)]
+pub struct ServerOptions {
+    /// Where to listen.
+    pub socket: PathBuf,
+    /// Configuration sent to every client (without an [`Admit`]).
+    pub client: ClientConfig,
+    /// Unwinding worker threads.
+    pub workers: usize,
+    /// Symbolize frames.
+    pub symbolize: bool,
+    /// Who decides which connecting processes are wanted.
+    pub admit: Option<Arc<dyn Admit>>,
+}
+
+/// Decides per connecting process whether it is wanted, and its
+/// configuration (the service, [`super::hub`]); without one every process
+/// that may connect is profiled with [`ServerOptions::client`].
+pub trait Admit: Send + Sync + std::fmt::Debug {
+    /// Process `pid` connects as session `session` (`from_startup`: from
+    /// its constructor; `uid`: its effective user, from `SO_PEERCRED`):
+    /// the configuration to send, or `None` to refuse it.
+    fn admit(
+        &self,
+        session: SessionId,
+        pid: u32,
+        uid: u32,
+        from_startup: bool,
+    ) -> Option<ClientConfig>;
+    /// The session reached its worker: whether some profile still wants it
+    /// (one that ended meanwhile could not stop it).
+    fn still_wanted(&self, session: SessionId) -> bool;
+    /// An admitted session never reached a worker (its handshake failed).
+    fn abandoned(&self, session: SessionId);
+}
+
+/// What runs the bookkeeping thread: its messages and the shared objects.
+pub type BookRunner = Box<dyn FnOnce(mpsc::Receiver<BookMsg>, BookkeeperShared) + Send>;
+
 /// How long [`Daemon::finish`] waits for the accept loop to stop and for
 /// handshakes in flight (each bounded by its 2 s deadline).
 const HANDOFF_WAIT: Duration = Duration::from_secs(5);
@@ -86,6 +126,7 @@ pub struct Daemon {
 #[derive(Debug)]
 struct Shared {
     client: ClientConfig,
+    admit: Option<Arc<dyn Admit>>,
     cache: Arc<ModuleCache>,
     workers: Vec<mpsc::Sender<WorkerMsg>>,
     counters: Arc<Counters>,
@@ -129,6 +170,30 @@ impl Drop for InFlight {
 impl Daemon {
     /// Binds the socket and starts the worker and bookkeeping threads.
     pub fn start(options: DaemonOptions, counters: Arc<Counters>) -> Result<Daemon> {
+        let DaemonOptions {
+            socket,
+            client,
+            workers,
+            symbolize,
+            book,
+        } = options;
+        let server = ServerOptions {
+            socket,
+            client,
+            workers,
+            symbolize,
+            admit: None,
+        };
+        let runner: BookRunner = Box::new(move |rx, shared| bookkeeper::run(rx, shared, book));
+        Self::start_with(server, counters, runner)
+    }
+
+    /// [`Daemon::start`] with another bookkeeping thread (`runner`).
+    pub fn start_with(
+        options: ServerOptions,
+        counters: Arc<Counters>,
+        runner: BookRunner,
+    ) -> Result<Daemon> {
         let listener = bind_private(&options.socket)
             .with_context(|| format!("cannot listen on {}", options.socket.display()))?;
         let interner = Arc::new(Interner::new());
@@ -145,10 +210,9 @@ impl Daemon {
                 symbolizer: Arc::clone(&symbolizer),
                 counters: Arc::clone(&counters),
             };
-            let opts = options.book;
             std::thread::Builder::new()
                 .name("heapprofd-book".into())
-                .spawn(move || bookkeeper::run(book_rx, shared, opts))
+                .spawn(move || runner(book_rx, shared))
                 .context("starting the bookkeeping thread")?
         };
         let mut workers = Vec::new();
@@ -171,6 +235,7 @@ impl Daemon {
         }
         let shared = Arc::new(Shared {
             client: options.client,
+            admit: options.admit,
             cache,
             workers,
             counters,
@@ -281,6 +346,16 @@ impl Daemon {
         let _ = self.book_tx.send(BookMsg::Dump);
     }
 
+    /// A sender to the bookkeeping thread.
+    pub fn book(&self) -> mpsc::Sender<BookMsg> {
+        self.book_tx.clone()
+    }
+
+    /// What stops single sessions (for another thread or task).
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.shared.workers.clone())
+    }
+
     /// Stops every session (clients stop writing), drains what they wrote,
     /// writes the final dump and closes the trace.
     pub fn finish(mut self) -> Result<Summary> {
@@ -366,6 +441,22 @@ async fn handle_connection(
         }
     };
     let pid = received.peer.pid;
+    let id: SessionId = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    // Until the session reaches its worker, a failure abandons it.
+    let (config, admitted) = match &shared.admit {
+        None => (shared.client, Admitted(None)),
+        Some(a) => {
+            let from_startup =
+                received.handshake.flags & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP != 0;
+            match a.admit(id, pid, received.peer.uid, from_startup) {
+                Some(c) => (c, Admitted(Some((Arc::clone(a), id)))),
+                None => {
+                    refused(&shared, format_args!("pid {pid}: no profile wants it"));
+                    return;
+                }
+            }
+        }
+    };
     let permit = tokio::time::timeout_at(
         deadline.into(),
         Arc::clone(&shared.establishing).acquire_owned(),
@@ -381,19 +472,22 @@ async fn handle_connection(
     let sh = Arc::clone(&shared);
     let joined = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        establish(*received, &sh.client, &sh.cache)
+        establish(*received, &config, &sh.cache)
     })
     .await;
     let session = match joined {
-        Ok(Ok(s)) => s,
+        Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
             refused(&shared, format_args!("{e:#}"));
-            return;
+            None
         }
         Err(e) => {
             log::warn!("handshake task failed: {e}");
-            return;
+            None
         }
+    };
+    let Some(session) = session else {
+        return;
     };
     let watch = match session.stream.try_clone().and_then(|s| {
         s.set_nonblocking(true)?;
@@ -405,15 +499,49 @@ async fn handle_connection(
             return;
         }
     };
-    let id: SessionId = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let worker = &shared.workers[session.peer.pid as usize % shared.workers.len()];
     shared.counters.sessions.fetch_add(1, Ordering::Relaxed);
     if worker.send(WorkerMsg::Add(id, Box::new(session))).is_err() {
         return;
     }
+    admitted.reached_worker();
+    if shared.admit.as_ref().is_some_and(|a| !a.still_wanted(id)) {
+        let _ = worker.send(WorkerMsg::Stop(id));
+    }
     drop(in_flight);
-    watch_socket(watch, id, worker.clone(), &shared.counters).await;
+    let announce = shared.admit.is_some().then_some(pid);
+    watch_socket(watch, id, worker.clone(), &shared.counters, announce).await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Stops single sessions of a [`Daemon`].
+#[derive(Debug, Clone)]
+pub struct Stopper(Vec<mpsc::Sender<WorkerMsg>>);
+
+impl Stopper {
+    /// Stops session `id` of process `pid` (its client stops writing, the
+    /// rest is drained, then it ends).
+    pub fn stop_session(&self, id: SessionId, pid: u32) {
+        let _ = self.0[pid as usize % self.0.len()].send(WorkerMsg::Stop(id));
+    }
+}
+
+/// An admitted session on its way to a worker; dropped before it got there,
+/// tells the [`Admit`] it was abandoned.
+struct Admitted(Option<(Arc<dyn Admit>, SessionId)>);
+
+impl Admitted {
+    fn reached_worker(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some((a, id)) = self.0.take() {
+            a.abandoned(id);
+        }
+    }
 }
 
 /// Says that `pid` runs unprofiled and why, and tells the bookkeeping.
@@ -452,12 +580,14 @@ fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unpro
 }
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
-/// The first byte also confirms that the client records (`Counters::confirmed`).
+/// The first byte also confirms that the client records (`Counters::confirmed`;
+/// the service, `announce` set to the pid, also says so).
 async fn watch_socket(
     mut sock: UnixStream,
     id: SessionId,
     worker: mpsc::Sender<WorkerMsg>,
     counters: &Counters,
+    announce: Option<u32>,
 ) {
     let mut buf = [0u8; 256];
     let mut first = true;
@@ -470,6 +600,9 @@ async fn watch_socket(
             Ok(_) => {
                 if std::mem::take(&mut first) {
                     counters.confirmed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(pid) = announce {
+                        log::info!("pid {pid} records (session {id})");
+                    }
                 }
                 if worker.send(WorkerMsg::Poke(id)).is_err() {
                     return;

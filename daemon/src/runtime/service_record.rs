@@ -1,7 +1,9 @@
-//! `heapprofd-rs record -n NAME[,NAME...]`: ask the running service
-//! (`heapprofd-rs daemon`) to profile the programs of those names that
-//! start from now on, from their first allocation (startup profiling; the
-//! programs need the dormant client preloaded, e.g. through `LD_PRELOAD`).
+//! `heapprofd-rs record -n NAME[,NAME...]`, `record --all`, `record -p
+//! PID,PID...`: ask the running service (`heapprofd-rs daemon`) for a
+//! profile: of the programs of those names (running ones, woken, and those
+//! that start from now on, from their first allocation: startup
+//! profiling; the programs need the dormant client preloaded, e.g. through
+//! `LD_PRELOAD`), of every process with the client, or of those pids.
 //!
 //! `record` creates the trace file itself (so it belongs to the user who
 //! asked; mode 0600) and sends its descriptor with the request over the control socket
@@ -26,7 +28,9 @@ use super::supervise::{Signals, block_on};
 use crate::cli::record_args::RecordArgs;
 use crate::cli::usage_error::UsageError;
 use crate::service::control::{Reply, Request, frame_header, read_message, service_dir_to_ask};
-use crate::service::spec::{Dumps, ProfileSpec, Sampling, Targets};
+use crate::service::spec::{
+    DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets,
+};
 
 /// The profile `record -n NAME` or `record --config FILE` asks for.
 pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
@@ -41,13 +45,22 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
         None => ProfileSpec {
             targets: Targets {
                 names: args.name.clone(),
-                startup: true,
-                running: false,
+                pids: args.pid.clone(),
+                all: args.all,
+                // Pids are running processes only; names and --all both,
+                // unless restricted.
+                startup: !args.no_startup && (!args.name.is_empty() || args.all),
+                running: !args.no_running,
                 ..Targets::default()
             },
             sampling: Sampling {
                 interval: args.interval,
-                shmem_size: args.shmem_size,
+                // Many processes at once under --all: smaller rings unless asked.
+                shmem_size: if args.all && args.shmem_size == DEFAULT_SHMEM {
+                    DEFAULT_SHMEM_ALL
+                } else {
+                    args.shmem_size
+                },
                 block_client: !args.no_block_client,
                 block_timeout_us: args
                     .block_client
@@ -70,12 +83,42 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
     Ok(spec)
 }
 
-/// Runs `record -n` / `record --config`; returns the exit code.
+/// What the profile takes in, for the log.
+fn what(spec: &ProfileSpec) -> String {
+    let t = &spec.targets;
+    let mut what = Vec::new();
+    if t.all {
+        what.push("every process with the client".to_string());
+    }
+    if !t.names.is_empty() {
+        what.push(t.names.join(","));
+    }
+    if !t.pids.is_empty() {
+        let p: Vec<String> = t.pids.iter().map(u32::to_string).collect();
+        what.push(format!("pid {}", p.join(",")));
+    }
+    let when = match (t.running, t.startup) {
+        (true, true) => " (running, and from the start of new ones)",
+        (false, true) => " from their start",
+        _ => "",
+    };
+    format!("{}{when}", what.join(" and "))
+}
+
+/// Runs `record -n` / `record --all` / `record -p PID,PID` /
+/// `record --config`; returns the exit code.
 pub fn run(args: RecordArgs) -> Result<i32> {
     let spec = spec_from(&args)?;
-    let names = spec.targets.names.clone();
+    let what = what(&spec);
     let output = args.output.clone().unwrap_or_else(|| {
-        super::setup::default_output(names.first().map_or("names", String::as_str))
+        let t = &spec.targets;
+        let stem = match (t.all, t.names.first(), t.pids.first()) {
+            (true, _, _) => "all".to_string(),
+            (_, Some(n), _) => n.clone(),
+            (_, _, Some(p)) => format!("pid-{p}"),
+            _ => "names".to_string(),
+        };
+        super::setup::default_output(&stem)
     });
     let dir = service_dir_to_ask();
     let control = dir.join(CONTROL_SOCKET);
@@ -115,8 +158,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     std::io::Write::write_all(&mut &sock, &body).context("sending the request to the service")?;
     drop(file);
     log::info!(
-        "profiling {} from their start{}; Ctrl-C to stop",
-        names.join(","),
+        "profiling {what}{}; Ctrl-C to stop",
         duration.map_or(String::new(), |ms| format!(" for {ms}ms"))
     );
     let reply = block_on(wait_reply(sock))??;

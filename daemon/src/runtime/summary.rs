@@ -46,6 +46,15 @@ fn warning_text(w: &ProcessWarning) -> String {
         ProcessWarning::UnwindErrors { errors, samples } => {
             format!("{errors} of {samples} stacks could not be fully unwound")
         }
+        ProcessWarning::RejectedConcurrent => {
+            "another profile samples it differently; not profiled here \
+             (flagged rejected_concurrent in the trace)"
+                .into()
+        }
+        ProcessWarning::Guardrail => "it hit a guardrail of the profile \
+             (max_heapprofd_cpu_secs or max_heapprofd_memory_kb); its profile ended there \
+             (flagged hit_guardrail in the trace)"
+            .into(),
         ProcessWarning::ThenUnprofiled(why) => {
             format!("after that it ran unprofiled: {}", why.describe())
         }

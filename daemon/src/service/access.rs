@@ -8,11 +8,13 @@
 //! * Every control request is attributed with `SO_PEERCRED` (the kernel's
 //!   word, not the request's): the requester's user.
 //! * A profile sees the processes its requester may profile: every process
-//!   for root, else only those whose effective user is the requester's
-//!   (root's and other users' processes are refused at the handshake, and
-//!   cannot even connect: the client socket is given to the requester, mode
-//!   0600). A set-user-ID program runs with its owner's effective user, so
-//!   a user cannot profile it either.
+//!   for root, else only those whose effective user is the requester's.
+//!   Root's service takes every user's clients on its client socket (mode
+//!   0666); at each handshake the hub admits a process only into the
+//!   profiles whose requester may profile its user (`SO_PEERCRED`), and
+//!   wakes a running process only for such a profile. A set-user-ID program
+//!   runs with its owner's effective user, so a user cannot profile it
+//!   either.
 //! * The trace is a file the command line creates itself (mode 0600, owned
 //!   by the requester) and sends as a descriptor: the service writes only
 //!   to it, so a user reads only their own profiles.

@@ -5,4 +5,5 @@
 
 pub mod access;
 pub mod control;
+pub mod running;
 pub mod spec;

@@ -1,0 +1,346 @@
+//! One profile of the service, from its request to its reply: read and
+//! check the request, give the profile its trace (the service's
+//! bookkeeping thread) and its place in the [`Hub`](super::hub::Hub), take
+//! in the running processes it wants (sharing a session another profile
+//! already has, or waking a dormant preloaded client with the signal),
+//! then run until its duration, the command line closing its side, or the
+//! service stopping; at the end stop the sessions no other profile wants,
+//! write the trace and answer with the summary.
+//!
+//! A control peer that sends half a request, garbage, or goes away is
+//! harmless: the request has a 2-second deadline, every profile is its own
+//! task, and a reply nobody reads is dropped.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use heapprofd_proto::wire::ClientConfig;
+use tokio::io::AsyncReadExt;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+
+use super::BookMsg;
+use super::bookkeeper::BookkeeperOptions;
+use super::hub::{Joined, ProfileId, Wanted};
+use super::service_book::ServiceMsg;
+use super::service_state::Service;
+use crate::service::access;
+use crate::service::control::{Reply, Request, read_body};
+use crate::service::running;
+use crate::service::spec::ProfileSpec;
+
+/// Serves one control connection: one profile.
+pub(super) async fn serve_request(
+    service: Arc<Service>,
+    stream: UnixStream,
+    stop: watch::Receiver<bool>,
+) {
+    let Ok(std) = stream.into_std() else {
+        return;
+    };
+    let got = tokio::task::spawn_blocking(move || read_request(std)).await;
+    let (request, fd, std, requester) = match got {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            log::warn!("bad control request: {e:#}");
+            return;
+        }
+        Err(_) => return,
+    };
+    let Ok(mut stream) = UnixStream::from_std(std) else {
+        return;
+    };
+    let asked = Asked {
+        request,
+        fd,
+        requester,
+    };
+    let reply = match run_profile(&service, asked, &mut stream, stop).await {
+        Ok(r) => r,
+        Err(e) => Reply::Failed(format!("{e:#}")),
+    };
+    let sent = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut std = stream.into_std()?;
+        std.set_nonblocking(false)?;
+        std.set_write_timeout(Some(Duration::from_secs(2)))?;
+        crate::service::control::write_message(&mut std, &reply)
+    })
+    .await;
+    if !matches!(sent, Ok(Ok(()))) {
+        log::warn!("could not send the reply to the command line");
+    }
+}
+
+/// A request as read: the profile, the trace's descriptor, and the user who
+/// asked.
+struct Asked {
+    request: Request,
+    fd: OwnedFd,
+    requester: u32,
+}
+
+/// Reads the framed request and the trace descriptor sent with it (a
+/// 2-second deadline: a peer that sends half a request cannot stall the
+/// service). A service run by root serves every user, another only its own
+/// user and root ([`access::may_request`]); the requester is the peer's
+/// user as the kernel tells it (`SO_PEERCRED`).
+fn read_request(
+    std: std::os::unix::net::UnixStream,
+) -> Result<(Request, OwnedFd, std::os::unix::net::UnixStream, u32)> {
+    std.set_nonblocking(false)?;
+    std.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let peer = nix::sys::socket::getsockopt(&std, nix::sys::socket::sockopt::PeerCredentials)
+        .context("reading the peer's credentials")?;
+    let me = nix::unistd::geteuid().as_raw();
+    if !access::may_request(me, peer.uid()) {
+        bail!(
+            "refused a request of user {} (the service runs as {me})",
+            peer.uid()
+        );
+    }
+    let mut header = [0u8; 4];
+    let mut fds = [None];
+    let n = heapprofd_proto::socket::recv_with_fds(std.as_raw_fd(), &mut header, &mut fds)
+        .context("reading the request")?;
+    let [fd] = fds;
+    let fd = match (n, fd) {
+        (1, Some(fd)) => fd,
+        _ => bail!("the request came without the trace file's descriptor"),
+    };
+    let mut reader = &std;
+    let request: Request = read_body(&mut reader, header).context("reading the request")?;
+    Ok((request, fd, std, peer.uid()))
+}
+
+/// What this service does not do yet: a profile it cannot run as asked is
+/// refused with why, never run differently.
+fn supported(spec: &ProfileSpec) -> Result<()> {
+    spec.check().map_err(anyhow::Error::msg)?;
+    if spec.targets.descendants_of.is_some() {
+        bail!("the service does not start commands (record -- CMD runs its own daemon)");
+    }
+    Ok(())
+}
+
+/// The configuration the profile's processes get.
+fn client_config(spec: &ProfileSpec) -> ClientConfig {
+    let mut client = ClientConfig::new(spec.sampling.interval, spec.sampling.shmem_size);
+    client.seed = spec.sampling.seed;
+    if spec.sampling.block_client {
+        client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
+        client.block_timeout_us = spec.sampling.block_timeout_us;
+    }
+    client
+}
+
+/// What the profile is about, for the log.
+fn describe(spec: &ProfileSpec) -> String {
+    let t = &spec.targets;
+    let mut what = Vec::new();
+    if t.all {
+        what.push("every process".to_string());
+    }
+    if !t.names.is_empty() {
+        what.push(t.names.join(","));
+    }
+    if !t.pids.is_empty() {
+        let p: Vec<String> = t.pids.iter().map(u32::to_string).collect();
+        what.push(format!("pid {}", p.join(",")));
+    }
+    what.join(" and ")
+}
+
+/// Runs one profile until its duration passes, the peer closes its side,
+/// or the service stops.
+async fn run_profile(
+    service: &Arc<Service>,
+    asked: Asked,
+    stream: &mut UnixStream,
+    mut stop: watch::Receiver<bool>,
+) -> Result<Reply> {
+    let Asked {
+        request,
+        fd,
+        requester,
+    } = asked;
+    let req = &request;
+    let spec = &req.spec;
+    supported(spec)?;
+    let id = service.profile_id();
+    let book = service.book.clone();
+    let options = BookkeeperOptions {
+        output: std::fs::File::from(fd),
+        output_path: req.output_path.clone(),
+        interval: spec.sampling.interval,
+        dump_at_max: spec.dumps.dump_at_max,
+    };
+    let _ = book.send(BookMsg::Service(ServiceMsg::Add(
+        id,
+        options,
+        spec.guardrails,
+    )));
+    service.hub.add_profile(
+        id,
+        Wanted {
+            targets: spec.targets.clone(),
+            client: client_config(spec),
+            pending: Default::default(),
+            requester,
+        },
+    );
+    service.update_store();
+    let what = describe(spec);
+    log::info!("profile {id}: {what}");
+    let notes = if spec.targets.running {
+        take_running(service, id, spec, requester)
+    } else {
+        Vec::new()
+    };
+    let deadline = spec
+        .duration_ms
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+    let mut dumps = spec.dumps.continuous.map(|c| {
+        let period = Duration::from_millis(u64::from(c.interval_ms));
+        let first = tokio::time::Instant::now() + Duration::from_millis(u64::from(c.phase_ms));
+        tokio::time::interval_at(first, period)
+    });
+    let mut byte = [0u8; 1];
+    if !*stop.borrow() {
+        loop {
+            tokio::select! {
+                _ = sleep_for(deadline) => break,
+                // EOF or anything else from the command line: stop.
+                _ = stream.read(&mut byte) => break,
+                _ = stop.changed() => break,
+                _ = async { match dumps.as_mut() {
+                    Some(t) => { t.tick().await; }
+                    None => std::future::pending().await,
+                } } => { let _ = book.send(BookMsg::Service(ServiceMsg::Dump(id))); }
+            }
+        }
+    }
+    // New processes stop connecting for it before its sessions are drained.
+    for (session, pid) in service.hub.end_profile(id) {
+        service.stopper.stop_session(session, pid);
+    }
+    service.update_store();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _ = book.send(BookMsg::Service(ServiceMsg::End(id, tx)));
+    let summary = tokio::task::spawn_blocking(move || rx.recv())
+        .await
+        .context("waiting for the trace")?
+        .context("the bookkeeping thread stopped")??;
+    let processes = summary.processes.len();
+    let plural = if processes == 1 { "" } else { "es" };
+    log::info!("profile {id} ({what}) ended: {processes} process{plural}");
+    let mut text = String::new();
+    for n in &notes {
+        text.push_str(n);
+        text.push('\n');
+    }
+    text.push_str(&summary.render(&req.output_path));
+    Ok(Reply::Done {
+        summary: text,
+        processes,
+    })
+}
+
+/// Takes in the running processes profile `id` wants: shares a session
+/// another profile has (or is flagged `rejected_concurrent` when that one
+/// samples differently), else wakes a preloaded dormant client with the
+/// activation signal. A process without one is said to need `record --pid`.
+/// Returns what `record` should be told about processes it did not get.
+fn take_running(
+    service: &Service,
+    id: ProfileId,
+    spec: &ProfileSpec,
+    requester: u32,
+) -> Vec<String> {
+    let book = service.book.clone();
+    let mut notes = Vec::new();
+    for found in running::find(&spec.targets) {
+        let pid = found.pid;
+        // Only what the requester may profile is woken (root's service
+        // could signal anyone's); a pid asked for by number is named.
+        if !running::effective_uid(pid).is_some_and(|u| access::may_profile(requester, u)) {
+            if spec.targets.pids.contains(&pid) {
+                notes.push(format!(
+                    "pid {pid} ({}) belongs to another user: not profiled",
+                    found.name
+                ));
+            }
+            continue;
+        }
+        match service.hub.join(id, pid) {
+            Joined::Shared => {
+                log::info!(
+                    "profile {id}: pid {pid} ({}) shared with another profile",
+                    found.name
+                );
+                continue;
+            }
+            Joined::Rejected => {
+                log::info!(
+                    "profile {id}: pid {pid} ({}) is profiled by another profile with \
+                     other sampling: rejected_concurrent",
+                    found.name
+                );
+                let cmdline = super::handshake::read_cmdline(pid);
+                let _ = book.send(BookMsg::Service(ServiceMsg::Rejected(id, pid, cmdline)));
+                notes.push(format!(
+                    "pid {pid} ({}): another profile samples it differently; \
+                     flagged rejected_concurrent",
+                    found.name
+                ));
+                continue;
+            }
+            Joined::NoSession => {}
+        }
+        if !running::has_client(pid) {
+            let why = format!(
+                "pid {pid} ({}) has no dormant client loaded; profile it with \
+                 `record --pid {pid}`",
+                found.name
+            );
+            log::info!("profile {id}: {why}");
+            notes.push(why);
+            continue;
+        }
+        if !running::directed_here(pid, &service.dir, service.default_dir) {
+            let why = format!(
+                "pid {pid} ({}) would connect to another service \
+                 (HEAPPROFD_SERVICE_DIR or HEAPPROFD_SOCKET in its environment); not woken",
+                found.name
+            );
+            log::info!("profile {id}: {why}");
+            if !spec.targets.all {
+                notes.push(why);
+            }
+            continue;
+        }
+        service.hub.expect(id, pid);
+        match heapprofd_inject::signal_activate(pid, 0) {
+            Ok(()) => log::info!(
+                "profile {id}: woke pid {pid} ({}) with signal {}",
+                found.name,
+                heapprofd_inject::ACTIVATION_SIGNAL
+            ),
+            Err(e) => {
+                log::warn!("profile {id}: pid {pid} ({}): {e}", found.name);
+                notes.push(format!("pid {pid} ({}): {e}", found.name));
+            }
+        }
+    }
+    notes
+}
+
+/// Sleeps until `deadline` (an instant, so making the future anew on each
+/// turn of the loop does not move it); forever without one.
+async fn sleep_for(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,189 @@
+//! Finding the running processes a profile wants: by name (bionic's
+//! normalized name of `/proc/PID/cmdline`, [`process_name`]; `*` and `?`
+//! globs, a leading `/` matching the whole first argument), by pid, or
+//! every process that has the client loaded (`--all`). Processes we may not
+//! read (another user's, gone meanwhile) are skipped.
+
+use heapprofd_proto::triggers::process_name;
+
+use super::spec::{Targets, is_glob};
+
+/// The client library's file name, as it appears in `/proc/PID/maps`.
+pub const CLIENT_FILE: &str = "libheapprofd_client.so";
+
+/// A running process a profile wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Process id.
+    pub pid: u32,
+    /// Its name (bionic's rule).
+    pub name: String,
+}
+
+/// Every process id in `/proc`, but ours.
+fn pids() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut v: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&p| p != me)
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// The first argument and the name of process `pid`.
+fn names_of(pid: u32) -> Option<(String, String)> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let first = cmdline.split(|&b| b == 0).next().unwrap_or(&[]);
+    let name = process_name(&cmdline);
+    if name.is_empty() {
+        return None;
+    }
+    Some((
+        String::from_utf8_lossy(first).into_owned(),
+        String::from_utf8_lossy(name).into_owned(),
+    ))
+}
+
+/// The effective user of process `pid` (`Uid:` of its status, second
+/// field), if it still exists.
+pub fn effective_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Whether process `pid` has the client library mapped.
+pub fn has_client(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .is_ok_and(|m| m.lines().any(|l| l.ends_with(CLIENT_FILE)))
+}
+
+/// Whether a client in process `pid`, woken with signal value 0, would
+/// connect to the service in `dir`: its `HEAPPROFD_SOCKET` (if set) is
+/// `dir`'s client socket and its `HEAPPROFD_SERVICE_DIR` (if set) is `dir`;
+/// with neither, `dir` must be the default service directory (`default`).
+/// A process whose environment we may not read is not.
+pub fn directed_here(pid: u32, dir: &std::path::Path, default: bool) -> bool {
+    use heapprofd_proto::service::{CLIENT_SOCKET, DIR_ENV};
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let get = |key: &str| {
+        env.split(|&b| b == 0).find_map(|kv| {
+            kv.strip_prefix(key.as_bytes())?
+                .strip_prefix(b"=")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+    };
+    if let Some(sock) = get("HEAPPROFD_SOCKET").filter(|s| !s.is_empty())
+        && std::path::Path::new(&sock) != dir.join(CLIENT_SOCKET)
+    {
+        return false;
+    }
+    match get(DIR_ENV).filter(|d| !d.is_empty()) {
+        Some(d) => std::path::Path::new(&d) == dir,
+        None => default,
+    }
+}
+
+/// Whether `pattern` (a name, a glob, or a `/`-path) matches a process.
+pub fn name_matches(pattern: &str, first_arg: &str, name: &str) -> bool {
+    let text = if pattern.starts_with('/') {
+        first_arg
+    } else {
+        name
+    };
+    if is_glob(pattern) {
+        glob(pattern.as_bytes(), text.as_bytes())
+    } else {
+        pattern == text
+    }
+}
+
+/// `*` (any run) and `?` (any one byte); `[` is taken literally.
+fn glob(p: &[u8], t: &[u8]) -> bool {
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some(pi);
+                mark = ti;
+                pi += 1;
+            }
+            Some(&c) if c == b'?' || c == t[ti] => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                Some(s) => {
+                    pi = s + 1;
+                    mark += 1;
+                    ti = mark;
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+/// The running processes `targets` wants (its pids that exist, the
+/// processes of its names, or every one with the client for `all`).
+pub fn find(targets: &Targets) -> Vec<Found> {
+    let mut out = Vec::new();
+    for &pid in &targets.pids {
+        let name = names_of(pid).map_or_else(String::new, |(_, n)| n);
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            out.push(Found { pid, name });
+        }
+    }
+    if targets.names.is_empty() && !targets.all {
+        return out;
+    }
+    for pid in pids() {
+        if targets.pids.contains(&pid) {
+            continue;
+        }
+        let Some((first, name)) = names_of(pid) else {
+            continue;
+        };
+        let wanted = if targets.all {
+            has_client(pid)
+        } else {
+            targets.names.iter().any(|p| name_matches(p, &first, &name))
+        };
+        if wanted {
+            out.push(Found { pid, name });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_globs() {
+        assert!(name_matches("python3", "/usr/bin/python3", "python3"));
+        assert!(!name_matches("python", "/usr/bin/python3", "python3"));
+        assert!(name_matches("py*", "/usr/bin/python3", "python3"));
+        assert!(name_matches("python?", "/usr/bin/python3", "python3"));
+        assert!(!name_matches("python?", "/usr/bin/python", "python"));
+        assert!(name_matches("/usr/bin/*", "/usr/bin/python3", "python3"));
+        assert!(!name_matches("/usr/bin/*", "python3", "python3"));
+        // Ourselves: never found, even by our own name.
+        let me = std::process::id();
+        let (_, name) = names_of(me).expect("our own cmdline");
+        let t = Targets {
+            names: vec![name],
+            running: true,
+            ..Targets::default()
+        };
+        assert!(find(&t).iter().all(|f| f.pid != me));
+    }
+}

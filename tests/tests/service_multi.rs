@@ -1,0 +1,460 @@
+//! End-to-end tests of the service running several profiles at once, and
+//! taking in running processes: two profiles sharing a process (its
+//! samples in both traces) with one process of their own each, a third
+//! that samples differently (the shared process flagged
+//! `rejected_concurrent` in its trace); `record -n` of programs already
+//! running with the dormant client (a C program and a real perl, woken
+//! with the signal); `record --all`; `heapprofd-rs --pid` as shorthand;
+//! SIGTERM of the service writing every open profile, SIGKILL leaving the
+//! profiled programs running.
+//!
+//! Each test has its own service in a scratch `HEAPPROFD_SERVICE_DIR`; the
+//! programs are named through their `argv[0]` so that no other test's
+//! programs match. Traces are checked with `check_trace.py --strict`. No
+//! assertion depends on timing: tests wait for the service's log lines
+//! ("woke pid N", "pid N records") and the store's lines.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{ChildStdin, ChildStdout, Stdio};
+
+use heapprofd_tests::record_harness::{
+    TraceSummary, check_trace, frame_is, heapprofd, record_programs, scratch_dir,
+};
+use heapprofd_tests::service_harness::{
+    Reaped, Service, preloaded, run_preloaded, signal, wait_exit,
+};
+
+/// (allocations, bytes) of `pid` in the trace whose stacks hold `frame`.
+fn totals(t: &TraceSummary, pid: u32, frame: &str) -> (u64, u64) {
+    t.samples
+        .iter()
+        .filter(|s| s.pid == u64::from(pid) && s.frames.iter().any(|f| frame_is(f, frame)))
+        .fold((0, 0), |(c, b), s| (c + s.alloc_count, b + s.allocated))
+}
+
+fn has_pid(t: &TraceSummary, pid: u32) -> bool {
+    t.dumps
+        .iter()
+        .any(|d| d["pid"].as_u64() == Some(u64::from(pid)))
+}
+
+/// Ends `record` with Ctrl-C; its stderr, after checking it succeeded.
+fn end_record(mut rec: Reaped, what: &str) -> String {
+    signal(&rec.0, libc::SIGINT);
+    let (code, err) = wait_exit(&mut rec.0, what);
+    assert_eq!(code, 0, "{what} failed:\n{err}");
+    err
+}
+
+#[test]
+fn concurrent_profiles_share_a_process_and_keep_their_own() {
+    let dir = scratch_dir("svc-multi");
+    let svc = Service::start(&dir.join("svc"));
+    let (ta, tb, tc) = (
+        dir.join("a.pftrace"),
+        dir.join("b.pftrace"),
+        dir.join("c.pftrace"),
+    );
+    let a = svc.record(&["-n", "many_stacks,only_a", "-i", "1"], &ta);
+    svc.wait_store("name 1 only_a");
+    let b = svc.record(&["-n", "many_stacks,only_b", "-i", "1"], &tb);
+    svc.wait_store("name 1 only_b");
+    // Samples differently: gets the shared process rejected.
+    let mut c = svc.record(&["-n", "many_stacks", "-i", "4096"], &tc);
+    svc.wait_store("name 3 many_stacks");
+
+    let many_stacks = record_programs().path("many_stacks");
+    let exit_now = record_programs().path("exit_now");
+    let shared = run_preloaded(&svc.dir, &many_stacks, "many_stacks", &["40"]);
+    let own_a = run_preloaded(&svc.dir, &exit_now, "only_a", &["5"]);
+    let own_b = run_preloaded(&svc.dir, &exit_now, "only_b", &["7"]);
+
+    // A ends on its own; B and C are open when the service gets SIGTERM:
+    // both are written and answered.
+    let err = end_record(a, "record A");
+    assert!(err.contains("2 processes"), "{err}");
+    svc.wait_store("name 2 many_stacks");
+    let mut b = b;
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "daemon failed:\n{log}");
+    let (code, err) = wait_exit(&mut b.0, "record B");
+    assert_eq!(code, 0, "record B:\n{err}");
+    let (code, err) = wait_exit(&mut c.0, "record C");
+    assert_eq!(code, 0, "record C:\n{err}");
+    assert!(
+        err.contains("rejected_concurrent"),
+        "record C's summary:\n{err}"
+    );
+
+    // -i 1 from the first allocation: the shared process's 40 blocks of 32
+    // bytes in both A and B; each one's own exit_now (64-byte blocks) only
+    // in its own trace.
+    let ta = check_trace(&ta);
+    let tb = check_trace(&tb);
+    assert_eq!(totals(&ta, shared, "stack_leaf"), (40, 40 * 32));
+    assert_eq!(totals(&tb, shared, "stack_leaf"), (40, 40 * 32));
+    assert_eq!(totals(&ta, own_a, "alloc_then_exit"), (5, 5 * 64));
+    assert_eq!(totals(&tb, own_b, "alloc_then_exit"), (7, 7 * 64));
+    assert!(
+        !has_pid(&ta, own_b) && !has_pid(&tb, own_a),
+        "a process in the other's trace"
+    );
+    // C: the shared process, flagged rejected_concurrent, without samples.
+    let tc = check_trace(&tc);
+    let flagged: Vec<_> = tc
+        .dumps
+        .iter()
+        .filter(|d| d["pid"].as_u64() == Some(u64::from(shared)))
+        .collect();
+    assert!(
+        !flagged.is_empty(),
+        "C does not name the shared process: {:?}",
+        tc.dumps
+    );
+    assert!(
+        flagged
+            .iter()
+            .all(|d| d["rejected_concurrent"] == serde_json::Value::Bool(true)),
+        "{flagged:?}"
+    );
+    assert_eq!(totals(&tc, shared, "stack_leaf"), (0, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A program reading commands on stdin, preloaded and named `name`.
+struct Stepper {
+    child: Reaped,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pid: u32,
+}
+
+impl Stepper {
+    fn start(svc: &Path, name: &str) -> Stepper {
+        let mut child = preloaded(svc, &record_programs().path("stepper"), name)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start stepper");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let pid = child.id();
+        let mut s = Stepper {
+            child: Reaped(child),
+            stdin,
+            stdout,
+            pid,
+        };
+        // Its own start-up allocations are done before anyone wakes it.
+        s.say("grow 1");
+        s
+    }
+
+    /// Sends a command and waits for its answer.
+    fn say(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").expect("write to stepper");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read from stepper");
+        assert_eq!(line.trim_end(), format!("ok {cmd}"));
+    }
+
+    /// Closes its input: it exits 0.
+    fn finish(self) {
+        let Stepper {
+            mut child, stdin, ..
+        } = self;
+        drop(stdin);
+        let st = child.0.wait().expect("wait for stepper");
+        assert!(st.success(), "stepper: {st}");
+    }
+}
+
+/// A perl loop reading a number per line: that many 1000-byte strings,
+/// kept; answers `ok`.
+fn start_perl(svc: &Path, name: &str) -> (Reaped, ChildStdin, BufReader<ChildStdout>) {
+    let mut child = preloaded(svc, Path::new("/usr/bin/perl"), name)
+        .args([
+            "-e",
+            "$| = 1; my @keep; while (my $n = <STDIN>) { push @keep, map { 'y' x 1000 } 1 .. $n; print \"ok\\n\"; }",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start perl");
+    let stdin = child.stdin.take().expect("stdin");
+    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    (Reaped(child), stdin, stdout)
+}
+
+fn perl_say(stdin: &mut ChildStdin, stdout: &mut BufReader<ChildStdout>, n: u32) {
+    writeln!(stdin, "{n}").expect("write to perl");
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read from perl");
+    assert_eq!(line.trim_end(), "ok");
+}
+
+#[test]
+fn record_by_name_wakes_running_programs_and_sigkill_leaves_them_running() {
+    let dir = scratch_dir("svc-running");
+    let svc = Service::start(&dir.join("svc"));
+    let mut stepper = Stepper::start(&svc.dir, "svc_stepper");
+    let (mut perl, mut perl_in, mut perl_out) = start_perl(&svc.dir, "svc_perl");
+    perl_say(&mut perl_in, &mut perl_out, 1);
+    let perl_pid = perl.0.id();
+
+    let trace = dir.join("running.pftrace");
+    let rec = svc.record(
+        &["-n", "svc_stepper,svc_perl", "-i", "1", "--no-startup"],
+        &trace,
+    );
+    svc.wait_log(&format!("woke pid {}", stepper.pid));
+    svc.wait_log(&format!("woke pid {perl_pid}"));
+    // The wake-up starts at the next allocation; from the client's first
+    // byte on, every allocation is recorded.
+    stepper.say("small");
+    perl_say(&mut perl_in, &mut perl_out, 1);
+    svc.wait_log(&format!("pid {} records", stepper.pid));
+    svc.wait_log(&format!("pid {perl_pid} records"));
+    stepper.say("grow 25");
+    perl_say(&mut perl_in, &mut perl_out, 200);
+    let err = end_record(rec, "record -n");
+    assert!(err.contains("2 processes"), "{err}");
+
+    let t = check_trace(&trace);
+    assert_eq!(totals(&t, stepper.pid, "grow_site"), (25, 25_000));
+    let (count, bytes) = t
+        .samples
+        .iter()
+        .filter(|s| s.pid == u64::from(perl_pid))
+        .fold((0, 0), |(c, b), s| (c + s.alloc_count, b + s.allocated));
+    assert!(
+        count >= 200 && bytes >= 200 * 1000,
+        "perl's 200 strings of 1000 bytes: {count} allocations, {bytes} bytes"
+    );
+    assert!(
+        t.samples.iter().any(
+            |s| s.pid == u64::from(perl_pid) && s.frames.iter().any(|f| f.starts_with("Perl_"))
+        ),
+        "no perl frames"
+    );
+    // Dormant again: works on, unprofiled.
+    stepper.say("grow 3");
+    perl_say(&mut perl_in, &mut perl_out, 3);
+
+    // Woken again by another profile, then the service is killed: both
+    // programs go on working (pass-through) and exit normally.
+    let rec = svc.record(
+        &["-n", "svc_stepper,svc_perl", "-i", "1", "--no-startup"],
+        &dir.join("killed.pftrace"),
+    );
+    stepper.say("small");
+    perl_say(&mut perl_in, &mut perl_out, 1);
+    svc.wait_log(&format!("pid {} records (session", stepper.pid));
+    let mut svc = svc;
+    svc.child.0.kill().expect("SIGKILL the service");
+    let _ = svc.child.0.wait();
+    let mut rec = rec;
+    let (code, _) = wait_exit(&mut rec.0, "record after SIGKILL");
+    assert_eq!(code, 1);
+    for _ in 0..3 {
+        stepper.say("grow 100");
+        perl_say(&mut perl_in, &mut perl_out, 100);
+    }
+    stepper.finish();
+    drop(perl_in);
+    let st = perl.0.wait().expect("wait for perl");
+    assert!(st.success(), "perl: {st}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn record_all_takes_running_and_new_processes_into_one_trace() {
+    let dir = scratch_dir("svc-all");
+    let svc = Service::start(&dir.join("svc"));
+    let mut one = Stepper::start(&svc.dir, "all_one");
+    let mut two = Stepper::start(&svc.dir, "all_two");
+    let trace = dir.join("all.pftrace");
+    let rec = svc.record(&["--all", "-i", "1"], &trace);
+    svc.wait_store("all 1");
+    svc.wait_log(&format!("woke pid {}", one.pid));
+    svc.wait_log(&format!("woke pid {}", two.pid));
+    one.say("small");
+    two.say("small");
+    svc.wait_log(&format!("pid {} records", one.pid));
+    svc.wait_log(&format!("pid {} records", two.pid));
+    one.say("grow 4");
+    two.say("grow 6");
+    let new = run_preloaded(
+        &svc.dir,
+        &record_programs().path("many_stacks"),
+        "all_new",
+        &["10"],
+    );
+    let err = end_record(rec, "record --all");
+    assert!(
+        err.contains("3 processes"),
+        "{err}\nservice:\n{}",
+        svc.log()
+    );
+    let t = check_trace(&trace);
+    assert_eq!(totals(&t, one.pid, "grow_site"), (4, 4000));
+    assert_eq!(totals(&t, two.pid, "grow_site"), (6, 6000));
+    assert_eq!(totals(&t, new, "stack_leaf"), (10, 320));
+    // The process tree: every process; the running ones with their parent
+    // (this test). The short-lived one may be gone before its parent is
+    // read from /proc.
+    let me = u64::from(std::process::id());
+    let procs = t.json["summary"]["processes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for pid in [one.pid, two.pid, new] {
+        let p = procs
+            .iter()
+            .find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+            .unwrap_or_else(|| panic!("pid {pid} not in the process tree: {procs:?}"));
+        if pid != new {
+            assert_eq!(p["ppid"].as_u64(), Some(me), "{p:?}");
+        }
+    }
+    one.finish();
+    two.finish();
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pid_shorthand_and_pid_lists() {
+    // `heapprofd-rs --pid` is `record --pid`: the same refusal of a pid
+    // that does not exist.
+    let out = heapprofd()
+        .args(["--pid", "999999999", "-d", "1s"])
+        .output()
+        .expect("run heapprofd-rs --pid");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("999999999"), "{err}");
+    // Several pids go to the service, one trace.
+    let dir = scratch_dir("svc-pids");
+    let svc = Service::start(&dir.join("svc"));
+    let mut one = Stepper::start(&svc.dir, "pid_one");
+    let mut two = Stepper::start(&svc.dir, "pid_two");
+    let trace = dir.join("pids.pftrace");
+    // A process without the client: named in record's output, not profiled.
+    let bare = Reaped(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("start sleep"),
+    );
+    let list = format!("{},{},{}", one.pid, two.pid, bare.0.id());
+    let rec = svc.record(&["-p", &list, "-i", "1"], &trace);
+    svc.wait_log(&format!("woke pid {}", one.pid));
+    svc.wait_log(&format!("woke pid {}", two.pid));
+    one.say("small");
+    two.say("small");
+    svc.wait_log(&format!("pid {} records", one.pid));
+    svc.wait_log(&format!("pid {} records", two.pid));
+    one.say("grow 2");
+    two.say("grow 3");
+    let err = end_record(rec, "record -p PID,PID");
+    assert!(
+        err.contains(&format!(
+            "pid {} (sleep) has no dormant client",
+            bare.0.id()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("2 processes"), "{err}");
+    let t = check_trace(&trace);
+    assert_eq!(totals(&t, one.pid, "grow_site"), (2, 2000));
+    assert_eq!(totals(&t, two.pid, "grow_site"), (3, 3000));
+    one.finish();
+    two.finish();
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_guardrail_ends_the_process_profile_flagged() {
+    // max_heapprofd_memory_kb far below any service's memory: the process
+    // hits it as soon as its session starts; it is in the trace, flagged
+    // hit_guardrail, with at most what came before, and runs to its end.
+    let dir = scratch_dir("svc-guard");
+    let svc = Service::start(&dir.join("svc"));
+    let config = dir.join("guard.cfg");
+    std::fs::write(
+        &config,
+        "process_cmdline: \"guard_x\"\nsampling_interval_bytes: 1\nno_running: true\n\
+         max_heapprofd_memory_kb: 1\n",
+    )
+    .expect("write the config");
+    let trace = dir.join("guard.pftrace");
+    let rec = svc.record(&["--config", &config.to_string_lossy()], &trace);
+    svc.wait_store("name 1 guard_x");
+    let pid = run_preloaded(
+        &svc.dir,
+        &record_programs().path("many_stacks"),
+        "guard_x",
+        &["40"],
+    );
+    svc.wait_log(&format!(
+        "pid {pid} hit the max_heapprofd_memory_kb guardrail"
+    ));
+    let err = end_record(rec, "record --config");
+    assert!(err.contains("hit a guardrail"), "{err}");
+    let t = check_trace(&trace);
+    let dumps: Vec<_> = t
+        .dumps
+        .iter()
+        .filter(|d| d["pid"].as_u64() == Some(u64::from(pid)))
+        .collect();
+    assert!(!dumps.is_empty(), "the process is not in the trace");
+    assert!(
+        dumps
+            .iter()
+            .all(|d| d["hit_guardrail"] == serde_json::Value::Bool(true)),
+        "{dumps:?}"
+    );
+    assert!(totals(&t, pid, "stack_leaf").0 <= 40);
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_control_peer_that_goes_away_mid_profile_is_harmless() {
+    // `record` killed while its profile runs (and a second one open): its
+    // profile ends (the service sees the connection close) and is written
+    // to the file record created; the other profile and the service go on.
+    let dir = scratch_dir("svc-peer-gone");
+    let svc = Service::start(&dir.join("svc"));
+    let gone = dir.join("gone.pftrace");
+    let mut killed = svc.record(&["-n", "peer_gone", "-i", "1"], &gone);
+    svc.wait_store("name 1 peer_gone");
+    let other = dir.join("other.pftrace");
+    let kept = svc.record(&["-n", "peer_kept", "-i", "1"], &other);
+    svc.wait_store("name 1 peer_kept");
+    let exit_now = record_programs().path("exit_now");
+    let pid = run_preloaded(&svc.dir, &exit_now, "peer_gone", &["3"]);
+    killed.0.kill().expect("SIGKILL record");
+    let _ = killed.0.wait();
+    svc.wait_log("(peer_gone) ended: 1 process");
+    // Written for nobody, but a valid trace with the process in it.
+    assert_eq!(
+        totals(&check_trace(&gone), pid, "alloc_then_exit"),
+        (3, 3 * 64)
+    );
+    let kept_pid = run_preloaded(&svc.dir, &exit_now, "peer_kept", &["4"]);
+    end_record(kept, "the other record");
+    assert_eq!(
+        totals(&check_trace(&other), kept_pid, "alloc_then_exit"),
+        (4, 4 * 64)
+    );
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
