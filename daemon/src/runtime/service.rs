@@ -209,6 +209,10 @@ async fn run_profile(
     supported(spec)?;
     let mut client = ClientConfig::new(spec.sampling.interval, spec.sampling.shmem_size);
     client.seed = spec.sampling.seed;
+    spec.sampling
+        .heaps
+        .apply(spec.sampling.interval, &mut client)
+        .map_err(anyhow::Error::msg)?;
     if spec.sampling.block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = spec.sampling.block_timeout_us;
@@ -221,7 +225,7 @@ async fn run_profile(
         book: BookkeeperOptions {
             output: std::fs::File::from(fd),
             output_path: req.output_path.clone(),
-            interval: spec.sampling.interval,
+            interval: super::setup::libc_malloc_interval(&client),
             dump_at_max: spec.dumps.dump_at_max,
         },
     };

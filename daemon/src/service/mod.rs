@@ -1,6 +1,8 @@
 //! The profiling service: `heapprofd-rs daemon`, the profiles it runs at
 //! once, the control socket the command line talks to, the startup-trigger
-//! store, and finding the running processes a profile wants.
+//! store, and finding the running processes a profile wants; `heaps` is
+//! which heaps a profile samples (shared with `record -- CMD`).
 
 pub mod control;
+pub mod heaps;
 pub mod spec;

@@ -13,8 +13,9 @@ use super::histogram::UnwindHistogram;
 use super::lifetime::LifetimeTracker;
 use super::order::{Release, Reorder};
 
-/// Heaps one process may have (Perfetto's client configuration holds 64).
-pub const MAX_HEAPS_PER_PROCESS: usize = 64;
+/// Heaps one process may have: libc.malloc and the custom heaps a client
+/// may register (ids 1 to 256, as Perfetto's client allows).
+pub const MAX_HEAPS_PER_PROCESS: usize = heapprofd_proto::wire::MAX_CUSTOM_HEAPS as usize + 1;
 
 /// Unwinding statistics of a process (Perfetto's `ProcessStats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
