@@ -40,6 +40,11 @@
 //!   `g_malloc0_n`, `g_realloc_n`, `g_strdup`, `g_memdup2`, `g_slice_alloc`,
 //!   `g_slice_alloc0` (GLib). Exact names only: a function of yours named
 //!   `xmalloc_table` is not plumbing.
+//! * **Custom heaps**: the reporting calls of the custom allocator API
+//!   (`AHeapProfile_reportAllocation`, `AHeapProfile_reportSample`: the
+//!   client's or `heapprofd.h`'s inlined wrapper) and the `heapprofd-api`
+//!   crate (`heapprofd_api::`): the site is the allocator's function that
+//!   reported.
 //!
 //! When every frame is plumbing (the standard library allocating for itself
 //! at start-up), the site is the outermost plumbing frame, the closest
@@ -66,6 +71,7 @@ const PLUMBING_PREFIXES: &[&str] = &[
     "operator delete",
     "std::",
     "__gnu_cxx::",
+    "heapprofd_api::",
     "alloc::",
     "<alloc::",
     "<std::alloc::",
@@ -123,6 +129,8 @@ const PLUMBING_NAMES: &[&str] = &[
     "g_memdup2",
     "g_slice_alloc",
     "g_slice_alloc0",
+    "AHeapProfile_reportAllocation",
+    "AHeapProfile_reportSample",
 ];
 
 const PLUMBING_SOURCES: &[&str] = &[
