@@ -43,8 +43,9 @@
 //! * **Custom heaps**: the reporting calls of the custom allocator API
 //!   (`AHeapProfile_reportAllocation`, `AHeapProfile_reportSample`: the
 //!   client's or `heapprofd.h`'s inlined wrapper) and the `heapprofd-api`
-//!   crate (`heapprofd_api::`): the site is the allocator's function that
-//!   reported.
+//!   crate (`heapprofd_api::`, or `report_allocation` / `report_sample`
+//!   in the crate's `src/lib.rs`, as line tables name them): the site is
+//!   the allocator's function that reported.
 //!
 //! When every frame is plumbing (the standard library allocating for itself
 //! at start-up), the site is the outermost plumbing frame, the closest
@@ -169,7 +170,17 @@ pub fn is_allocator_frame(f: &ResolvedFrame) -> bool {
     {
         return true;
     }
-    PLUMBING_NAMES.contains(&bare(name))
+    PLUMBING_NAMES.contains(&bare(name)) || is_api_report(name, f.source_file.as_deref())
+}
+
+/// The `heapprofd-api` crate's reporting methods, which a build with line
+/// tables names without their path: by name and file (the crate's
+/// `src/lib.rs`, in this workspace or unpacked from a registry).
+fn is_api_report(name: &str, source: Option<&str>) -> bool {
+    let Some(src) = source else { return false };
+    let api_file = src.ends_with("/api/src/lib.rs")
+        || (src.contains("/heapprofd-api-") && src.ends_with("/src/lib.rs"));
+    api_file && (bare(name).ends_with("report_allocation") || bare(name).ends_with("report_sample"))
 }
 
 /// End of the leading `<Type as Trait>` of a Rust qualified path.
