@@ -7,10 +7,12 @@
  *
  * Prints (stdout, with write(2): no stdio buffer is allocated) one line
  *   heap=ID enabled=N interval=I blocks=B
- * and, from the disabled callback, "pool disabled" on stderr. With
- * `--wait-enabled` it first waits (up to 10 s) for the heap to be enabled
- * (a profile started after the heap was registered). Keep SLOT and BLOCK
- * in sync with tests/tests/custom_heaps.rs. */
+ * and, from the disabled callback, "pool disabled". With `--wait-enabled`
+ * it first prints "ready" and waits (up to 100 s, allocating now and then
+ * so that a pending activation signal is acted on) until the heap is
+ * enabled: the profile starts after the heap was registered; after its
+ * line it waits for "quit" on stdin and answers "bye". Keep SLOT and
+ * BLOCK in sync with tests/tests/custom_heaps.rs. */
 #include <heapprofd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,7 +67,7 @@ static void on_disabled(void *data, const AHeapProfileDisableCallbackInfo *info)
   (void)data;
   (void)info;
   static const char msg[] = "pool disabled\n";
-  write(2, msg, sizeof msg - 1);
+  write(1, msg, sizeof msg - 1);
 }
 
 __attribute__((noinline)) static void pool_fill(void **objs, int n) {
@@ -91,9 +93,10 @@ int main(int argc, char **argv) {
   AHeapInfo_setDisabledCallback(info, on_disabled, NULL);
   heap_id = AHeapProfile_registerHeap(info);
   if (wait) {
-    static const char ready[] = "registered\n";
+    static const char ready[] = "ready\n";
     write(1, ready, sizeof ready - 1);
-    for (int i = 0; i < 10000 && !__atomic_load_n(&enabled_count, __ATOMIC_SEQ_CST); i++) {
+    for (int i = 0; i < 100000 && !__atomic_load_n(&enabled_count, __ATOMIC_SEQ_CST); i++) {
+      free(malloc(16));
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL);
     }
@@ -109,5 +112,12 @@ int main(int argc, char **argv) {
   int len = snprintf(line, sizeof line, "heap=%u enabled=%d interval=%llu blocks=%u\n", heap_id,
                      enabled_count, (unsigned long long)enabled_interval, blocks);
   write(1, line, len);
+  if (wait) {
+    char buf[64];
+    while (read(0, buf, sizeof buf) > 0 && memcmp(buf, "quit", 4) != 0) {
+    }
+    static const char bye[] = "bye\n";
+    write(1, bye, sizeof bye - 1);
+  }
   return 0;
 }
