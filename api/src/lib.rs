@@ -226,7 +226,9 @@ impl Heap {
         let f = get(Slot::ReportAllocation);
         // SAFETY: the client's function (ids are checked there).
         !f.is_null()
-            && unsafe { core::mem::transmute::<*mut c_void, ReportFn>(f)(self.id(), alloc_id, size) }
+            && unsafe {
+                core::mem::transmute::<*mut c_void, ReportFn>(f)(self.id(), alloc_id, size)
+            }
     }
 
     /// `AHeapProfile_reportSample`: an allocation the program sampled
@@ -236,7 +238,9 @@ impl Heap {
         let f = get(Slot::ReportSample);
         // SAFETY: as above.
         !f.is_null()
-            && unsafe { core::mem::transmute::<*mut c_void, ReportFn>(f)(self.id(), alloc_id, size) }
+            && unsafe {
+                core::mem::transmute::<*mut c_void, ReportFn>(f)(self.id(), alloc_id, size)
+            }
     }
 
     /// `AHeapProfile_reportFree`: the allocation `alloc_id` is gone.

@@ -12,11 +12,14 @@
 //! panics; every pointer argument is checked (a null or foreign heap info
 //! gives null or 0). The destructor disables the heaps at exit.
 
+// The C API's names (Perfetto's); in the unit-test build they are not
+// exported (`no_mangle` only outside tests) and some are unused.
+#![allow(non_snake_case)]
+#![cfg_attr(test, allow(dead_code))]
+
 use core::ffi::{c_char, c_void};
 
-use heapprofd_client_core::heaps::{
-    self, DisabledCallback, EnableInfo, EnabledCallback, HeapInfo,
-};
+use heapprofd_client_core::heaps::{self, DisabledCallback, EnableInfo, EnabledCallback, HeapInfo};
 
 /// `AHeapInfo_create(name)`: a heap called `name` (1 to 63 bytes), not yet
 /// registered; null if the name does not fit or 256 heaps exist.

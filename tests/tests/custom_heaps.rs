@@ -16,7 +16,7 @@ use std::time::Duration;
 use heapprofd_tests::attach_harness::{Target, attach_with};
 use heapprofd_tests::client_harness::{compile, workspace_root};
 use heapprofd_tests::record_harness::{
-    Sample, TraceSummary, Totals, check_trace, record, release_bins, scratch_dir,
+    Sample, Totals, TraceSummary, check_trace, record, release_bins, scratch_dir,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -116,7 +116,12 @@ fn pool_heap_is_exact_at_interval_1_and_malloc_sees_only_the_blocks() {
         "{}",
         out.stdout
     );
-    assert_eq!(out.stdout.matches("pool disabled").count(), 1, "{}", out.stdout);
+    assert_eq!(
+        out.stdout.matches("pool disabled").count(),
+        1,
+        "{}",
+        out.stdout
+    );
     let t = check_trace(&trace);
     let heaps = by_heap(&t);
     eprintln!("per heap: {heaps:?}");
@@ -146,7 +151,10 @@ fn pool_heap_is_exact_at_interval_1_and_malloc_sees_only_the_blocks() {
         .iter()
         .filter_map(|d| d["heap_name"].as_str())
         .collect();
-    assert!(names.contains(&"pool") && names.contains(&"libc.malloc"), "{names:?}");
+    assert!(
+        names.contains(&"pool") && names.contains(&"libc.malloc"),
+        "{names:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -157,7 +165,11 @@ fn heaps_not_asked_for_are_not_recorded() {
     let n = NOBJ.to_string();
     let out = record(&["-i", "1", "-o", &s(&trace)], &[&s(pool()), &n], TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(out.stdout.contains("heap=1 enabled=0 interval=0"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("heap=1 enabled=0 interval=0"),
+        "{}",
+        out.stdout
+    );
     assert!(!out.stdout.contains("pool disabled"), "{}", out.stdout);
     let t = check_trace(&trace);
     let heaps = by_heap(&t);
@@ -179,7 +191,11 @@ fn all_heaps_and_a_heaps_own_interval() {
         TIMEOUT,
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(out.stdout.contains("enabled=1 interval=1"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("enabled=1 interval=1"),
+        "{}",
+        out.stdout
+    );
     let heaps = by_heap(&check_trace(&trace));
     assert_eq!(heaps.get("pool"), Some(&pool_truth().0));
     assert!(heaps.contains_key("libc.malloc"), "{heaps:?}");
@@ -201,7 +217,11 @@ fn all_heaps_and_a_heaps_own_interval() {
         TIMEOUT,
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(out.stdout.contains("enabled=1 interval=4096"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("enabled=1 interval=4096"),
+        "{}",
+        out.stdout
+    );
     let t = check_trace(&trace);
     let heaps = by_heap(&t);
     assert!(
@@ -214,7 +234,10 @@ fn all_heaps_and_a_heaps_own_interval() {
     // sampler's unit tests' business.
     assert!(p.allocs > 100 && p.allocs < 600, "{p:?}");
     // Each sample stands for 4096 bytes per picked byte (rarely 2 in one slot).
-    assert!(p.bytes % 4096 == 0 && p.bytes >= p.allocs * 4096 && p.bytes < p.allocs * 4096 * 2, "{p:?}");
+    assert!(
+        p.bytes % 4096 == 0 && p.bytes >= p.allocs * 4096 && p.bytes < p.allocs * 4096 * 2,
+        "{p:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -259,7 +282,11 @@ fn a_rust_global_allocator_reports_through_the_crate() {
         TIMEOUT,
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(out.stdout.contains("heap=1 enabled=1 kept=1000"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("heap=1 enabled=1 kept=1000"),
+        "{}",
+        out.stdout
+    );
     let t = check_trace(&trace);
     // fill: 1000 boxes of 200 bytes and the vector of 1000 pointers; churn:
     // 500 vectors of 300 bytes, all dropped. (`kept` is dropped at the end

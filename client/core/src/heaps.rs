@@ -263,7 +263,10 @@ fn enable(slot: &HeapInfo, id: u32, s: &Session) {
         // promised it may be called with its data at any time.
         unsafe {
             let f: EnabledCallback = core::mem::transmute::<usize, EnabledCallback>(cb);
-            f(slot.enabled_data.load(Ordering::Relaxed) as *mut c_void, &info);
+            f(
+                slot.enabled_data.load(Ordering::Relaxed) as *mut c_void,
+                &info,
+            );
         }
     }
 }
@@ -289,7 +292,10 @@ pub fn session_ended(mode_word: u64) {
             // SAFETY: as for the enabled callback.
             unsafe {
                 let f: DisabledCallback = core::mem::transmute::<usize, DisabledCallback>(cb);
-                f(slot.disabled_data.load(Ordering::Relaxed) as *mut c_void, &info);
+                f(
+                    slot.disabled_data.load(Ordering::Relaxed) as *mut c_void,
+                    &info,
+                );
             }
         }
     }

@@ -153,7 +153,9 @@ fn parse_interval(s: &str) -> Result<u64, String> {
 /// `NAME=BYTES`: a heap and its interval (units as -i).
 fn parse_heap_interval(s: &str) -> Result<(String, u64), String> {
     let Some((name, bytes)) = s.split_once('=') else {
-        return Err(format!("expected NAME=BYTES (e.g. pool=1, arena=64k), not `{s}`"));
+        return Err(format!(
+            "expected NAME=BYTES (e.g. pool=1, arena=64k), not `{s}`"
+        ));
     };
     if !crate::service::heaps::valid_heap_name(name) {
         return Err(format!(

@@ -7,8 +7,8 @@
 use super::heapprofd_config::HeapprofdConfig;
 use crate::service::heaps::HeapSelection;
 use crate::service::spec::{
-    Continuous, DEFAULT_INTERVAL, DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, Guardrails,
-    ProfileSpec, Sampling, Targets, is_glob,
+    Continuous, DEFAULT_INTERVAL, DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, Guardrails, ProfileSpec,
+    Sampling, Targets, is_glob,
 };
 
 /// A profile made from a config, and what the config asked for that has no

@@ -48,7 +48,9 @@ impl HeapSelection {
             }
         }
         if let Some((n, _)) = self.intervals.iter().find(|(_, i)| *i == 0) {
-            return Err(format!("the interval of heap `{n}` must be at least 1 byte"));
+            return Err(format!(
+                "the interval of heap `{n}` must be at least 1 byte"
+            ));
         }
         let mut c = ClientConfig::new(1, 0);
         self.apply(1, &mut c)
@@ -107,7 +109,10 @@ mod tests {
             names: vec!["pool".into()],
             ..HeapSelection::default()
         });
-        assert_eq!((c.interval_for("libc.malloc"), c.interval_for("pool")), (0, 4096));
+        assert_eq!(
+            (c.interval_for("libc.malloc"), c.interval_for("pool")),
+            (0, 4096)
+        );
         let c = config(&HeapSelection {
             all: true,
             intervals: vec![("pool".into(), 1)],
@@ -122,7 +127,10 @@ mod tests {
             intervals: vec![("pool".into(), 512)],
             ..HeapSelection::default()
         });
-        assert_eq!((c.interval_for("libc.malloc"), c.interval_for("pool")), (4096, 512));
+        assert_eq!(
+            (c.interval_for("libc.malloc"), c.interval_for("pool")),
+            (4096, 512)
+        );
     }
 
     #[test]

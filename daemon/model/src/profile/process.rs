@@ -449,7 +449,10 @@ mod tests {
         let (seq, m) = op(0, 1);
         p.push(seq, m);
         p.flush();
-        assert!(!p.flags.buffer_corrupted, "libc.malloc needs no declaration");
+        assert!(
+            !p.flags.buffer_corrupted,
+            "libc.malloc needs no declaration"
+        );
         let (seq, m) = op(5, 2);
         p.push(seq, m);
         p.flush();
