@@ -10,13 +10,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use heapprofd_proto::service::DIR_ENV;
 use heapprofd_tests::attach_harness::{Target, attach_with};
-use heapprofd_tests::client_harness::{compile, workspace_root};
 use heapprofd_tests::record_harness::{
-    Sample, Totals, TraceSummary, check_trace, record, release_bins, scratch_dir,
+    Sample, Totals, TraceSummary, check_trace, record, record_programs, release_bins, scratch_dir,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -26,27 +25,8 @@ const BLOCK: u64 = 65536;
 /// Objects `pool` allocates first (the argument).
 const NOBJ: u64 = 10_000;
 
-fn pool() -> &'static PathBuf {
-    static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| {
-        let root = workspace_root();
-        let dir = std::env::temp_dir().join(format!("heapprofd-heaps-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let out = dir.join("pool");
-        compile(&[
-            "gcc",
-            "-O2",
-            "-g",
-            "-Wall",
-            "-Werror",
-            "-I",
-            &root.join("client/include").to_string_lossy(),
-            "-o",
-            &out.to_string_lossy(),
-            &root.join("tests/programs/heaps/pool.c").to_string_lossy(),
-        ]);
-        out
-    })
+fn pool() -> PathBuf {
+    record_programs().path("pool")
 }
 
 fn s(p: &std::path::Path) -> String {
@@ -105,7 +85,7 @@ fn pool_heap_is_exact_at_interval_1_and_malloc_sees_only_the_blocks() {
     let n = NOBJ.to_string();
     let out = record(
         &["-i", "1", "--heaps", "libc.malloc,pool", "-o", &s(&trace)],
-        &[&s(pool()), &n],
+        &[&s(&pool()), &n],
         TIMEOUT,
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
@@ -163,7 +143,7 @@ fn heaps_not_asked_for_are_not_recorded() {
     let dir = scratch_dir("pool-default");
     let trace = dir.join("t.pftrace");
     let n = NOBJ.to_string();
-    let out = record(&["-i", "1", "-o", &s(&trace)], &[&s(pool()), &n], TIMEOUT);
+    let out = record(&["-i", "1", "-o", &s(&trace)], &[&s(&pool()), &n], TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(
         out.stdout.contains("heap=1 enabled=0 interval=0"),
@@ -187,7 +167,7 @@ fn all_heaps_and_a_heaps_own_interval() {
     let trace = dir.join("all.pftrace");
     let out = record(
         &["-i", "1", "--all-heaps", "-o", &s(&trace)],
-        &[&s(pool()), &n],
+        &[&s(&pool()), &n],
         TIMEOUT,
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
@@ -213,7 +193,7 @@ fn all_heaps_and_a_heaps_own_interval() {
             "-o",
             &s(&trace),
         ],
-        &[&s(pool()), &n],
+        &[&s(&pool()), &n],
         TIMEOUT,
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
@@ -249,7 +229,11 @@ fn a_heap_registered_before_the_profile_starts_is_recorded() {
     let mut c = std::process::Command::new(pool());
     c.arg(NOBJ.to_string())
         .arg("--wait-enabled")
-        .env("LD_PRELOAD", &so);
+        .env("LD_PRELOAD", &so)
+        // A service of the machine's own (its startup-trigger store) must
+        // not claim the dormant client: a private, empty service directory.
+        .env(DIR_ENV, dir.join("no-service"))
+        .env_remove("HEAPPROFD_SOCKET");
     let mut t = Target::start(c);
     // The heap is registered (and the client dormant) before record starts.
     let out = attach_with(
