@@ -10,7 +10,7 @@
 //!   happened to compile), a missing binary is a failure that says
 //!   "run `cargo build --release` first".
 //! * [`record_programs`]: `tests/programs/alloc_truth.cpp`, the C
-//!   programs of `tests/programs/record/` and `tests/programs/heaps/pool.c`,
+//!   programs of `tests/programs/record/` and `tests/programs/heaps/`,
 //!   compiled once per test process into a temporary directory.
 //! * [`Live`]: a running `record` in its own process group, with its stdin,
 //!   and its stdout/stderr collected as they come (to drive an interactive
@@ -180,6 +180,19 @@ pub fn record_programs() -> &'static RecordPrograms {
             "-o",
             &o("pool"),
             &s("heaps/pool.c"),
+        ]);
+        compile(&[
+            "gcc",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Werror",
+            "-pthread",
+            "-I",
+            &include.to_string_lossy(),
+            "-o",
+            &o("heap_threads"),
+            &s("heaps/threads.c"),
         ]);
         let (lib_src, lib_out) = (s("record/libdl_alloc.c"), o("libdl_alloc.so"));
         compile(&[

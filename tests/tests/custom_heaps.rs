@@ -290,3 +290,65 @@ fn a_rust_global_allocator_reports_through_the_crate() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Four threads report into one heap at once: at -i 1 every report is
+/// recorded (80000 allocations of 32 to 88 bytes, every third freed, and
+/// 400 self-sampled ones of 1000 bytes); at 1 GiB with a fixed seed (whose
+/// first gap is beyond the 4.8 MB the threads allocate, whatever their
+/// order) only the self-sampled ones are, each as the 1000 bytes it said.
+#[test]
+fn threads_share_a_heap_and_report_sample_bypasses_its_sampler() {
+    let dir = scratch_dir("heap-threads");
+    let prog = s(&record_programs().path("heap_threads"));
+    let per_thread_bytes: u64 = (0..20_000u64).map(|i| 32 + (i % 8) * 8).sum();
+    let per_thread_freed: u64 = (0..20_000u64)
+        .filter(|i| i % 3 == 0)
+        .map(|i| 32 + (i % 8) * 8)
+        .sum();
+    let trace = dir.join("exact.pftrace");
+    let out = record(
+        &["-i", "1", "--heaps", "arena", "-o", &s(&trace)],
+        &[&prog],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("recorded=80400"), "{}", out.stdout);
+    let t = check_trace(&trace);
+    assert_eq!(
+        in_function(&t, "arena", "arena_alloc"),
+        totals(
+            80_000,
+            4 * per_thread_bytes,
+            4 * 6_667,
+            4 * per_thread_freed
+        )
+    );
+    assert_eq!(
+        in_function(&t, "arena", "arena_sampled"),
+        totals(400, 400 * 1000, 0, 0)
+    );
+    let trace = dir.join("sampled.pftrace");
+    let out = record(
+        &[
+            "--seed",
+            "1",
+            "--heaps",
+            "arena",
+            "--heap-interval",
+            "arena=1GiB",
+            "-o",
+            &s(&trace),
+        ],
+        &[&prog],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("recorded=400"), "{}", out.stdout);
+    let t = check_trace(&trace);
+    assert_eq!(in_function(&t, "arena", "arena_alloc").allocs, 0);
+    assert_eq!(
+        in_function(&t, "arena", "arena_sampled"),
+        totals(400, 400 * 1000, 0, 0)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
