@@ -21,12 +21,7 @@ pub(super) fn daemon_options(
     socket: PathBuf,
     output: &Path,
 ) -> Result<DaemonOptions> {
-    let file = std::fs::File::create(output).map_err(|e| {
-        UsageError(format!(
-            "cannot create the trace file {}: {e}; choose another path with -o",
-            output.display()
-        ))
-    })?;
+    // The heaps first: a bad selection leaves no empty trace file behind.
     let mut client = ClientConfig::new(args.interval, args.shmem_size);
     client.seed = args.seed;
     let heaps = args.heap_selection();
@@ -34,6 +29,12 @@ pub(super) fn daemon_options(
         .check()
         .and_then(|()| heaps.apply(args.interval, &mut client))
         .map_err(UsageError)?;
+    let file = std::fs::File::create(output).map_err(|e| {
+        UsageError(format!(
+            "cannot create the trace file {}: {e}; choose another path with -o",
+            output.display()
+        ))
+    })?;
     if !args.no_block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = args
