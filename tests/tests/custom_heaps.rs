@@ -249,7 +249,8 @@ fn a_heap_registered_before_the_profile_starts_is_recorded() {
     );
     // The disabled callback runs when the profile ends, before exit.
     assert_eq!(t.line(Duration::from_secs(60)), "pool disabled");
-    t.quit();
+    assert_eq!(t.line(Duration::from_secs(60)), "bye");
+    t.wait_exit(0);
     let heaps = by_heap(&check_trace(&trace));
     assert_eq!(heaps.get("pool"), Some(&want));
     let _ = std::fs::remove_dir_all(&dir);

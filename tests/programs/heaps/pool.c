@@ -11,7 +11,8 @@
  * it first prints "ready" and waits (up to 100 s, allocating now and then
  * so that a pending activation signal is acted on) until the heap is
  * enabled: the profile starts after the heap was registered; after its
- * line it waits for "quit" on stdin and answers "bye". Keep SLOT and
+ * line it waits (up to 100 s) until the heap is disabled, prints "bye" and
+ * exits. Keep SLOT and
  * BLOCK in sync with tests/tests/custom_heaps.rs. */
 #include <heapprofd.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@ static uint32_t heap_id;
 static unsigned blocks;
 static volatile int enabled_count;
 static volatile uint64_t enabled_interval;
+static volatile int disabled_count;
 
 static void refill(void) {
   char *b = malloc(BLOCK);
@@ -68,6 +70,7 @@ static void on_disabled(void *data, const AHeapProfileDisableCallbackInfo *info)
   (void)info;
   static const char msg[] = "pool disabled\n";
   write(1, msg, sizeof msg - 1);
+  __atomic_fetch_add(&disabled_count, 1, __ATOMIC_SEQ_CST);
 }
 
 __attribute__((noinline)) static void pool_fill(void **objs, int n) {
@@ -113,8 +116,10 @@ int main(int argc, char **argv) {
                      enabled_count, (unsigned long long)enabled_interval, blocks);
   write(1, line, len);
   if (wait) {
-    char buf[64];
-    while (read(0, buf, sizeof buf) > 0 && memcmp(buf, "quit", 4) != 0) {
+    /* Until the profile ends (the disabled callback), then exit. */
+    for (int i = 0; i < 100000 && !__atomic_load_n(&disabled_count, __ATOMIC_SEQ_CST); i++) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
     }
     static const char bye[] = "bye\n";
     write(1, bye, sizeof bye - 1);
