@@ -6,7 +6,9 @@
 #  - the daemon (and its model, report and inject crates) never links the
 #    client (nor its core);
 #  - the profile model and the reports never link tokio, nix's ptrace, or the
-#    unwinder (nor the daemon's other crates).
+#    unwinder (nor the daemon's other crates);
+#  - the custom allocator API crate (heapprofd-api) links libc and nothing
+#    else: programs using it link no part of heapprofd-rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,4 +47,10 @@ for crate in heapprofd-model heapprofd-report; do
     exit 1
   fi
 done
+api_deps=$(tree heapprofd-api | grep -Ev '^(heapprofd-api|libc)$' || true)
+if [ -n "$api_deps" ]; then
+  echo "check-deps: heapprofd-api must depend on libc only, but pulls in:" >&2
+  echo "$api_deps" | sed 's/^/  /' >&2
+  exit 1
+fi
 echo "check-deps: dependency rules hold"

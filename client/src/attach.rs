@@ -130,6 +130,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
     // SAFETY: sessions are never freed.
     if let Some(s) = unsafe { p.as_ref() } {
         s.teardown(None);
+        heapprofd_client_core::heaps::session_ended(s.mode_word());
         session::release(s);
     }
     patching::end();

@@ -16,7 +16,7 @@
 //!   allocations, the core's included, go to glibc's `__libc_*` directly
 //!   ([`ownalloc::LibcAlloc`], the `#[global_allocator]`).
 //! * **Only the ABI exported.** A version script (`exports.map`) keeps every
-//!   symbol but the malloc family local.
+//!   symbol but the hooks and the custom allocator API local.
 //!
 //! # Environment
 //! * `HEAPPROFD_SOCKET=PATH`: connect to the daemon at start-up.
@@ -36,7 +36,9 @@
 //! protections, the store into a RELRO slot),
 //! `elfdyn` (reading loaded objects' dynamic sections), `newobjects` and
 //! `dlhook` (objects loaded later, the `dlopen` hook). `attach` has the
-//! entry points the daemon calls in a running process.
+//! entry points the daemon calls in a running process. `heapapi` exports
+//! the custom allocator API (Perfetto's `AHeapInfo_*` / `AHeapProfile_*`)
+//! over the core's `heaps`.
 //!
 //! Linking the rlib into a program interposes that program's malloc with
 //! these hooks and installs [`ownalloc::LibcAlloc`] as its Rust allocator; the
@@ -52,6 +54,7 @@ mod dynsym;
 mod elfdyn;
 mod exechooks;
 mod got;
+mod heapapi;
 mod hook;
 pub mod hooks;
 mod hooktable;

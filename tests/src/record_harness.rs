@@ -9,9 +9,9 @@
 //!   built here (a test that silently rebuilt the daemon would test whatever
 //!   happened to compile), a missing binary is a failure that says
 //!   "run `cargo build --release` first".
-//! * [`record_programs`]: `tests/programs/alloc_truth.cpp` and the C
-//!   programs of `tests/programs/record/`, compiled once per test process
-//!   into a temporary directory.
+//! * [`record_programs`]: `tests/programs/alloc_truth.cpp`, the C
+//!   programs of `tests/programs/record/` and `tests/programs/heaps/`,
+//!   compiled once per test process into a temporary directory.
 //! * [`Live`]: a running `record` in its own process group, with its stdin,
 //!   and its stdout/stderr collected as they come (to drive an interactive
 //!   program and send signals).
@@ -166,6 +166,33 @@ pub fn record_programs() -> &'static RecordPrograms {
             "-o",
             &o("sites_rs"),
             &s("record/sites.rs"),
+        ]);
+        // The custom heap API's pool (tests/tests/custom_heaps.rs).
+        let include = workspace_root().join("client/include");
+        compile(&[
+            "gcc",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Werror",
+            "-I",
+            &include.to_string_lossy(),
+            "-o",
+            &o("pool"),
+            &s("heaps/pool.c"),
+        ]);
+        compile(&[
+            "gcc",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Werror",
+            "-pthread",
+            "-I",
+            &include.to_string_lossy(),
+            "-o",
+            &o("heap_threads"),
+            &s("heaps/threads.c"),
         ]);
         let (lib_src, lib_out) = (s("record/libdl_alloc.c"), o("libdl_alloc.so"));
         compile(&[

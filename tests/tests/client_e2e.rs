@@ -168,6 +168,14 @@ fn exports_exactly_the_hooks() {
         "posix_spawnp",
         "system",
         "popen",
+        "AHeapInfo_create",
+        "AHeapInfo_setEnabledCallback",
+        "AHeapInfo_setDisabledCallback",
+        "AHeapProfile_registerHeap",
+        "AHeapProfile_reportAllocation",
+        "AHeapProfile_reportSample",
+        "AHeapProfile_reportFree",
+        "AHeapProfileEnableCallbackInfo_getSamplingInterval",
     ];
     want.sort_unstable();
     assert_eq!(names, want);

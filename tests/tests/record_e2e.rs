@@ -255,8 +255,12 @@ fn bad_arguments_are_usage_errors() {
     let trace = dir.join("t.pftrace");
     let t = s(&trace);
     let missing_dir = s(&dir.join("no/such/dir/t.pftrace"));
-    let cases: [(&[&str], &str); 7] = [
+    let long_heap = "h".repeat(64);
+    let cases: [(&[&str], &str); 10] = [
         (&["-o", &missing_dir], "no/such/dir"),
+        (&["-o", &t, "--heap-interval", "pool"], "NAME=BYTES"),
+        (&["-o", &t, "--heap-interval", "pool=0"], "at least 1 byte"),
+        (&["-o", &t, "--heaps", &long_heap], "not a heap name"),
         (&["-o", &t, "--shmem-size", "3M"], "power of two"),
         (&["-o", &t, "--shmem-size", "lots"], "shmem-size"),
         (&["-o", &t, "--interval", "0"], "interval"),

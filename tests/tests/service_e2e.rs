@@ -344,6 +344,48 @@ fn service_survives_bad_control_peers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `record -n` carries the heap selection to the service: a program
+/// started after the request reports into its custom heap "pool" (the
+/// slab pool of tests/programs/heaps/pool.c, 12000 slots of 96 bytes, 5000
+/// freed), exact at -i 1.
+#[test]
+fn record_by_name_samples_the_custom_heaps_it_names() {
+    let dir = scratch_dir("service-heaps");
+    let svc: PathBuf = dir.join("svc");
+    let trace = dir.join("heaps.pftrace");
+    let mut service = start_service(&svc);
+    let mut rec = start_record_with(
+        &svc,
+        &["-n", "pool", "-i", "1", "--heaps", "pool"],
+        "pool",
+        &trace,
+    );
+    let pid = run_preloaded(&svc, &record_programs().path("pool"), &["10000"]);
+    signal(&rec.0, libc::SIGINT);
+    let (code, err) = wait_exit(&mut rec.0, "record -n to end");
+    assert_eq!(code, 0, "record -n failed:\n{err}");
+    let summary = check_trace(&trace);
+    let mut pool = (0, 0, 0, 0);
+    let mut malloc = 0;
+    for s in summary.samples.iter().filter(|s| s.pid == u64::from(pid)) {
+        match s.heap.as_str() {
+            "pool" => {
+                pool.0 += s.alloc_count;
+                pool.1 += s.allocated;
+                pool.2 += s.free_count;
+                pool.3 += s.freed;
+            }
+            _ => malloc += s.alloc_count,
+        }
+    }
+    assert_eq!(pool, (12_000, 12_000 * 96, 5_000, 5_000 * 96));
+    assert_eq!(malloc, 0, "libc.malloc was not asked for");
+    signal(&service.0, libc::SIGTERM);
+    let (code, err) = wait_exit(&mut service.0, "the service to stop");
+    assert_eq!(code, 0, "daemon failed:\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn record_by_name_without_a_service_says_to_start_one() {
     let dir = scratch_dir("service-none");

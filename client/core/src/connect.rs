@@ -162,6 +162,8 @@ fn try_connect(path: &SocketPath, flags: u32) -> Option<&'static session::Sessio
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
+    // Custom heaps registered before the session: declared, enabled.
+    crate::heaps::session_started(s);
     Some(s)
 }
 
@@ -288,8 +290,9 @@ fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams
     Some(SessionParams {
         pid,
         sock,
-        interval: cfg.interval_for(wire::HEAP_LIBC_MALLOC_NAME).max(1),
+        interval: cfg.interval_for(wire::HEAP_LIBC_MALLOC_NAME),
         seed: cfg.seed,
+        config: cfg,
         max_stack: cfg.max_stack_bytes,
         write_mode,
         rb,

@@ -35,7 +35,9 @@
 //! allocation), [`watcher`] (the connecting and watching thread),
 //! [`connect`] (the handshake), [`socket_path`] and [`trigger`] (a
 //! service's startup-trigger store) start sessions; [`fork`]
-//! is the atfork child handler. [`tls`] (per-thread state, the guard),
+//! is the atfork child handler. [`heaps`] is the custom allocator API's
+//! state (Perfetto's `AHeapInfo_*` / `AHeapProfile_*`: named heaps with
+//! their own samplers, reported into the session like sampled mallocs). [`tls`] (per-thread state, the guard),
 //! [`procmaps`] (raw `/proc/self/maps` reading), [`env`], [`errno`] and
 //! [`log`] are the allocation-free plumbing.
 
@@ -47,6 +49,7 @@ pub mod errno;
 pub mod fork;
 pub mod freeset;
 pub mod frontend;
+pub mod heaps;
 pub mod hookpath;
 pub mod log;
 pub mod procmaps;

@@ -23,7 +23,10 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::os::fd::RawFd;
 
 use heapprofd_proto::socket::WAKE_BYTE;
-use heapprofd_proto::wire::{self, FreeRecord, MAX_REGS, MallocHeader, RegisterFile};
+use heapprofd_proto::wire::{
+    self, ClientConfig, FreeRecord, HEAP_NAME_LEN, HeapNameRecord, MAX_REGS, MallocHeader,
+    RegisterFile,
+};
 use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 
 use crate::capture;
@@ -54,6 +57,8 @@ pub struct Session {
     pub(crate) interval: u64,
     pub(crate) seed_base: u64,
     pub(crate) next_thread: AtomicU64,
+    /// The daemon's configuration (the custom heaps' intervals).
+    config: ClientConfig,
     max_stack: usize,
     write_mode: WriteMode,
     rb: UnsafeCell<ManuallyDrop<RingBuffer>>,
@@ -74,6 +79,7 @@ pub(crate) struct SessionParams {
     pub sock: RawFd,
     pub interval: u64,
     pub seed: u64,
+    pub config: ClientConfig,
     pub max_stack: u64,
     pub write_mode: WriteMode,
     pub rb: RingBuffer,
@@ -106,6 +112,7 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
         interval: p.interval,
         seed_base,
         next_thread: AtomicU64::new(0),
+        config: p.config,
         max_stack,
         write_mode: p.write_mode,
         rb: UnsafeCell::new(ManuallyDrop::new(p.rb)),
@@ -158,6 +165,26 @@ pub fn release(s: &Session) {
 }
 
 impl Session {
+    /// The session's mode word (unique, even, >= 2).
+    pub fn mode_word(&self) -> u64 {
+        self.mode_word
+    }
+
+    /// Sampling interval of the custom heap called `name` (0 = not sampled).
+    pub(crate) fn heap_interval(&self, name: &[u8; HEAP_NAME_LEN]) -> u64 {
+        match wire::heap_name_str(name) {
+            // libc.malloc is the hooks' heap, never a custom one.
+            Ok(n) if n != wire::HEAP_LIBC_MALLOC_NAME => self.config.interval_for(n),
+            _ => 0,
+        }
+    }
+
+    /// Whether the calling process owns this session (see [`FORK_PAGE`]).
+    #[inline]
+    pub(crate) fn owns(&self) -> bool {
+        owns_session(self)
+    }
+
     #[inline(always)]
     fn rb(&self) -> &RingBuffer {
         // SAFETY: only `reclaim` drops it, once no writer (we are one) is inside.
@@ -253,6 +280,7 @@ impl Session {
         addr: *mut c_void,
         size: usize,
         sample_size: u64,
+        heap_id: u32,
     ) -> bool {
         let mut regs = [0u64; MAX_REGS];
         let sp = capture::capture_regs(&mut regs);
@@ -281,7 +309,7 @@ impl Session {
             timestamp_ns: coarse_now_ns(),
             context_id: 0,
             tid: capture::tid(st),
-            heap_id: wire::HEAP_LIBC_MALLOC,
+            heap_id,
             arch: NATIVE_ARCH,
             stack_pointer: sp,
             stack_len: stack_len as u64,
@@ -325,12 +353,42 @@ impl Session {
         true
     }
 
+    /// Writes a heap declaration; false if it could not be written.
+    pub(crate) fn record_heap_name(
+        &self,
+        heap_id: u32,
+        interval: u64,
+        name: &[u8; HEAP_NAME_LEN],
+    ) -> bool {
+        let rec = HeapNameRecord {
+            heap_id,
+            interval,
+            name: *name,
+        }
+        .encode();
+        match self.rb().begin_write(rec.len(), self.write_mode) {
+            Ok(mut r) => {
+                r.write_at(0, &rec);
+                let wake = r.commit();
+                if !self.wake_if(wake) {
+                    self.teardown(None);
+                    return false;
+                }
+                true
+            }
+            Err(e) => {
+                self.write_failed(e);
+                false
+            }
+        }
+    }
+
     /// Writes a free record.
-    pub(crate) fn record_free(&self, addr: u64) {
+    pub(crate) fn record_free(&self, addr: u64, heap_id: u32) {
         let rec = FreeRecord {
             sequence: self.next_seq(),
             address: addr,
-            heap_id: wire::HEAP_LIBC_MALLOC,
+            heap_id,
         }
         .encode();
         match self.rb().begin_write(rec.len(), self.write_mode) {
@@ -430,7 +488,7 @@ fn init_fork_page() -> *mut u8 {
 /// A sampled allocation on the calling thread (guard held by the caller).
 pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: usize, ss: u64) {
     let Some(s) = acquire(mode_word) else { return };
-    if owns_session(s) && s.record_malloc(g.thread(), addr, size, ss) {
+    if owns_session(s) && s.record_malloc(g.thread(), addr, size, ss, wire::HEAP_LIBC_MALLOC) {
         free_set().insert(addr as u64);
     }
     release(s);
@@ -451,9 +509,9 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
         match set.remove(addr) {
             Removal::Found => {
                 found = true;
-                s.record_free(addr);
+                s.record_free(addr, wire::HEAP_LIBC_MALLOC);
             }
-            Removal::MaybeOverflowed => s.record_free(addr),
+            Removal::MaybeOverflowed => s.record_free(addr, wire::HEAP_LIBC_MALLOC),
             Removal::Absent => {}
         }
     }
@@ -473,7 +531,12 @@ pub(crate) fn init_thread(st: *mut ThreadState, mode_word: u64) -> bool {
     let seed = crate::sampler::mix64(s.seed_base ^ crate::sampler::mix64(n.wrapping_add(1)));
     // SAFETY: the calling thread's own block.
     unsafe {
-        (*st).sampler = crate::sampler::Sampler::new(s.interval, seed);
+        // Interval 0: the configuration leaves libc.malloc out.
+        (*st).sampler = if s.interval == 0 {
+            crate::sampler::Sampler::disabled()
+        } else {
+            crate::sampler::Sampler::new(s.interval, seed)
+        };
         (*st).mode_seen = mode_word;
     }
     release(s);

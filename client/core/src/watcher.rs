@@ -73,6 +73,8 @@ fn watch(s: &'static Session) {
             break;
         }
     }
+    // The custom heaps' disabled callbacks (still holding our reference).
+    crate::heaps::session_ended(s.mode_word());
     session::release(s);
 }
 

@@ -40,6 +40,12 @@
 //!   `g_malloc0_n`, `g_realloc_n`, `g_strdup`, `g_memdup2`, `g_slice_alloc`,
 //!   `g_slice_alloc0` (GLib). Exact names only: a function of yours named
 //!   `xmalloc_table` is not plumbing.
+//! * **Custom heaps**: the reporting calls of the custom allocator API
+//!   (`AHeapProfile_reportAllocation`, `AHeapProfile_reportSample`: the
+//!   client's or `heapprofd.h`'s inlined wrapper) and the `heapprofd-api`
+//!   crate (`heapprofd_api::`, or `report_allocation` / `report_sample`
+//!   in the crate's `src/lib.rs`, as line tables name them): the site is
+//!   the allocator's function that reported.
 //!
 //! When every frame is plumbing (the standard library allocating for itself
 //! at start-up), the site is the outermost plumbing frame, the closest
@@ -66,6 +72,7 @@ const PLUMBING_PREFIXES: &[&str] = &[
     "operator delete",
     "std::",
     "__gnu_cxx::",
+    "heapprofd_api::",
     "alloc::",
     "<alloc::",
     "<std::alloc::",
@@ -123,6 +130,8 @@ const PLUMBING_NAMES: &[&str] = &[
     "g_memdup2",
     "g_slice_alloc",
     "g_slice_alloc0",
+    "AHeapProfile_reportAllocation",
+    "AHeapProfile_reportSample",
 ];
 
 const PLUMBING_SOURCES: &[&str] = &[
@@ -161,7 +170,17 @@ pub fn is_allocator_frame(f: &ResolvedFrame) -> bool {
     {
         return true;
     }
-    PLUMBING_NAMES.contains(&bare(name))
+    PLUMBING_NAMES.contains(&bare(name)) || is_api_report(name, f.source_file.as_deref())
+}
+
+/// The `heapprofd-api` crate's reporting methods, which a build with line
+/// tables names without their path: by name and file (the crate's
+/// `src/lib.rs`, in this workspace or unpacked from a registry).
+fn is_api_report(name: &str, source: Option<&str>) -> bool {
+    let Some(src) = source else { return false };
+    let api_file = src.ends_with("/api/src/lib.rs")
+        || (src.contains("/heapprofd-api-") && src.ends_with("/src/lib.rs"));
+    api_file && (bare(name).ends_with("report_allocation") || bare(name).ends_with("report_sample"))
 }
 
 /// End of the leading `<Type as Trait>` of a Rust qualified path.

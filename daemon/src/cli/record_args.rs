@@ -18,6 +18,7 @@ EXAMPLES:
   heapprofd-rs record -n python3 -d 10s -o py.pftrace   (needs `heapprofd-rs daemon`)
   heapprofd-rs record --all -d 10s -o all.pftrace       (needs `heapprofd-rs daemon`)
   heapprofd-rs --pid 1234 -d 5s                          (short for `record --pid 1234`)
+  heapprofd-rs record --heaps libc.malloc,pool --heap-interval pool=1 -- ./server
 
 Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
 pub struct RecordArgs {
@@ -25,6 +26,22 @@ pub struct RecordArgs {
     /// allocation. Accepts units: 4096, 32k, 1MiB.
     #[arg(short = 'i', long, default_value = "4096", value_parser = parse_interval)]
     pub interval: u64,
+
+    /// Heaps to sample [default: libc.malloc]: libc.malloc (the malloc
+    /// family) and the heaps the program registers with the custom
+    /// allocator API (heapprofd.h); only those listed are sampled.
+    #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
+    pub heaps: Vec<String>,
+
+    /// Sample every heap the program registers (and libc.malloc), at -i
+    /// unless --heap-interval gives one its own.
+    #[arg(long)]
+    pub all_heaps: bool,
+
+    /// A heap's own mean bytes between samples (repeatable; the heap is
+    /// sampled): pool=1, arena=64k.
+    #[arg(long, value_name = "NAME=BYTES", value_parser = parse_heap_interval)]
+    pub heap_interval: Vec<(String, u64)>,
 
     /// Where to write the trace [default: heapprofd-<cmd>-<pid>-<time>.pftrace].
     #[arg(short = 'o', long, value_name = "FILE")]
@@ -159,9 +176,46 @@ fn parse_interval(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `NAME=BYTES`: a heap and its interval (units as -i).
+fn parse_heap_interval(s: &str) -> Result<(String, u64), String> {
+    let Some((name, bytes)) = s.split_once('=') else {
+        return Err(format!(
+            "expected NAME=BYTES (e.g. pool=1, arena=64k), not `{s}`"
+        ));
+    };
+    if !crate::service::heaps::valid_heap_name(name) {
+        return Err(format!(
+            "`{name}` is not a heap name (1 to {} bytes, no comma)",
+            heapprofd_proto::wire::MAX_CUSTOM_HEAP_NAME
+        ));
+    }
+    Ok((name.to_owned(), parse_interval(bytes)?))
+}
+
+impl RecordArgs {
+    /// The heaps these options select.
+    pub fn heap_selection(&self) -> crate::service::heaps::HeapSelection {
+        crate::service::heaps::HeapSelection {
+            names: self.heaps.clone(),
+            all: self.all_heaps,
+            intervals: self.heap_interval.clone(),
+            exclude: Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heap_intervals() {
+        assert_eq!(parse_heap_interval("pool=1"), Ok(("pool".into(), 1)));
+        assert_eq!(parse_heap_interval("a.b=64k"), Ok(("a.b".into(), 65536)));
+        assert!(parse_heap_interval("pool").is_err());
+        assert!(parse_heap_interval("pool=0").is_err());
+        assert!(parse_heap_interval("=4").is_err());
+    }
 
     #[test]
     fn zero_periods_are_refused() {

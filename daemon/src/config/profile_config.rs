@@ -4,12 +4,11 @@
 //! a warning for every field that has no effect here (Android-only fields,
 //! options of heapprofd's client that ours does not have).
 
-use heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME;
-
 use super::heapprofd_config::HeapprofdConfig;
+use crate::service::heaps::HeapSelection;
 use crate::service::spec::{
-    Continuous, DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, Guardrails, ProfileSpec, Sampling,
-    Targets, is_glob,
+    Continuous, DEFAULT_INTERVAL, DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, Guardrails, ProfileSpec,
+    Sampling, Targets, is_glob,
 };
 
 /// A profile made from a config, and what the config asked for that has no
@@ -45,9 +44,8 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
         }
         (None, _) => 0,
     };
-    // Which interval libc.malloc gets: its entry in `heaps`, else the
-    // default, else none if the heaps list leaves it out.
-    let interval = libc_malloc_interval(c, interval, &mut errors);
+    // The heaps and their own intervals; the default for the others.
+    let (interval, heaps) = heap_selection(c, interval, &mut errors);
     if c.no_startup && c.no_running {
         errors.push("no_startup and no_running exclude each other".into());
     }
@@ -116,6 +114,7 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
             block_client: c.block_client,
             block_timeout_us: u64::from(c.block_client_timeout_us.unwrap_or(0)),
             seed: 0,
+            heaps,
         },
         dumps: Dumps {
             continuous,
@@ -131,44 +130,56 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
     Ok(FromConfig { spec, warnings })
 }
 
-/// The interval of `libc.malloc`, the one heap the glibc client records:
-/// its own entry of `heaps` / `heap_sampling_intervals` if listed, else the
-/// default interval when `heaps` is empty or `all_heaps` is set.
-fn libc_malloc_interval(c: &HeapprofdConfig, default: u64, errors: &mut Vec<String>) -> u64 {
-    if !c.heap_sampling_intervals.is_empty() && c.heap_sampling_intervals.len() != c.heaps.len() {
-        errors.push(format!(
-            "heap_sampling_intervals has {} entries for {} heaps",
-            c.heap_sampling_intervals.len(),
-            c.heaps.len()
-        ));
-        return default;
+/// The heaps of a config (`heaps` with `heap_sampling_intervals` in
+/// parallel, `all_heaps`, `exclude_heaps`) and the default interval: the
+/// config's, or (when only listed heaps with their own intervals are
+/// sampled and it is missing) the usual 4096, which then serves no heap.
+fn heap_selection(
+    c: &HeapprofdConfig,
+    default: u64,
+    errors: &mut Vec<String>,
+) -> (u64, HeapSelection) {
+    let mut sel = HeapSelection {
+        names: c.heaps.clone(),
+        all: c.all_heaps,
+        intervals: Vec::new(),
+        exclude: c.exclude_heaps.clone(),
+    };
+    if !c.heap_sampling_intervals.is_empty() {
+        if c.heap_sampling_intervals.len() != c.heaps.len() {
+            errors.push(format!(
+                "heap_sampling_intervals has {} entries for {} heaps",
+                c.heap_sampling_intervals.len(),
+                c.heaps.len()
+            ));
+        } else if c.heap_sampling_intervals.contains(&0) {
+            errors.push("heap_sampling_intervals must all be more than 0".into());
+        } else {
+            sel.intervals = c
+                .heaps
+                .iter()
+                .cloned()
+                .zip(c.heap_sampling_intervals.iter().copied())
+                .collect();
+        }
     }
-    if c.heap_sampling_intervals.contains(&0) {
-        errors.push("heap_sampling_intervals must all be more than 0".into());
-    }
-    if c.exclude_heaps.iter().any(|h| h == HEAP_LIBC_MALLOC_NAME) {
-        errors.push(format!(
-            "exclude_heaps leaves out {HEAP_LIBC_MALLOC_NAME}, the only heap heapprofd-rs records"
-        ));
-        return default;
-    }
-    match c.heaps.iter().position(|h| h == HEAP_LIBC_MALLOC_NAME) {
-        Some(i) => c.heap_sampling_intervals.get(i).copied().unwrap_or(default),
-        None if c.heaps.is_empty() || c.all_heaps => {
-            if default == 0 && !c.heap_sampling_intervals.is_empty() {
+    let default = match default {
+        0 if c.all_heaps || c.heaps.is_empty() => {
+            if !c.heap_sampling_intervals.is_empty() {
                 errors.push(
-                    "sampling_interval_bytes is missing (libc.malloc would get no interval)".into(),
+                    "sampling_interval_bytes is missing (the heaps not listed would get no interval)"
+                        .into(),
                 );
             }
-            default
+            DEFAULT_INTERVAL
         }
-        None => {
-            errors.push(format!(
-                "heaps does not list {HEAP_LIBC_MALLOC_NAME}, the only heap heapprofd-rs records"
-            ));
-            default
-        }
+        0 => DEFAULT_INTERVAL,
+        n => n,
+    };
+    if let Err(e) = sel.check() {
+        errors.push(e);
     }
+    (default, sel)
 }
 
 /// A `process_cmdline` entry as heapprofd normalizes it: cut at the first
@@ -218,18 +229,6 @@ fn ignored(c: &HeapprofdConfig, warnings: &mut Vec<String>) {
         warn(
             "disable_vfork_detection",
             "vfork children are always recorded as part of their parent",
-        );
-    }
-    let others: Vec<&String> = c
-        .heaps
-        .iter()
-        .chain(&c.exclude_heaps)
-        .filter(|h| *h != HEAP_LIBC_MALLOC_NAME)
-        .collect();
-    if !others.is_empty() || c.all_heaps {
-        warn(
-            "heaps other than libc.malloc",
-            "the glibc client records libc.malloc only",
         );
     }
 }
@@ -286,16 +285,25 @@ mod tests {
         c.heaps = vec!["libc.malloc".into(), "custom".into()];
         c.heap_sampling_intervals = vec![512, 4096];
         let got = profile_from(&c).expect("valid");
-        assert_eq!(got.spec.sampling.interval, 512);
-        assert_eq!(got.warnings.len(), 1, "{:?}", got.warnings);
+        assert_eq!(got.spec.sampling.interval, 4096);
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+        let mut cc = heapprofd_proto::wire::ClientConfig::new(4096, 1 << 20);
+        got.spec.sampling.heaps.apply(4096, &mut cc).expect("apply");
+        assert_eq!(cc.interval_for("libc.malloc"), 512);
+        assert_eq!(cc.interval_for("custom"), 4096);
+        assert_eq!(cc.interval_for("other"), 0);
         c.heaps = vec!["custom".into()];
-        c.heap_sampling_intervals = vec![512];
+        c.heap_sampling_intervals = vec![512, 1];
         let e = profile_from(&c).unwrap_err().join("\n");
-        assert!(e.contains("does not list libc.malloc"), "{e}");
-        c.heaps.clear();
+        assert!(e.contains("2 entries for 1 heaps"), "{e}");
         c.heap_sampling_intervals.clear();
+        c.all_heaps = true;
         c.exclude_heaps = vec!["libc.malloc".into()];
-        assert!(profile_from(&c).is_err());
+        let got = profile_from(&c).expect("valid");
+        let mut cc = heapprofd_proto::wire::ClientConfig::new(4096, 1 << 20);
+        got.spec.sampling.heaps.apply(4096, &mut cc).expect("apply");
+        assert_eq!(cc.interval_for("libc.malloc"), 0);
+        assert_eq!(cc.interval_for("any"), 4096);
     }
 
     #[test]

@@ -124,15 +124,20 @@ fn supported(spec: &ProfileSpec) -> Result<()> {
     Ok(())
 }
 
-/// The configuration the profile's processes get.
-fn client_config(spec: &ProfileSpec) -> ClientConfig {
+/// The configuration the profile's processes get
+/// (the heaps it samples and their intervals included).
+fn client_config(spec: &ProfileSpec) -> Result<ClientConfig> {
     let mut client = ClientConfig::new(spec.sampling.interval, spec.sampling.shmem_size);
     client.seed = spec.sampling.seed;
+    spec.sampling
+        .heaps
+        .apply(spec.sampling.interval, &mut client)
+        .map_err(anyhow::Error::msg)?;
     if spec.sampling.block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = spec.sampling.block_timeout_us;
     }
-    client
+    Ok(client)
 }
 
 /// What the profile is about, for the log.
@@ -168,12 +173,13 @@ async fn run_profile(
     let req = &request;
     let spec = &req.spec;
     supported(spec)?;
+    let client = client_config(spec)?;
     let id = service.profile_id();
     let book = service.book.clone();
     let options = BookkeeperOptions {
         output: std::fs::File::from(fd),
         output_path: req.output_path.clone(),
-        interval: spec.sampling.interval,
+        interval: super::setup::libc_malloc_interval(&client),
         dump_at_max: spec.dumps.dump_at_max,
     };
     let _ = book.send(BookMsg::Service(ServiceMsg::Add(
@@ -185,7 +191,7 @@ async fn run_profile(
         id,
         Wanted {
             targets: spec.targets.clone(),
-            client: client_config(spec),
+            client,
             pending: Default::default(),
             requester,
         },

@@ -67,6 +67,7 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
                     .unwrap_or(Duration::from_secs(5))
                     .as_micros() as u64,
                 seed: args.seed,
+                heaps: args.heap_selection(),
             },
             dumps: Dumps {
                 continuous: None,

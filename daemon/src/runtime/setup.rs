@@ -21,14 +21,20 @@ pub(super) fn daemon_options(
     socket: PathBuf,
     output: &Path,
 ) -> Result<DaemonOptions> {
+    // The heaps first: a bad selection leaves no empty trace file behind.
+    let mut client = ClientConfig::new(args.interval, args.shmem_size);
+    client.seed = args.seed;
+    let heaps = args.heap_selection();
+    heaps
+        .check()
+        .and_then(|()| heaps.apply(args.interval, &mut client))
+        .map_err(UsageError)?;
     let file = std::fs::File::create(output).map_err(|e| {
         UsageError(format!(
             "cannot create the trace file {}: {e}; choose another path with -o",
             output.display()
         ))
     })?;
-    let mut client = ClientConfig::new(args.interval, args.shmem_size);
-    client.seed = args.seed;
     if !args.no_block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = args
@@ -49,10 +55,19 @@ pub(super) fn daemon_options(
         book: BookkeeperOptions {
             output: file,
             output_path: output.to_path_buf(),
-            interval: args.interval,
+            interval: libc_malloc_interval(&client),
             dump_at_max: args.dump_at_max,
         },
     })
+}
+
+/// The interval libc.malloc's heap is declared with in the trace: its own,
+/// or the default when it is not sampled (its profile stays empty).
+pub(super) fn libc_malloc_interval(c: &ClientConfig) -> u64 {
+    match c.interval_for(heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME) {
+        0 => c.sampling_interval,
+        n => n,
+    }
 }
 
 /// Finds the client library: `--client-lib`, else next to this executable

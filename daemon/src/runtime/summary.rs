@@ -75,10 +75,23 @@ impl Summary {
         let samples = total(|p| p.samples);
         let (alloc, freed) = (total(|p| p.allocated), total(|p| p.freed));
         let estimated: f64 = profiled.iter().map(|p| p.estimated_allocations).sum();
-        let counted = if self.interval == 1 {
+        // Exact when every heap of every process was sampled at 1 (custom
+        // heaps may have their own intervals).
+        let exact = if profiled.is_empty() {
+            self.interval == 1
+        } else {
+            profiled.iter().all(|p| p.exact)
+        };
+        let counted = if exact {
             format!(
                 "{} allocations (every allocation recorded)",
                 human_count(samples)
+            )
+        } else if self.interval == 1 {
+            format!(
+                "{} samples, ~{} allocations est.",
+                human_count(samples),
+                human_count(estimated.round() as u64)
             )
         } else {
             format!(

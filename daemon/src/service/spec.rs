@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use heapprofd_proto::triggers::valid_name;
 
+use super::heaps::HeapSelection;
+
 /// The default mean sampling interval (Perfetto's).
 pub const DEFAULT_INTERVAL: u64 = 4096;
 /// The default ring size of one process.
@@ -54,6 +56,9 @@ pub struct Sampling {
     pub block_timeout_us: u64,
     /// Sampler seed (0: random).
     pub seed: u64,
+    /// Which heaps, at which intervals.
+    #[serde(default)]
+    pub heaps: HeapSelection,
 }
 
 impl Default for Sampling {
@@ -64,6 +69,7 @@ impl Default for Sampling {
             block_client: false,
             block_timeout_us: 0,
             seed: 0,
+            heaps: HeapSelection::default(),
         }
     }
 }
@@ -153,6 +159,7 @@ impl ProfileSpec {
             return Err("the sampling interval must be at least 1 byte".into());
         }
         heapprofd_shmem::check_data_size(self.sampling.shmem_size).map_err(|e| e.to_string())?;
+        self.sampling.heaps.check()?;
         if let Some(c) = self.dumps.continuous
             && c.interval_ms == 0
         {

@@ -59,6 +59,10 @@ impl ClientConfig {
     pub const ENCODED_LEN: usize = 72 + MAX_HEAPS * (HEAP_NAME_LEN + 8);
     /// When the buffer is full, wait (up to `block_timeout_us`) instead of dropping.
     pub const FLAG_BLOCK_CLIENT: u32 = 1;
+    /// Heaps not listed in `heaps` are sampled at `sampling_interval`
+    /// (Perfetto's `all_heaps`); without it they are not sampled (Since
+    /// [`version::V3`]).
+    pub const FLAG_ALL_HEAPS: u32 = 2;
 
     /// A configuration sampling `libc.malloc` every `interval` bytes.
     pub fn new(sampling_interval: u64, shmem_size: u64) -> ClientConfig {
@@ -90,13 +94,57 @@ impl ClientConfig {
         self.flags & Self::FLAG_BLOCK_CLIENT != 0
     }
 
-    /// Sampling interval for the heap called `name`: its own entry if listed,
-    /// else the default interval.
+    /// Whether heaps that `heaps` does not list are sampled.
+    pub fn all_heaps(&self) -> bool {
+        self.flags & Self::FLAG_ALL_HEAPS != 0
+    }
+
+    /// Sampling interval for the heap called `name`: its own entry if
+    /// listed (0 = not sampled), else the default interval with
+    /// [`Self::FLAG_ALL_HEAPS`], else 0 (Perfetto's rule).
     pub fn interval_for(&self, name: &str) -> u64 {
-        self.heaps[..self.num_heaps as usize]
+        let listed = self.heaps[..(self.num_heaps as usize).min(MAX_HEAPS)]
             .iter()
-            .find(|h| heap_name_str(&h.name) == Ok(name))
-            .map_or(self.sampling_interval, |h| h.interval)
+            .find(|h| heap_name_str(&h.name) == Ok(name));
+        match listed {
+            Some(h) => h.interval,
+            None if self.all_heaps() => self.sampling_interval,
+            None => 0,
+        }
+    }
+
+    /// Lists `name` with its own interval (replacing an entry of that
+    /// name); false if the name does not fit or the list is full.
+    pub fn set_heap(&mut self, name: &str, interval: u64) -> bool {
+        let Some(field) = heap_name_field(name) else {
+            return false;
+        };
+        let n = (self.num_heaps as usize).min(MAX_HEAPS);
+        if let Some(h) = self.heaps[..n].iter_mut().find(|h| h.name == field) {
+            h.interval = interval;
+            return true;
+        }
+        if n == MAX_HEAPS {
+            return false;
+        }
+        self.heaps[n] = HeapConfig {
+            name: field,
+            interval,
+        };
+        self.num_heaps = n as u32 + 1;
+        true
+    }
+
+    /// Empties the heap list (then only [`Self::FLAG_ALL_HEAPS`] or
+    /// [`Self::set_heap`] make heaps sampled).
+    pub fn clear_heaps(&mut self) {
+        for h in self.heaps.iter_mut() {
+            *h = HeapConfig {
+                name: [0; HEAP_NAME_LEN],
+                interval: 0,
+            };
+        }
+        self.num_heaps = 0;
     }
 
     /// Encodes into exactly [`Self::ENCODED_LEN`] bytes.
@@ -178,7 +226,7 @@ impl ClientConfig {
 }
 
 // Layout pin: a change to the field list must change this number on purpose.
-const _: () = assert!(ClientConfig::ENCODED_LEN == 1224);
+const _: () = assert!(ClientConfig::ENCODED_LEN == 4680);
 
 #[cfg(test)]
 mod tests {
@@ -200,7 +248,23 @@ mod tests {
         assert!(d.block_client());
         assert_eq!(d.interval_for("libc.malloc"), 4096);
         assert_eq!(d.interval_for("custom"), 0);
-        assert_eq!(d.interval_for("other"), 4096);
+        assert_eq!(d.interval_for("other"), 0);
+        let mut all = d;
+        all.flags |= ClientConfig::FLAG_ALL_HEAPS;
+        assert_eq!(all.interval_for("other"), 4096);
+        assert_eq!(all.interval_for("custom"), 0);
+        let mut e = ClientConfig::new(4096, 8 << 20);
+        e.clear_heaps();
+        assert_eq!(e.interval_for("libc.malloc"), 0);
+        assert!(e.set_heap("pool", 1) && e.set_heap("pool", 2) && e.set_heap("libc.malloc", 8));
+        assert_eq!((e.num_heaps, e.interval_for("pool")), (2, 2));
+        assert_eq!(e.interval_for("libc.malloc"), 8);
+        assert!(!e.set_heap(&"x".repeat(65), 1));
+        for i in 2..MAX_HEAPS {
+            assert!(e.set_heap(&format!("h{i}"), 1));
+        }
+        assert!(!e.set_heap("one too many", 1));
+        assert_eq!(ClientConfig::decode(&e.encode()), Ok(e));
         let mut b = c.encode();
         b[8..16].copy_from_slice(&0u64.to_le_bytes());
         assert_eq!(

@@ -51,12 +51,24 @@ pub mod version {
     /// `Handshake::unprofilable`: a client says its process runs
     /// unprofiled, and why.
     pub const V2: u32 = 2;
+    /// [`ClientConfig`] holds 64 heaps (was 16) and
+    /// `ClientConfig::FLAG_ALL_HEAPS`; custom heaps (ids from 1) declared
+    /// with [`HeapNameRecord`]s.
+    pub const V3: u32 = 3;
     /// The version this build speaks.
-    pub const CURRENT: u32 = V2;
+    pub const CURRENT: u32 = V3;
 }
 
-/// Number of heap slots in [`ClientConfig`].
-pub const MAX_HEAPS: usize = 16;
+/// Number of heap slots in [`ClientConfig`] (as Perfetto's client
+/// configuration).
+pub const MAX_HEAPS: usize = 64;
+/// Custom heaps one process may register (ids `1..=MAX_CUSTOM_HEAPS`),
+/// besides [`HEAP_LIBC_MALLOC`].
+pub const MAX_CUSTOM_HEAPS: u32 = 256;
+/// Longest custom heap name in bytes: the name field is
+/// [`HEAP_NAME_LEN`] bytes and the C API's names are NUL-terminated
+/// within it, as Perfetto's `HEAPPROFD_HEAP_NAME_SZ`.
+pub const MAX_CUSTOM_HEAP_NAME: usize = HEAP_NAME_LEN - 1;
 /// Heap id of the glibc malloc family.
 pub const HEAP_LIBC_MALLOC: u32 = 0;
 /// Name of heap [`HEAP_LIBC_MALLOC`], as heapprofd and the Perfetto UI call it.

@@ -219,7 +219,17 @@ impl HeapState {
     pub(crate) fn commit_malloc(&mut self, seq: u64, m: &MallocOp, birth: u32, in_order: bool) {
         self.note_time(m.timestamp);
         let slot = self.slot(m.callsite);
-        let interval = self.sampling_interval;
+        // A sample that stands for exactly its own size is one allocation:
+        // the sampler gives that only to allocations of at least the
+        // interval (sampled with certainty), and a custom heap's
+        // `AHeapProfile_reportSample` (the program sampled it itself) is
+        // recorded so. Smaller sampled ones stand for a multiple of the
+        // interval.
+        let interval = if m.sample_size == m.size {
+            1
+        } else {
+            self.sampling_interval
+        };
         if let Some(t) = self.slots.get_mut(slot as usize) {
             t.stats.add_alloc(m.size, interval);
         }
@@ -372,6 +382,28 @@ mod tests {
             callsite: cs(c),
         };
         h.commit_malloc(seq, &m, 0, in_order);
+    }
+
+    #[test]
+    fn a_sample_of_its_own_size_is_one_allocation() {
+        let mut h = HeapState::new(3, "arena".into(), 4096);
+        // reportSample: 100 bytes standing for 100 bytes.
+        malloc(&mut h, 1, 0x10, 100, 2, 5, true);
+        // The sampler's pick of a 100-byte allocation stands for 4096.
+        let m = MallocOp {
+            heap_id: 3,
+            address: 0x20,
+            sample_size: 4096,
+            size: 100,
+            tid: 1,
+            timestamp: 6,
+            callsite: cs(3),
+        };
+        h.commit_malloc(2, &m, 0, true);
+        let est = |c| h.callsite(cs(c)).unwrap().stats.estimated_allocs;
+        assert_eq!(est(2), 1.0);
+        let want = super::super::estimate::inverse_probability(100, 4096);
+        assert!((est(3) - want).abs() < 1e-9 && want > 40.0, "{}", est(3));
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! has at most [`MAX_HEAPS_PER_PROCESS`] heaps. Declarations and records
 //! of heaps beyond that are dropped (counted in
 //! [`OrderStats::over_heap_limit`]) and the process is flagged
-//! `hit_guardrail`, which every later dump of it carries.
+//! `hit_guardrail`, which every later dump of it carries. A malloc into a
+//! custom heap that was never declared is counted
+//! ([`OrderStats::undeclared_heap_ops`]) and flags the process
+//! `buffer_corrupted`; it is kept under the heap's default name `heapN`.
 
 use std::collections::BTreeMap;
 
@@ -13,8 +16,9 @@ use super::histogram::UnwindHistogram;
 use super::lifetime::LifetimeTracker;
 use super::order::{Release, Reorder};
 
-/// Heaps one process may have (Perfetto's client configuration holds 64).
-pub const MAX_HEAPS_PER_PROCESS: usize = 64;
+/// Heaps one process may have: libc.malloc and the custom heaps a client
+/// may register (ids 1 to 256, as Perfetto's client allows).
+pub const MAX_HEAPS_PER_PROCESS: usize = heapprofd_proto::wire::MAX_CUSTOM_HEAPS as usize + 1;
 
 /// Unwinding statistics of a process (Perfetto's `ProcessStats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -352,6 +356,13 @@ impl Apply<'_> {
                 };
                 if !declared {
                     self.limits.stats.undeclared_heap_ops += 1;
+                    // A client declares each custom heap before its first
+                    // record (libc.malloc is declared by the session): an
+                    // undeclared one is a corrupt (or dropped) record. Its
+                    // operations are kept, under `heapN`.
+                    if m.heap_id != heapprofd_proto::wire::HEAP_LIBC_MALLOC {
+                        self.limits.flags.buffer_corrupted = true;
+                    }
                 }
                 let exact = heap.sampling_interval == 1 && in_order;
                 let birth = self.lifetimes.malloc(seq, m.tid, exact);
@@ -416,6 +427,38 @@ mod tests {
         assert_eq!(p.heaps().count(), MAX_HEAPS_PER_PROCESS);
         assert_eq!(p.order_stats().over_heap_limit, 2);
         assert_eq!(p.live_bytes(), 0);
+    }
+
+    #[test]
+    fn an_undeclared_custom_heap_is_counted_and_flagged_corrupt() {
+        let op = |heap_id, seq| {
+            (
+                seq,
+                PendingOp::Malloc(MallocOp {
+                    heap_id,
+                    address: 0x1000 * seq,
+                    sample_size: 16,
+                    size: 16,
+                    tid: 1,
+                    timestamp: 1,
+                    callsite: CallsiteId::ROOT,
+                }),
+            )
+        };
+        let mut p = ProcessState::new(1, 16);
+        let (seq, m) = op(0, 1);
+        p.push(seq, m);
+        p.flush();
+        assert!(
+            !p.flags.buffer_corrupted,
+            "libc.malloc needs no declaration"
+        );
+        let (seq, m) = op(5, 2);
+        p.push(seq, m);
+        p.flush();
+        assert!(p.flags.buffer_corrupted);
+        assert_eq!(p.order_stats().undeclared_heap_ops, 2);
+        assert_eq!(p.heap(5).map(|h| h.name.as_str()), Some("heap5"));
     }
 
     #[test]

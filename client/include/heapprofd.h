@@ -1,0 +1,187 @@
+/* heapprofd.h: the custom allocator API of heapprofd-rs.
+ *
+ * A program with its own allocator (a pool, an arena, a GC heap) reports
+ * what it hands out into named heaps; `heapprofd-rs record --heaps NAME`
+ * (or --all-heaps) profiles them, each with its own sampling interval, as
+ * its own profile in the trace. The names and signatures are those of
+ * Perfetto's heap_profile.h, so code written for Android's heapprofd
+ * builds against this header unchanged.
+ *
+ * Linking: nothing. Every function here is a static inline wrapper that
+ * looks the real one up in libheapprofd_client.so at run time with
+ * dlsym(RTLD_DEFAULT, ...), once per translation unit (glibc >= 2.34 has
+ * dlsym in libc; older ones need -ldl). When the client is not loaded
+ * every call is a cheap no-op: AHeapInfo_create returns NULL,
+ * AHeapProfile_registerHeap returns 0, the reports return false.
+ *
+ * Why dlsym and not weak symbols: a weak undefined reference in a non-PIE
+ * executable is resolved to 0 by the static linker, so the API would be
+ * silently dead there; dlsym works for every kind of executable and
+ * library, and it is also how the Rust crate (heapprofd-api) finds the
+ * functions, so both behave alike. The lookup happens on the first call
+ * (normally AHeapInfo_create at start-up); a call made while that lookup
+ * is running on the same thread (dlsym allocated, and the allocation was
+ * reported) is a no-op. After it, a call costs a load and a branch, plus
+ * the client's own work: a load of the session's state when no profile
+ * records the heap.
+ *
+ * The client is found when it was preloaded (`record -- CMD`, `record -n`
+ * with LD_PRELOAD, a dormant preloaded client woken by `record --pid`). A
+ * client injected into a running program by ptrace is not in the global
+ * scope, so the API stays a no-op there.
+ *
+ * Semantics:
+ *  - Names are 1 to 63 bytes (HEAPPROFD_HEAP_NAME_SZ with its NUL); at
+ *    most 256 heaps per process; ids start at 1 (the malloc family is the
+ *    built-in heap "libc.malloc").
+ *  - A heap may be registered before a profile starts or while one runs;
+ *    its enabled callback runs when a profile starts recording it (the
+ *    callback info gives the heap's sampling interval), its disabled
+ *    callback when that profile ends and at exit. Callbacks run on a
+ *    thread of the client or in the registering thread; what they
+ *    allocate is not recorded and reports made from them are no-ops.
+ *  - AHeapProfile_reportAllocation(heap, id, size) samples like malloc
+ *    (Poisson, the heap's interval) and returns whether the allocation was
+ *    recorded; AHeapProfile_reportSample records one the program sampled
+ *    itself; AHeapProfile_reportFree(heap, id) ends the allocation `id`.
+ *    Ids are the program's (usually the address); an id reported again
+ *    while live replaces the old allocation.
+ *  - The reports never allocate and may be called from any thread, from
+ *    inside the program's own allocator, and from signal handlers (a
+ *    report interrupting another on the same thread is a no-op).
+ */
+#ifndef HEAPPROFD_RS_HEAPPROFD_H
+#define HEAPPROFD_RS_HEAPPROFD_H
+
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes of a heap name, its terminating NUL included. */
+#define HEAPPROFD_HEAP_NAME_SZ 64
+
+typedef struct AHeapInfo AHeapInfo;
+typedef struct AHeapProfileEnableCallbackInfo AHeapProfileEnableCallbackInfo;
+typedef struct AHeapProfileDisableCallbackInfo AHeapProfileDisableCallbackInfo;
+
+typedef void (*heapprofd_enabled_callback)(void *data,
+                                           const AHeapProfileEnableCallbackInfo *info);
+typedef void (*heapprofd_disabled_callback)(void *data,
+                                            const AHeapProfileDisableCallbackInfo *info);
+
+/* The client's functions, looked up once per translation unit. */
+struct heapprofd_api_fns {
+  int state; /* 0 not looked up, 1 looking up, 2 done */
+  AHeapInfo *(*create)(const char *);
+  AHeapInfo *(*set_enabled)(AHeapInfo *, heapprofd_enabled_callback, void *);
+  AHeapInfo *(*set_disabled)(AHeapInfo *, heapprofd_disabled_callback, void *);
+  uint32_t (*register_heap)(AHeapInfo *);
+  bool (*report_allocation)(uint32_t, uint64_t, uint64_t);
+  bool (*report_sample)(uint32_t, uint64_t, uint64_t);
+  void (*report_free)(uint32_t, uint64_t);
+  uint64_t (*get_interval)(const AHeapProfileEnableCallbackInfo *);
+};
+
+static struct heapprofd_api_fns heapprofd_api_fns_;
+
+#define HEAPPROFD_API_LOAD_(field, name)                                              \
+  __atomic_store_n((void **)&heapprofd_api_fns_.field, dlsym(RTLD_DEFAULT, name), \
+                   __ATOMIC_RELAXED)
+
+/* The functions, or NULL while they are being looked up (or absent). */
+static inline const struct heapprofd_api_fns *heapprofd_api_(void) {
+  int s = __atomic_load_n(&heapprofd_api_fns_.state, __ATOMIC_ACQUIRE);
+  if (__builtin_expect(s == 2, 1)) return &heapprofd_api_fns_;
+  int expected = 0;
+  if (!__atomic_compare_exchange_n(&heapprofd_api_fns_.state, &expected, 1, false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return expected == 2 ? &heapprofd_api_fns_ : NULL;
+  HEAPPROFD_API_LOAD_(create, "AHeapInfo_create");
+  HEAPPROFD_API_LOAD_(set_enabled, "AHeapInfo_setEnabledCallback");
+  HEAPPROFD_API_LOAD_(set_disabled, "AHeapInfo_setDisabledCallback");
+  HEAPPROFD_API_LOAD_(register_heap, "AHeapProfile_registerHeap");
+  HEAPPROFD_API_LOAD_(report_allocation, "AHeapProfile_reportAllocation");
+  HEAPPROFD_API_LOAD_(report_sample, "AHeapProfile_reportSample");
+  HEAPPROFD_API_LOAD_(report_free, "AHeapProfile_reportFree");
+  HEAPPROFD_API_LOAD_(get_interval, "AHeapProfileEnableCallbackInfo_getSamplingInterval");
+  __atomic_store_n(&heapprofd_api_fns_.state, 2, __ATOMIC_RELEASE);
+  return &heapprofd_api_fns_;
+}
+
+#define HEAPPROFD_API_FN_(field) \
+  (heapprofd_api_() ? __atomic_load_n(&heapprofd_api_fns_.field, __ATOMIC_RELAXED) : NULL)
+
+/* The heap's sampling interval, given to an enabled callback. */
+static inline uint64_t AHeapProfileEnableCallbackInfo_getSamplingInterval(
+    const AHeapProfileEnableCallbackInfo *info) {
+  uint64_t (*f)(const AHeapProfileEnableCallbackInfo *) = HEAPPROFD_API_FN_(get_interval);
+  return f ? f(info) : 0;
+}
+
+/* A new heap called `heap_name` (1 to 63 bytes); NULL without the client,
+ * for a name that does not fit, or beyond 256 heaps. */
+static inline AHeapInfo *AHeapInfo_create(const char *heap_name) {
+  AHeapInfo *(*f)(const char *) = HEAPPROFD_API_FN_(create);
+  return f ? f(heap_name) : NULL;
+}
+
+/* `callback(data, info)` runs when a profile starts recording the heap.
+ * Returns `info` (NULL for a NULL info). */
+static inline AHeapInfo *AHeapInfo_setEnabledCallback(AHeapInfo *info,
+                                                      heapprofd_enabled_callback callback,
+                                                      void *data) {
+  AHeapInfo *(*f)(AHeapInfo *, heapprofd_enabled_callback, void *) =
+      HEAPPROFD_API_FN_(set_enabled);
+  return f && info ? f(info, callback, data) : NULL;
+}
+
+/* `callback(data, info)` runs when that profile ends, and at exit. */
+static inline AHeapInfo *AHeapInfo_setDisabledCallback(AHeapInfo *info,
+                                                       heapprofd_disabled_callback callback,
+                                                       void *data) {
+  AHeapInfo *(*f)(AHeapInfo *, heapprofd_disabled_callback, void *) =
+      HEAPPROFD_API_FN_(set_disabled);
+  return f && info ? f(info, callback, data) : NULL;
+}
+
+/* Registers the heap; returns its id (from 1), 0 without the client or for
+ * a NULL info. */
+static inline uint32_t AHeapProfile_registerHeap(AHeapInfo *info) {
+  uint32_t (*f)(AHeapInfo *) = HEAPPROFD_API_FN_(register_heap);
+  return f && info ? f(info) : 0;
+}
+
+/* An allocation `alloc_id` of `size` bytes in `heap_id`: sampled at the
+ * heap's interval; true if it was recorded. */
+static inline bool AHeapProfile_reportAllocation(uint32_t heap_id, uint64_t alloc_id,
+                                                 uint64_t size) {
+  bool (*f)(uint32_t, uint64_t, uint64_t) = HEAPPROFD_API_FN_(report_allocation);
+  return f ? f(heap_id, alloc_id, size) : false;
+}
+
+/* An allocation the program sampled itself (standing for `size` bytes):
+ * recorded without the heap's sampler; true if it was recorded. */
+static inline bool AHeapProfile_reportSample(uint32_t heap_id, uint64_t alloc_id,
+                                             uint64_t size) {
+  bool (*f)(uint32_t, uint64_t, uint64_t) = HEAPPROFD_API_FN_(report_sample);
+  return f ? f(heap_id, alloc_id, size) : false;
+}
+
+/* The allocation `alloc_id` of `heap_id` was freed. */
+static inline void AHeapProfile_reportFree(uint32_t heap_id, uint64_t alloc_id) {
+  void (*f)(uint32_t, uint64_t) = HEAPPROFD_API_FN_(report_free);
+  if (f) f(heap_id, alloc_id);
+}
+
+#undef HEAPPROFD_API_LOAD_
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HEAPPROFD_RS_HEAPPROFD_H */
