@@ -4,7 +4,9 @@
 //! frames into those functions. Shared by `record_truth.rs` (native) and
 //! `aarch64_e2e.rs` (the same program built for aarch64, under qemu).
 
-use crate::record_harness::{Sample, frame_is};
+use std::collections::BTreeMap;
+
+use crate::record_harness::{Sample, Totals, frame_is, group_by};
 
 /// How the leaf frame of a function's samples must look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,11 +136,6 @@ pub fn show(samples: &[Sample]) -> String {
         .collect()
 }
 
-/// Checks the shape of one sample's stack for the function it belongs to.
-pub fn check_stack(t: &Truth, s: &Sample) {
-    check_stack_from(t, s, ThreadStart::Named)
-}
-
 /// What the outermost frames of a new thread's stack are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThreadStart {
@@ -151,7 +148,8 @@ pub enum ThreadStart {
     InLibc,
 }
 
-/// [`check_stack`], with the thread start as `start` says.
+/// Checks the shape of one sample's stack for the function it belongs to,
+/// with the thread start as `start` says.
 pub fn check_stack_from(t: &Truth, s: &Sample, start: ThreadStart) {
     let f = &s.frames;
     let ctx = || format!("{}: stack {:?}", t.function, f);
@@ -199,4 +197,41 @@ pub fn check_stack_from(t: &Truth, s: &Sample, start: ThreadStart) {
             ctx()
         );
     }
+}
+
+/// The samples of group `g` ([`group`]).
+pub fn in_group(samples: &[Sample], g: &str) -> Vec<Sample> {
+    samples
+        .iter()
+        .filter(|s| group(&s.frames) == g)
+        .cloned()
+        .collect()
+}
+
+/// Checks a `-i 1` profile of `alloc_truth 1`: every function's
+/// allocations, bytes, frees and freed bytes equal the truth table, and
+/// each of its stacks has the shape [`check_stack_from`] wants. Returns the
+/// totals per group (the program's functions and the others).
+pub fn check_exact(samples: &[Sample], start: ThreadStart) -> BTreeMap<String, Totals> {
+    let groups = group_by(samples, group);
+    for t in truth(1) {
+        let got = groups.get(t.function).copied().unwrap_or_default();
+        let want = Totals {
+            allocs: t.allocs,
+            bytes: t.bytes,
+            frees: t.frees,
+            freed: t.freed,
+        };
+        assert_eq!(
+            got,
+            want,
+            "{}: trace (left) vs truth (right); its stacks:\n{}",
+            t.function,
+            show(&in_group(samples, t.function))
+        );
+        for s in in_group(samples, t.function) {
+            check_stack_from(&t, &s, start);
+        }
+    }
+    groups
 }

@@ -19,11 +19,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use heapprofd_tests::alloc_truth::{DTV, ThreadStart, check_stack_from, group, show, truth};
+use heapprofd_tests::alloc_truth::{DTV, ThreadStart, check_exact, show};
 use heapprofd_tests::client_harness::{compile, workspace_root};
-use heapprofd_tests::record_harness::{
-    Sample, Totals, TraceSummary, check_trace, group_by, record, scratch_dir,
-};
+use heapprofd_tests::record_harness::{Sample, TraceSummary, check_trace, record, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 const QEMU: &str = "qemu-aarch64-static";
@@ -117,34 +115,7 @@ fn cxx_program_exact_at_interval_1() {
     let dir = scratch_dir("aarch64-truth");
     let prog = cross_compile("alloc_truth.cpp", &dir, "alloc_truth");
     let summary = record_emulated(&dir, &prog, &["1"]);
-    let samples = summary.latest();
-    let groups = group_by(&samples, group);
-    let in_group = |g: &str| -> Vec<Sample> {
-        samples
-            .iter()
-            .filter(|s| group(&s.frames) == g)
-            .cloned()
-            .collect()
-    };
-    for t in truth(1) {
-        let got = groups.get(t.function).copied().unwrap_or_default();
-        let want = Totals {
-            allocs: t.allocs,
-            bytes: t.bytes,
-            frees: t.frees,
-            freed: t.freed,
-        };
-        assert_eq!(
-            got,
-            want,
-            "{}: trace (left) vs truth (right); its stacks:\n{}",
-            t.function,
-            show(&in_group(t.function))
-        );
-        for s in in_group(t.function) {
-            check_stack_from(&t, &s, ThreadStart::InLibc);
-        }
-    }
+    let groups = check_exact(&summary.latest(), ThreadStart::InLibc);
     let dtv = groups.get(DTV).copied().unwrap_or_default();
     eprintln!("aarch64 ld.so DTV callocs: {dtv:?}");
     let _ = std::fs::remove_dir_all(&dir);

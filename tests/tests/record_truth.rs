@@ -27,10 +27,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use heapprofd_tests::alloc_truth::{DTV, OUTSIDE, check_stack, group, show, truth};
+use heapprofd_tests::alloc_truth::{
+    DTV, OUTSIDE, ThreadStart, check_exact, group, in_group, show, truth,
+};
 use heapprofd_tests::record_harness::{
-    Heaptrack, Sample, Totals, TraceSummary, check_trace, group_by, record, record_programs,
-    scratch_dir,
+    Heaptrack, TraceSummary, check_trace, group_by, record, record_programs, scratch_dir,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -85,33 +86,8 @@ fn every_function_exact_at_interval_1() {
     let d = &summary.dumps[0];
     assert_eq!(d["sampling_interval_bytes"], 1);
     let samples = summary.latest();
-    let groups = group_by(&samples, group);
-    let by_group = |g: &str| -> Vec<Sample> {
-        samples
-            .iter()
-            .filter(|s| group(&s.frames) == g)
-            .cloned()
-            .collect()
-    };
-    for t in truth(1) {
-        let got = groups.get(t.function).copied().unwrap_or_default();
-        let want = Totals {
-            allocs: t.allocs,
-            bytes: t.bytes,
-            frees: t.frees,
-            freed: t.freed,
-        };
-        assert_eq!(
-            got,
-            want,
-            "{}: trace (left) vs truth (right); its stacks:\n{}",
-            t.function,
-            show(&by_group(t.function))
-        );
-        for s in by_group(t.function) {
-            check_stack(&t, &s);
-        }
-    }
+    let groups = check_exact(&samples, ThreadStart::Named);
+    let by_group = |g: &str| in_group(&samples, g);
     // Not the program's own: ld.so's DTV, one per thread, kept.
     let dtv = groups.get(DTV).copied().unwrap_or_default();
     assert_eq!((dtv.allocs, dtv.frees), (4, 0), "DTV callocs: {dtv:?}");
