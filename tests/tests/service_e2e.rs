@@ -11,51 +11,13 @@
 //! SIGINT to `record`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
 
 use heapprofd_proto::service::{CONTROL_SOCKET, DIR_ENV, TRIGGERS_FILE};
 use heapprofd_tests::record_harness::{
-    check_trace, frame_is, heapprofd, record_programs, release_bins, scratch_dir,
+    check_trace, frame_is, heapprofd, record_programs, scratch_dir,
 };
-
-const HANG: Duration = Duration::from_secs(120);
-
-/// Waits until `cond` holds; panics (naming `what`) after [`HANG`].
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < HANG, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A child killed on drop if the test failed before it ended.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: sending a signal to our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
-}
-
-fn wait_exit(child: &mut Child, what: &str) -> (i32, String) {
-    wait_for(what, || child.try_wait().ok().flatten().is_some());
-    let code = child.wait().expect("wait").code().unwrap_or(-1);
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut err);
-    }
-    (code, err)
-}
+use heapprofd_tests::service_harness::{self, Reaped, signal, wait_exit, wait_for};
 
 fn start_service(svc: &Path) -> Reaped {
     let control = svc.join(CONTROL_SOCKET);
@@ -76,17 +38,8 @@ fn start_service(svc: &Path) -> Reaped {
 /// Runs `prog ARGS` with the client preloaded, dormant unless the service
 /// wants it; returns its pid.
 fn run_preloaded(svc: &Path, prog: &Path, args: &[&str]) -> u32 {
-    let mut c = Command::new(prog);
-    c.args(args)
-        .env("LD_PRELOAD", &release_bins().client_so)
-        .env(DIR_ENV, svc)
-        .env_remove("HEAPPROFD_SOCKET")
-        .stdin(Stdio::null());
-    let mut child = c.spawn().expect("start the program");
-    let pid = child.id();
-    let st = child.wait().expect("wait for the program");
-    assert!(st.success(), "{} failed: {st}", prog.display());
-    pid
+    let name = prog.file_name().expect("a file").to_string_lossy();
+    service_harness::run_preloaded(svc, prog, &name, args)
 }
 
 #[test]
