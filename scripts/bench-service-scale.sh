@@ -3,18 +3,20 @@
 #
 # Starts `heapprofd-rs daemon` in a private HEAPPROFD_SERVICE_DIR, 50
 # long-running allocating programs (a small C loop, preloaded with the
-# dormant client), then `record --all -d DURATION` while a shell loop starts
+# dormant client), then `record --all` while a shell loop starts
 # short-lived real programs (true, ls, sed, sort, python3 -c) at RATE a
 # second, each preloaded. At the end it prints: processes started and seen
 # in the trace (per program), samples dropped and the trace's flags
 # (buffer_overran, hit_guardrail, ...), the daemon's peak RSS and CPU
 # seconds (from /proc), the start rate achieved, and the machine's load
 # (this script does not assume an idle machine: compare the achieved rate
-# with the one asked for).
+# with the one asked for). The profile ends (SIGINT) once every program
+# started has exited: a process started but not in the trace is lost.
 #
 # Usage: scripts/bench-service-scale.sh [-d SECONDS] [-r RATE] [-l LONG]
 #        [-i INTERVAL] [-k KEEP_DIR]
-#   -d  profile duration in seconds (default 30)
+#   -d  how long the loop starts programs, in seconds (default 30); the
+#       profile ends when the last of them has exited
 #   -r  short-lived programs started a second (default 200)
 #   -l  long-running programs (default 50)
 #   -i  sampling interval for record (default 4096; 1 = every allocation)
@@ -85,8 +87,9 @@ TICK=$(getconf CLK_TCK)
 CPU0=$(cpu_ticks "$DAEMON")
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# The profile outlasts the loop by 3 s: the last programs started are in it.
-"$BIN" record --all -i "$INTERVAL" -d "$((DUR + 3))s" -o "$WORK/all.pftrace" 2>"$WORK/record.log" &
+# No -d: the profile ends (SIGINT, as Ctrl-C) once every program the loop
+# started has exited, so each of them must be in the trace.
+"$BIN" record --all -i "$INTERVAL" -o "$WORK/all.pftrace" 2>"$WORK/record.log" &
 RECORD=$!
 for _ in $(seq 500); do grep -qx 'all 1' "$SVC/triggers" 2>/dev/null && break; sleep 0.02; done
 
@@ -100,7 +103,7 @@ spawn_loop() {
         now=${EPOCHREALTIME/./}
         (( now >= end_us )) && break
         want=$(( (now - ${start/./}) * RATE / 1000000 ))
-        while (( n < want )); do
+        while (( n < want && ${EPOCHREALTIME/./} < end_us )); do
             case ${PROGS[n % ${#PROGS[@]}]} in
             true) LD_PRELOAD=$CLIENT /usr/bin/true & ;;
             ls) LD_PRELOAD=$CLIENT /usr/bin/ls / >/dev/null & ;;
@@ -122,6 +125,8 @@ T0=$EPOCHREALTIME
 T1=$EPOCHREALTIME
 STARTED=$(wc -l <"$WORK/short.pids")
 
+T2=$EPOCHREALTIME
+kill -INT "$RECORD"
 set +e
 wait "$RECORD"; RC=$?
 set -e
@@ -132,10 +137,10 @@ CPU1=$(cpu_ticks "$DAEMON")
 LOAD1=$(cut -d' ' -f1-3 /proc/loadavg)
 
 python3 - "$WORK" "$ROOT/proto/tests/check_trace.py" "$STARTED" "$T0" "$T1" "$RATE" \
-    "$PEAK_KB" "$RSS_KB" "$CPU0" "$CPU1" "$TICK" "$RC" "$LOAD0" "$LOAD1" "$DUR" <<'EOF'
+    "$PEAK_KB" "$RSS_KB" "$CPU0" "$CPU1" "$TICK" "$RC" "$LOAD0" "$LOAD1" "$T2" <<'EOF'
 import json, subprocess, sys, collections
 (work, checker, started, t0, t1, rate, peak, rss, cpu0, cpu1, tick, rc,
- load0, load1, dur) = sys.argv[1:]
+ load0, load1, t2) = sys.argv[1:]
 out = subprocess.run(["python3", checker, "--strict", f"{work}/all.pftrace"],
                      capture_output=True, text=True)
 try:
@@ -170,7 +175,7 @@ for prog, (n, k) in sorted(by_prog.items()):
 print(f"long-running: {long_seen}/{len(longs)} in the trace, {long_with_samples} with samples")
 print(f"processes in the trace: {len(seen)}; dumps flagged: {dict(flags) or 'none'}")
 print(f"daemon: peak RSS {int(peak)/1024:.1f} MiB (now {int(rss)/1024:.1f} MiB), "
-      f"CPU {(int(cpu1)-int(cpu0))/int(tick):.1f} s over the {dur} s profile")
+      f"CPU {(int(cpu1)-int(cpu0))/int(tick):.1f} s over the {float(t2)-float(t0):.1f} s profile")
 print(f"load average before {load0}, after {load1}")
 EOF
 echo "--- record's summary (last lines) ---"
