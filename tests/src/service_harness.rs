@@ -4,15 +4,15 @@
 //! preloaded, and waiting for files and lines without timing assumptions
 //! (generous timeouts only catch hangs).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use heapprofd_proto::service::{CONTROL_SOCKET, DIR_ENV, TRIGGERS_FILE};
 
-use crate::record_harness::{heapprofd, release_bins};
+use crate::record_harness::{heapprofd, record_programs, release_bins};
 
 /// How long a wait may take before the test calls it a hang.
 pub const HANG: Duration = Duration::from_secs(120);
@@ -45,14 +45,22 @@ pub fn signal(child: &Child, sig: i32) {
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
 }
 
-/// Waits for a child to exit: its exit code and its stderr.
+/// Waits for a child to exit: its exit code and its stderr. The stderr
+/// is read while waiting: a child with more to say than a pipe holds (the
+/// summary of a few hundred processes) would otherwise block on it.
 pub fn wait_exit(child: &mut Child, what: &str) -> (i32, String) {
+    let reader = child.stderr.take().map(|mut e| {
+        std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            err
+        })
+    });
     wait_for(what, || child.try_wait().ok().flatten().is_some());
     let code = child.wait().expect("wait").code().unwrap_or(-1);
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut e, &mut err);
-    }
+    let err = reader
+        .map(|r| r.join().expect("the stderr reader"))
+        .unwrap_or_default();
     (code, err)
 }
 
@@ -172,4 +180,55 @@ pub fn run_preloaded(svc: &Path, prog: &Path, name: &str, args: &[&str]) -> u32 
     let st = child.wait().expect("wait for the program");
     assert!(st.success(), "{} failed: {st}", prog.display());
     pid
+}
+
+/// `stepper` (tests/programs/record): a program reading commands on stdin, preloaded and named `name`.
+#[derive(Debug)]
+pub struct Stepper {
+    child: Reaped,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// Its pid.
+    pub pid: u32,
+}
+
+impl Stepper {
+    /// Starts it; returns after its own start-up allocations.
+    pub fn start(svc: &Path, name: &str) -> Stepper {
+        let mut child = preloaded(svc, &record_programs().path("stepper"), name)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start stepper");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let pid = child.id();
+        let mut s = Stepper {
+            child: Reaped(child),
+            stdin,
+            stdout,
+            pid,
+        };
+        // Its own start-up allocations are done before anyone wakes it.
+        s.say("grow 1");
+        s
+    }
+
+    /// Sends a command and waits for its answer.
+    pub fn say(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").expect("write to stepper");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read from stepper");
+        assert_eq!(line.trim_end(), format!("ok {cmd}"));
+    }
+
+    /// Closes its input: it exits 0.
+    pub fn finish(self) {
+        let Stepper {
+            mut child, stdin, ..
+        } = self;
+        drop(stdin);
+        let st = child.0.wait().expect("wait for stepper");
+        assert!(st.success(), "stepper: {st}");
+    }
 }

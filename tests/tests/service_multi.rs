@@ -22,7 +22,7 @@ use heapprofd_tests::record_harness::{
     TraceSummary, check_trace, frame_is, heapprofd, record_programs, scratch_dir,
 };
 use heapprofd_tests::service_harness::{
-    Reaped, Service, preloaded, run_preloaded, signal, wait_exit,
+    Reaped, Service, Stepper, preloaded, run_preloaded, signal, wait_exit,
 };
 
 /// (allocations, bytes) of `pid` in the trace whose stacks hold `frame`.
@@ -120,54 +120,6 @@ fn concurrent_profiles_share_a_process_and_keep_their_own() {
     );
     assert_eq!(totals(&tc, shared, "stack_leaf"), (0, 0));
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A program reading commands on stdin, preloaded and named `name`.
-struct Stepper {
-    child: Reaped,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    pid: u32,
-}
-
-impl Stepper {
-    fn start(svc: &Path, name: &str) -> Stepper {
-        let mut child = preloaded(svc, &record_programs().path("stepper"), name)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start stepper");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let pid = child.id();
-        let mut s = Stepper {
-            child: Reaped(child),
-            stdin,
-            stdout,
-            pid,
-        };
-        // Its own start-up allocations are done before anyone wakes it.
-        s.say("grow 1");
-        s
-    }
-
-    /// Sends a command and waits for its answer.
-    fn say(&mut self, cmd: &str) {
-        writeln!(self.stdin, "{cmd}").expect("write to stepper");
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("read from stepper");
-        assert_eq!(line.trim_end(), format!("ok {cmd}"));
-    }
-
-    /// Closes its input: it exits 0.
-    fn finish(self) {
-        let Stepper {
-            mut child, stdin, ..
-        } = self;
-        drop(stdin);
-        let st = child.0.wait().expect("wait for stepper");
-        assert!(st.success(), "stepper: {st}");
-    }
 }
 
 /// A perl loop reading a number per line: that many 1000-byte strings,
