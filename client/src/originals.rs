@@ -121,7 +121,7 @@ struct Walk<'a> {
 /// `LD_PRELOAD` beside the one `/etc/ld.so.preload` names). Its hooks are
 /// never anyone's originals: two copies forwarding to each other would
 /// loop for ever.
-const CLIENT_FILE: &[u8] = b"libheapprofd_client.so";
+const CLIENT_FILE: &[u8] = heapprofd_proto::attach::CLIENT_FILE_NAME.as_bytes();
 
 /// Set when another copy of the client comes before this library in load
 /// order: that copy interposes and profiles; this one stays inert.

@@ -36,6 +36,11 @@ use core::fmt;
 /// uses.
 pub const ACTIVATION_SIGNAL: i32 = 36;
 
+/// The client library's file name: what the daemon loads, installs and
+/// looks for in a process's maps, and what the client recognizes as
+/// another copy of itself.
+pub const CLIENT_FILE_NAME: &str = "libheapprofd_client.so";
+
 /// Substring of the (Rust-mangled) symbol name of the client's attach entry
 /// point, found in the library's `.symtab`; the client's function has
 /// exactly this name.

@@ -90,8 +90,6 @@ pub use signal::signal_activate;
 #[cfg(not(target_arch = "x86_64"))]
 pub use unsupported::{detach, inject};
 
-/// File name of the client library.
-pub const CLIENT_FILE_NAME: &str = "libheapprofd_client.so";
 // The attach ABI (entry names, the activation signal, the client's thread name).
-pub use heapprofd_proto::attach::{ACTIVATION_SIGNAL, CLIENT_THREAD_NAME};
+pub use heapprofd_proto::attach::{ACTIVATION_SIGNAL, CLIENT_FILE_NAME, CLIENT_THREAD_NAME};
 use heapprofd_proto::attach::{ATTACH_ENTRY, DETACH_ENTRY};

@@ -10,7 +10,7 @@ pub const PRELOAD: &str = "/etc/ld.so.preload";
 /// The directory the library is copied to (root-owned, 0755).
 pub const LIB_DIR: &str = "/usr/lib/heapprofd-rs/preload";
 /// The library's file name.
-pub const LIB_NAME: &str = "libheapprofd_client.so";
+pub const LIB_NAME: &str = heapprofd_proto::attach::CLIENT_FILE_NAME;
 /// The directory of the install state.
 pub const STATE_DIR: &str = "/var/lib/heapprofd-rs";
 /// The install state's file name ([`super::state::InstallState`]).

@@ -74,7 +74,7 @@ pub(super) fn libc_malloc_interval(c: &ClientConfig) -> u64 {
 /// (as `cargo build` leaves it), else in `../lib/heapprofd-rs/` beside the
 /// executable's directory (as `scripts/install.sh` puts it).
 pub(crate) fn find_client_lib(explicit: Option<&Path>) -> Result<PathBuf> {
-    const NAME: &str = "libheapprofd_client.so";
+    const NAME: &str = heapprofd_proto::attach::CLIENT_FILE_NAME;
     let candidates: Vec<PathBuf> = match explicit {
         Some(p) => vec![p.to_path_buf()],
         None => {

@@ -9,7 +9,7 @@ use heapprofd_proto::triggers::process_name;
 use super::spec::{Targets, is_glob};
 
 /// The client library's file name, as it appears in `/proc/PID/maps`.
-pub const CLIENT_FILE: &str = "libheapprofd_client.so";
+pub const CLIENT_FILE: &str = heapprofd_proto::attach::CLIENT_FILE_NAME;
 
 /// A running process a profile wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
