@@ -366,9 +366,27 @@ impl Session {
             name: *name,
         }
         .encode();
+        self.write_small(&rec)
+    }
+
+    /// Writes a free record.
+    pub(crate) fn record_free(&self, addr: u64, heap_id: u32) {
+        let rec = FreeRecord {
+            sequence: self.next_seq(),
+            address: addr,
+            heap_id,
+        }
+        .encode();
+        self.write_small(&rec);
+    }
+
+    /// Writes one small encoded record whole; false if it could not be
+    /// written (the failure counted, or the session torn down).
+    #[inline]
+    fn write_small(&self, rec: &[u8]) -> bool {
         match self.rb().begin_write(rec.len(), self.write_mode) {
             Ok(mut r) => {
-                r.write_at(0, &rec);
+                r.write_at(0, rec);
                 let wake = r.commit();
                 if !self.wake_if(wake) {
                     self.teardown(None);
@@ -380,26 +398,6 @@ impl Session {
                 self.write_failed(e);
                 false
             }
-        }
-    }
-
-    /// Writes a free record.
-    pub(crate) fn record_free(&self, addr: u64, heap_id: u32) {
-        let rec = FreeRecord {
-            sequence: self.next_seq(),
-            address: addr,
-            heap_id,
-        }
-        .encode();
-        match self.rb().begin_write(rec.len(), self.write_mode) {
-            Ok(mut r) => {
-                r.write_at(0, &rec);
-                let wake = r.commit();
-                if !self.wake_if(wake) {
-                    self.teardown(None);
-                }
-            }
-            Err(e) => self.write_failed(e),
         }
     }
 }
