@@ -360,7 +360,7 @@ fn served(case: &str, exe: &str, env: &[(&str, &str)]) -> (u64, u64) {
         .collect();
     assert_eq!(nums.len(), 4, "{case}: {line}");
     assert_eq!((nums[1], nums[3]), (SERVED, SERVED), "{case}: {line}");
-    eprintln!("corpus {case}: {line}");
+    eprintln!("corpus {case}: {}", line.trim_start_matches("served: "));
     (nums[0], nums[2])
 }
 
