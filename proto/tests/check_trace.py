@@ -319,6 +319,7 @@ class Checker(object):
             "clock_snapshots": [],
             "processes": [],
             "threads": [],
+            "process_stats": [],
             "interned": dict((k, 0) for k in Tables.KINDS),
             "profile_packets": [],
             "heap_dumps": [],
@@ -368,6 +369,12 @@ class Checker(object):
                     )
                 for t in pkt.process_tree.threads:
                     s["threads"].append({"tid": t.tid, "tgid": opt(t, "tgid"), "name": opt(t, "name")})
+            elif data == "process_stats":
+                # Memory counters: trace processor makes counter tracks of
+                # them, and their times bound the trace's time range.
+                s["process_stats"].append(
+                    {"packet": i, "timestamp": ts, "pids": [p.pid for p in pkt.process_stats.processes]}
+                )
             elif data == "profile_packet":
                 self.profile_packet(s, i, seq, st, tables, ts, pkt.profile_packet)
             elif data == "perf_sample":

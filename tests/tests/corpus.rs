@@ -9,7 +9,10 @@
 //!   three threads) under jemalloc, tcmalloc and mimalloc, each preloaded
 //!   (`LD_PRELOAD=lib.so heapprofd-rs record`) and linked (`-ljemalloc`...),
 //!   against heaptrack's totals for the same program under glibc
-//!   (heaptrack misses `operator new` under a preloaded allocator);
+//!   (heaptrack misses `operator new` under a preloaded allocator), and
+//!   served by that allocator: glibc's heap (asked with glibc's own
+//!   `mallinfo2`) does not hold what the program keeps through malloc and
+//!   new (`cxx_alloc 0 served`);
 //! * `nopie_addr.c`: a non-PIE program allocating through a pointer to
 //!   `malloc` (issue 10's repro);
 //! * `spawner.c`: fourteen children, one per exec entry point, each started
@@ -294,17 +297,12 @@ fn cxx_under(name: &str, preload: Option<&str>) {
             "linked"
         }
     );
-    let ours = match preload {
-        Some(lib) => {
-            let path = format!("{LIB}/{lib}");
-            record(
-                &case,
-                &[&prog("cxx_alloc"), CXX_REPS],
-                &[("LD_PRELOAD", &path)],
-            )
-        }
-        None => record(&case, &[&prog(&format!("cxx_alloc_{name}")), CXX_REPS], &[]),
+    let (exe, path) = match preload {
+        Some(lib) => (prog("cxx_alloc"), Some(format!("{LIB}/{lib}"))),
+        None => (prog(&format!("cxx_alloc_{name}")), None),
     };
+    let env: Vec<(&str, &str)> = path.iter().map(|p| ("LD_PRELOAD", p.as_str())).collect();
+    let ours = record(&case, &[&exe, CXX_REPS], &env);
     assert!(
         ours.out.stdout.contains("cxx_alloc done"),
         "{case}: {}",
@@ -333,6 +331,47 @@ fn cxx_under(name: &str, preload: Option<&str>) {
         assert_eq!((allocs, bytes), (n * reps, b * reps), "{case}: {f}");
     }
     compare(&case, &ours, cxx_reference());
+    // Served by that allocator, not by glibc (the client's own allocator):
+    // glibc's heap holds next to nothing of 4 MiB kept through malloc and
+    // 4 MiB through new (all of it under glibc: `served_probe_sees_glibc`).
+    let (m, n) = served(&format!("{case} served"), &exe, &env);
+    assert!(
+        m < SERVED / 4 && n < SERVED / 4,
+        "{case}: glibc served {m} of {SERVED} malloc bytes and {n} of {SERVED} new bytes"
+    );
+}
+
+/// Bytes kept by each of `cxx_alloc N served`'s two loops (malloc, new).
+const SERVED: u64 = 256 * 16384;
+
+/// Records `EXE 0 served` (ENV) and returns how many of the bytes it kept
+/// through malloc and through new glibc's own heap holds.
+fn served(case: &str, exe: &str, env: &[(&str, &str)]) -> (u64, u64) {
+    let ours = record(case, &[exe, "0", "served"], env);
+    let line = ours
+        .out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("served: "))
+        .unwrap_or_else(|| panic!("{case}: no `served:` line: {}", ours.out.stdout));
+    let nums: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(nums.len(), 4, "{case}: {line}");
+    assert_eq!((nums[1], nums[3]), (SERVED, SERVED), "{case}: {line}");
+    eprintln!("corpus {case}: {}", line.trim_start_matches("served: "));
+    (nums[0], nums[2])
+}
+
+#[test]
+fn served_probe_sees_glibc() {
+    // The probe of `cxx_under` is not blind: under glibc, glibc holds all.
+    let (m, n) = served("cxx_alloc under glibc served", &prog("cxx_alloc"), &[]);
+    assert!(
+        m >= SERVED && n >= SERVED,
+        "glibc holds {m} and {n} of {SERVED}"
+    );
 }
 
 #[test]

@@ -105,6 +105,27 @@ fn a_truncated_trace_fails_after_what_it_could_read() {
         &["-i", "1"],
         &[&prog("many_stacks"), "600"],
     );
+    // `convert ... - | head`: a reader that stops reading ends convert
+    // quietly, as it does report (it said "cannot write stdout (disk
+    // full?): Broken pipe" and exited 1 once the folded stacks outgrew
+    // the 8 KiB output buffer).
+    for out in [["convert", "--collapsed", "-"], ["report", "--top", "600"]] {
+        let (closed, stdout) = closed_pipe();
+        drop(closed);
+        let o =
+            std::process::Command::new(&heapprofd_tests::record_harness::release_bins().heapprofd)
+                .args([out[0], &s(&trace), out[1], out[2]])
+                .stdout(stdout)
+                .output()
+                .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{out:?} into a closed pipe: {stderr}"
+        );
+        assert!(!stderr.contains("error"), "{out:?}: {stderr}");
+    }
     let bytes = std::fs::read(&trace).unwrap();
     assert!(bytes.len() > 5000);
     let cut = dir.join("cut.pftrace");
@@ -534,6 +555,40 @@ fn the_perfetto_ui_sees_the_window_and_the_process_tree() {
         "thread names in the trace: {}",
         t.json["summary"]["threads"]
     );
+    // The time range. trace_processor bounds a trace by its events (its
+    // `trace_bounds`: counters, heap profile allocations...), not by clock
+    // snapshots: without the memory counters `record` writes when a
+    // process's session starts, the range was the dumps' instants alone
+    // (1 ns for one dump). sh slept 0.3 s, profiled, before the dump: the
+    // first counter (sh's) comes at least 250 ms before the last dump.
+    let first_counter = t.json["summary"]["process_stats"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            p["pids"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|x| x.as_u64() == child.1))
+        })
+        .filter_map(|p| p["timestamp"].as_u64())
+        .min()
+        .unwrap_or_else(|| {
+            panic!(
+                "no memory counters of sh (pid {:?}) in the trace: {}",
+                child.1, t.json["summary"]["process_stats"]
+            )
+        });
+    let last_dump = t
+        .dumps
+        .iter()
+        .filter_map(|d| d["packet_timestamp"].as_u64())
+        .max()
+        .expect("a heap dump");
+    assert!(
+        last_dump.saturating_sub(first_counter) > 250_000_000,
+        "the trace's events span {} ns, not the 0.3 s sh was profiled before the dump",
+        last_dump.saturating_sub(first_counter)
+    );
 
     // What the UI shows, through trace_processor (when it is on the machine:
     // it is built locally, never in CI).
@@ -596,4 +651,20 @@ fn the_perfetto_ui_sees_the_window_and_the_process_tree() {
     let stats = q("select name from stats where value > 0 and severity != 'info'");
     assert_eq!(stats.lines().count(), 1, "error stats: {stats}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A pipe's (read end, write end as a child's stdout).
+fn closed_pipe() -> (std::os::fd::OwnedFd, std::process::Stdio) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fresh descriptors, which we then own.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: as above.
+    let (r, w) = unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    (r, std::process::Stdio::from(w))
 }

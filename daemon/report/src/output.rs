@@ -58,6 +58,11 @@ impl Output {
         })
     }
 
+    /// Whether this output is stdout.
+    pub fn is_stdout(&self) -> bool {
+        is_stdout(&self.path)
+    }
+
     /// The writer.
     pub fn writer(&mut self) -> &mut impl Write {
         &mut self.w
@@ -81,7 +86,7 @@ impl Output {
     pub fn finish(mut self) -> anyhow::Result<()> {
         let what = self.write_error();
         match self.w.flush() {
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && self.file.is_none() => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe && self.is_stdout() => Ok(()),
             r => r.with_context(|| what.clone()),
         }?;
         if let Some(f) = &self.file {

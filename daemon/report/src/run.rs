@@ -197,8 +197,21 @@ fn write_output(
 ) -> anyhow::Result<()> {
     let mut out = out;
     let what = out.write_error();
-    f(out.writer()).with_context(|| what)?;
+    match f(out.writer()) {
+        // A reader that stopped reading stdout (`convert ... - | head`):
+        // nothing more is wanted, as for `report`.
+        Err(e) if out.is_stdout() && is_broken_pipe(&e) => return Ok(()),
+        r => r.with_context(|| what)?,
+    }
     out.finish()
+}
+
+/// Whether `e` (or what caused it) is a write into a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The outputs of a `convert`, created before anything is computed (a path

@@ -8,14 +8,18 @@
 // same table (keep them in sync). Nothing else allocates after start-up
 // except glibc's stdout buffer for the final line.
 //
-// Usage: cxx_alloc [REPS [bad_alloc]] (default 100; `bad_alloc`: also the
-// failing new, whose exception passes through the hook; mimalloc aborts
-// there instead of throwing). Build: g++ -O2 -g, optionally
+// Usage: cxx_alloc [REPS [bad_alloc|served]] (default 100; `bad_alloc`: also
+// the failing new, whose exception passes through the hook; mimalloc aborts
+// there instead of throwing; `served`: then prints how much of 4 MiB kept
+// through malloc and of 4 MiB kept through new glibc's heap holds, to tell
+// which allocator served them, see `served`). Build: g++ -O2 -g, optionally
 // linked with -ljemalloc, -ltcmalloc_minimal or -lmimalloc, or run with one
 // of them in LD_PRELOAD.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
+#include <malloc.h>
 #include <new>
 #include <pthread.h>
 #include <string>
@@ -129,6 +133,40 @@ static void rep() {
     cxx_leak();
 }
 
+// Bytes glibc's malloc holds for the program, asked of glibc itself
+// (libc.so.6's mallinfo2, whatever allocator `malloc` reaches): in use in
+// its arenas plus its mmapped chunks.
+static size_t glibc_in_use() {
+    static struct mallinfo2 (*info)(void);
+    if (!info) {
+        void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+        if (!libc) abort();
+        info = (struct mallinfo2 (*)(void))dlsym(libc, "mallinfo2");
+        if (!info) abort();
+    }
+    struct mallinfo2 m = info();
+    return m.uordblks + m.hblkhd;
+}
+
+// Keeps 256 blocks of 16 KiB from malloc, then 256 from new[], and prints
+// by how much glibc's heap grew for each: 4 MiB or more when glibc served
+// them, about nothing when another allocator did.
+static void served() {
+    static void *keep[512];
+    const size_t n = 256, size = 16384;
+    glibc_in_use();
+    size_t before = glibc_in_use();
+    for (size_t i = 0; i < n; i++) keep[i] = malloc(size);
+    size_t mid = glibc_in_use();
+    for (size_t i = n; i < 2 * n; i++) keep[i] = new char[size];
+    size_t after = glibc_in_use();
+    auto grew = [](size_t a, size_t b) { return b > a ? b - a : 0; };
+    printf("served: glibc holds %zu of %zu malloc bytes, %zu of %zu new bytes\n",
+           grew(before, mid), n * size, grew(mid, after), n * size);
+    for (size_t i = 0; i < n; i++) free(keep[i]);
+    for (size_t i = n; i < 2 * n; i++) delete[] (char *)keep[i];
+}
+
 static int g_reps;
 
 static void *worker(void *) {
@@ -144,6 +182,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < g_reps; i++) rep();
     if (argc > 2 && strcmp(argv[2], "bad_alloc") == 0) cxx_bad_alloc();
     for (auto &th : t) pthread_join(th, nullptr);
+    if (argc > 2 && strcmp(argv[2], "served") == 0) served();
     printf("cxx_alloc done %lu\n", g_sink != 0 ? 1ul : 0ul);
     return 0;
 }
