@@ -112,13 +112,16 @@ fn gunzip(pprof: &Path) -> Vec<u8> {
     out.stdout
 }
 
+/// One pprof sample: its function names, leaf first, and its values.
+pub type PprofSample = (Vec<String>, Vec<i64>);
+
 /// The sample types (`type/unit`) and the samples of a gzipped pprof
 /// profile, each sample as its function names leaf first and its values.
 /// Read with the same minimal walk as [`pprof_main_file`]: `Profile.sample`
 /// = 2 (`location_id` = 1, `value` = 2, packed), `sample_type` = 1,
 /// `location` = 4 (`id` = 1, `line` = 4 with `function_id` = 1),
 /// `function` = 5 (`id` = 1, `name` = 2).
-pub fn pprof_samples(pprof: &Path) -> (Vec<String>, Vec<(Vec<String>, Vec<i64>)>) {
+pub fn pprof_samples(pprof: &Path) -> (Vec<String>, Vec<PprofSample>) {
     let bytes = gunzip(pprof);
     let fields = proto_fields(&bytes);
     let strings: Vec<String> = fields
