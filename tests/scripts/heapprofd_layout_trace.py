@@ -13,6 +13,16 @@ group. Nothing in a ProfilePacket's own tables (those are Android Q's).
 traced's ClockSnapshot relates the dumps' MONOTONIC_COARSE timestamps to
 the packets' BOOTTIME.
 
+As heapprofd's interners do (src/profiling/common/interner.h,
+callstack_trie.h, interning_output.cc): one string interner for function
+names, mapping path components and build ids (ids from 1, never reused, so
+the iids of the three tables are disjoint); mappings and frames numbered by
+their own interners; a callstack's iid is its leaf's node id in the
+callstack trie, whose root (id 1) is never emitted, so callstack iids are
+sparse and never 1. Mappings carry a raw (not hex) build id, exact_offset,
+start_offset and load_bias; each dump's header has from_startup and
+ProcessStats (no start_timestamp: heapprofd before 2026-07 writes none).
+
 Usage: heapprofd_layout_trace.py OUT.pftrace {base|new}
   base: pid 42 (`/system/bin/app`), two dumps (1 s, 2 s):
         grow_site 100 MiB allocated at 1 s, all of it freed by 2 s (the peak
@@ -66,18 +76,23 @@ def main():
     first.interned_data.function_names.add(iid=0, str=b"")
 
     # Interned tables: strings, one mapping per library, frames, callstacks.
-    names = {}
-    paths = {}
+    # One string interner for every kind (heapprofd's); `dumped` remembers
+    # which table each string was emitted in.
+    strings = {}
+    dumped = set()
+
+    def string_id(s):
+        return strings.setdefault(s, len(strings) + 1)
 
     def name_id(s):
-        return names.setdefault(s, len(names) + 1)
+        return string_id(s)
 
     def path_id(s):
-        return paths.setdefault(s, len(paths) + 1)
+        return string_id(s)
 
-    mappings = {  # iid -> (path components, start, end)
-        1: (["system", "bin", "app"], 0x5000_0000, 0x5010_0000),
-        2: (["system", "lib64", "libc.so"], 0x7000_0000, 0x7010_0000),
+    mappings = {  # iid -> (path components, start, end, raw build id)
+        1: (["system", "bin", "app"], 0x5000_0000, 0x5010_0000, bytes.fromhex("a1b2c3d4e5f60718")),
+        2: (["system", "lib64", "libc.so"], 0x7000_0000, 0x7010_0000, bytes.fromhex("0badc0de00ff1122")),
     }
     frames = {  # iid -> (function, mapping iid, rel_pc)
         1: ("__libc_init", 2, 0x1200),
@@ -88,12 +103,24 @@ def main():
         6: ("malloc", 2, 0x3000),
         7: ("other_site", 1, 0xB00),
     }
-    callstacks = {  # iid -> frames, root first
-        1: [1, 2, 3, 6],
-        2: [1, 2, 4, 6],
-        3: [1, 2, 5, 6],
-        4: [1, 2, 7, 6],
+    # Callstacks by name (frames root first); the iid is the trie node id
+    # of the leaf: nodes numbered as they are created, root = 1.
+    trie = {(): 1}
+
+    def node_id(frames_root_first):
+        for i in range(1, len(frames_root_first) + 1):
+            trie.setdefault(tuple(frames_root_first[:i]), len(trie) + 1)
+        return trie[tuple(frames_root_first)]
+
+    stacks_by_name = {
+        "grow": [1, 2, 3, 6],
+        "keep": [1, 2, 4, 6],
+        "late": [1, 2, 5, 6],
+        "other": [1, 2, 7, 6],
     }
+    sid = {k: node_id(v) for k, v in stacks_by_name.items()}
+    callstacks = {sid[k]: v for k, v in stacks_by_name.items()}
+    assert 1 not in callstacks and sorted(callstacks) != list(range(1, 5))
     emitted = set()
 
     def intern(p, css):
@@ -106,17 +133,28 @@ def main():
         mp = sorted({frames[f][1] for f in fr} - emitted_mappings)
         for m in mp:
             for comp in mappings[m][0]:
-                if comp not in paths:
+                if (comp, "path") not in dumped:
                     d.mapping_paths.add(iid=path_id(comp), str=comp.encode())
+                    dumped.add((comp, "path"))
+            build = mappings[m][3]
+            if (build, "build") not in dumped:
+                d.build_ids.add(iid=string_id(build), str=build)
+                dumped.add((build, "build"))
         for f in fr:
-            if frames[f][0] not in names:
-                d.function_names.add(iid=name_id(frames[f][0]), str=frames[f][0].encode())
+            fn = frames[f][0]
+            if (fn, "name") not in dumped:
+                d.function_names.add(iid=name_id(fn), str=fn.encode())
+                dumped.add((fn, "name"))
         for m in mp:
-            comps, start, end = mappings[m]
+            comps, start, end, build = mappings[m]
             d.mappings.add(
                 iid=m,
+                build_id=string_id(build),
+                exact_offset=0,
+                start_offset=0,
                 start=start,
                 end=end,
+                load_bias=0,
                 path_string_ids=[path_id(c) for c in comps],
             )
             emitted_mappings.add(m)
@@ -136,19 +174,20 @@ def main():
         (
             1_000_000_000,
             {
-                42: [(1, 100 * MIB, 0, 100, 0), (2, 1 * MIB, 0, 1, 0)],
-                43: [(4, 64 << 10, 0, 1, 0)],
+                42: [(sid["grow"], 100 * MIB, 0, 100, 0), (sid["keep"], 1 * MIB, 0, 1, 0)],
+                43: [(sid["other"], 64 << 10, 0, 1, 0)],
             },
         ),
         (
             2_000_000_000,
             {
                 42: [
-                    (1, 100 * MIB + extra, 100 * MIB + extra, 100 + extra // MIB, 100 + extra // MIB),
-                    (2, 2 * MIB, 0, 2, 0),
-                    (3, 5 * MIB, 0, 5, 0),
+                    (sid["grow"], 100 * MIB + extra, 100 * MIB + extra,
+                     100 + extra // MIB, 100 + extra // MIB),
+                    (sid["keep"], 2 * MIB, 0, 2, 0),
+                    (sid["late"], 5 * MIB, 0, 5, 0),
                 ],
-                43: [(4, 64 << 10, 0, 1, 0)],
+                43: [(sid["other"], 64 << 10, 0, 1, 0)],
             },
         ),
     ]
@@ -162,7 +201,19 @@ def main():
         for pid, samples in per_pid.items():
             d = pp.process_dumps.add()
             d.pid = pid
+            d.from_startup = True
             d.timestamp = ts
+            st = d.stats
+            st.heap_samples = sum(na for _, _, _, na, _ in samples)
+            st.unwinding_errors = 0
+            st.total_unwinding_time_us = 40 * st.heap_samples
+            for i in range(20):  # LogHistogram: 1 << i us, the last unbounded
+                b = st.unwinding_time_us.buckets.add()
+                if i < 19:
+                    b.upper_limit = 1 << i
+                else:
+                    b.max_bucket = True
+                b.count = st.heap_samples if i == 6 else 0
             d.heap_name = "libc.malloc"
             d.sampling_interval_bytes = 1
             d.orig_sampling_interval_bytes = 1

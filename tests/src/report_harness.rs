@@ -87,13 +87,8 @@ pub fn wait_for_dumps(trace: &Path, n: u64) {
 /// (`Profile.mapping` = 3, `Mapping.filename` = 5, `Profile.string_table`
 /// = 6), independent of the writer's message types; `gzip -dc` unpacks.
 pub fn pprof_main_file(pprof: &Path) -> String {
-    let out = std::process::Command::new("gzip")
-        .arg("-dc")
-        .arg(pprof)
-        .output()
-        .expect("run gzip");
-    assert!(out.status.success(), "gzip -dc {}", pprof.display());
-    let fields = proto_fields(&out.stdout);
+    let bytes = gunzip(pprof);
+    let fields = proto_fields(&bytes);
     let strings: Vec<String> = fields
         .iter()
         .filter(|f| f.0 == 6)
@@ -107,21 +102,105 @@ pub fn pprof_main_file(pprof: &Path) -> String {
     strings[usize::try_from(filename).unwrap()].clone()
 }
 
+fn gunzip(pprof: &Path) -> Vec<u8> {
+    let out = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(pprof)
+        .output()
+        .expect("run gzip");
+    assert!(out.status.success(), "gzip -dc {}", pprof.display());
+    out.stdout
+}
+
+/// One pprof sample: its function names, leaf first, and its values.
+pub type PprofSample = (Vec<String>, Vec<i64>);
+
+/// The sample types (`type/unit`) and the samples of a gzipped pprof
+/// profile, each sample as its function names leaf first and its values.
+/// Read with the same minimal walk as [`pprof_main_file`]: `Profile.sample`
+/// = 2 (`location_id` = 1, `value` = 2, packed), `sample_type` = 1,
+/// `location` = 4 (`id` = 1, `line` = 4 with `function_id` = 1),
+/// `function` = 5 (`id` = 1, `name` = 2).
+pub fn pprof_samples(pprof: &Path) -> (Vec<String>, Vec<PprofSample>) {
+    let bytes = gunzip(pprof);
+    let fields = proto_fields(&bytes);
+    let strings: Vec<String> = fields
+        .iter()
+        .filter(|f| f.0 == 6)
+        .map(|f| String::from_utf8_lossy(f.2).into_owned())
+        .collect();
+    let sub =
+        |m: &[u8], n: u64| -> u64 { proto_fields(m).iter().find(|f| f.0 == n).map_or(0, |f| f.1) };
+    let index = |i: u64| usize::try_from(i).unwrap();
+    let functions: std::collections::HashMap<u64, String> = fields
+        .iter()
+        .filter(|f| f.0 == 5)
+        .map(|f| (sub(f.2, 1), strings[index(sub(f.2, 2))].clone()))
+        .collect();
+    let locations: std::collections::HashMap<u64, String> = fields
+        .iter()
+        .filter(|f| f.0 == 4)
+        .map(|f| {
+            let m = proto_fields(f.2);
+            let id = m.iter().find(|x| x.0 == 1).map_or(0, |x| x.1);
+            let line = m.iter().find(|x| x.0 == 4).map_or(&[][..], |x| x.2);
+            (id, functions[&sub(line, 1)].clone())
+        })
+        .collect();
+    let types = fields
+        .iter()
+        .filter(|f| f.0 == 1)
+        .map(|f| {
+            format!(
+                "{}/{}",
+                strings[index(sub(f.2, 1))],
+                strings[index(sub(f.2, 2))]
+            )
+        })
+        .collect();
+    let samples = fields
+        .iter()
+        .filter(|f| f.0 == 2)
+        .map(|f| {
+            let m = proto_fields(f.2);
+            let packed = |n: u64| -> Vec<u64> {
+                let mut out = Vec::new();
+                for x in m.iter().filter(|x| x.0 == n) {
+                    let mut b = x.2;
+                    if b.is_empty() {
+                        out.push(x.1); // not packed
+                    }
+                    while !b.is_empty() {
+                        out.push(varint(&mut b));
+                    }
+                }
+                out
+            };
+            let names = packed(1).iter().map(|l| locations[l].clone()).collect();
+            // int64 values: two's complement in the varint.
+            let values = packed(2).iter().map(|&v| v as i64).collect();
+            (names, values)
+        })
+        .collect();
+    (types, samples)
+}
+
+fn varint(b: &mut &[u8]) -> u64 {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (byte, rest) = b.split_first().expect("truncated varint");
+        *b = rest;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+    }
+    v
+}
+
 /// The fields of one protobuf message: (number, varint value, bytes of a
 /// length-delimited field).
 fn proto_fields(mut b: &[u8]) -> Vec<(u64, u64, &[u8])> {
-    fn varint(b: &mut &[u8]) -> u64 {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (byte, rest) = b.split_first().expect("truncated varint");
-            *b = rest;
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                break;
-            }
-        }
-        v
-    }
     let mut out = Vec::new();
     while !b.is_empty() {
         let key = varint(&mut b);

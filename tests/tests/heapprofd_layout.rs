@@ -5,10 +5,16 @@
 //! `perfetto` PyPI package), not by our writer: fixed internings first,
 //! samples before the interned data they use, a group ended by an empty
 //! ProfilePacket, cumulative values, no heapprofd-rs extension, no process
-//! names, traced's clock snapshot. No Perfetto-written trace can be made on
-//! this machine (Perfetto's heapprofd needs libunwindstack from
-//! android.googlesource.com); the script follows the layout of
-//! `src/profiling/memory` as documented in the research notes.
+//! names, traced's clock snapshot; heapprofd's one string interner for
+//! function names, path components and build ids (disjoint iids), callstack
+//! iids that are callstack-trie node ids (sparse, never the root's 1), raw
+//! build ids, mapping offsets and load bias, ProcessStats with the unwinding
+//! time histogram. No Perfetto-written trace can be made on this machine
+//! (Perfetto's heapprofd needs libunwindstack from android.googlesource.com)
+//! or fetched from a package registry (the `perfetto` PyPI package ships
+//! none; Perfetto's own test traces are stored outside its repository); the
+//! script follows `src/profiling/memory` and `src/profiling/common` as
+//! documented in the research notes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

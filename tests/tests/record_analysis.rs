@@ -13,7 +13,8 @@ use std::path::Path;
 
 use heapprofd_tests::record_harness::{check_trace, heapprofd, heapprofd_ok, record, scratch_dir};
 use heapprofd_tests::report_harness::{
-    TIMEOUT, cli_json as json, peak_trace, pprof_main_file, prog, recorded, run_cli as run, s,
+    TIMEOUT, cli_json as json, peak_trace, pprof_main_file, pprof_samples, prog, recorded,
+    run_cli as run, s,
 };
 
 #[test]
@@ -394,8 +395,33 @@ fn diff_puts_the_function_that_grew_first() {
             .map(|x| x.parse().unwrap())
             .collect();
         assert!(nums[0] > nums[1], "new > base: {line}");
-        assert!(std::fs::read_to_string(&svg).unwrap().contains("grow_site"));
-        assert!(std::fs::metadata(&pprof).unwrap().len() > 100);
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        assert!(
+            svg.contains("grow_site") && svg.contains("red grew"),
+            "diff SVG"
+        );
+        // The pprof of the growth: grow_site's stacks add up to +2 MiB of
+        // allocated bytes, steady_site's to nothing.
+        let (types, samples) = pprof_samples(&pprof);
+        let space = types
+            .iter()
+            .position(|t| t == "alloc_space/bytes")
+            .unwrap_or_else(|| panic!("{types:?}"));
+        let growth = |site: &str| -> i64 {
+            samples
+                .iter()
+                .filter(|(names, _)| names.iter().any(|n| n == site))
+                .map(|(_, v)| v[space])
+                .sum()
+        };
+        let g = growth("grow_site") as f64;
+        assert!(
+            (g - want).abs() <= want * tolerance,
+            "-i {interval}: pprof diff of grow_site {g}, want +2 MiB"
+        );
+        if interval == "1" {
+            assert_eq!(growth("steady_site"), 0, "{samples:?}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -475,8 +501,33 @@ fn temporary_allocations_are_exact() {
     );
     assert_eq!(long["alloc_count"], n);
     assert_eq!(long["temporary"], 0, "long_site's are not");
-    // Short-lived: temp_site's are freed within 0 allocations.
+    // Short-lived (freed within N = 1023 allocations by default): every
+    // temp_site allocation (freed within 0), none of long_site's (each
+    // lives through temp_site's 1M allocations).
     assert_eq!(temp["short_lived"], n);
+    assert_eq!(long["short_lived"], 0, "{long}");
+    assert_eq!(h["short_lived_within"], 1023);
+    // With N = 2^22 - 1 (more than the 2M allocations of the run),
+    // long_site's are short-lived too.
+    let wide = json(&[
+        "report",
+        "--format",
+        "json",
+        "--top",
+        "30",
+        "--short-lived",
+        "4194303",
+        &s(&trace),
+    ]);
+    let long_wide = wide["heaps"][0]["top_self"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["function"] == "long_site")
+        .cloned()
+        .unwrap();
+    assert_eq!(long_wide["short_lived"], n, "{long_wide}");
+    assert_eq!(wide["heaps"][0]["short_lived_within"], 4194303);
     // Size histograms: every allocation of both sites asked for 32 bytes;
     // the process's histogram has their 2M in the 32-63 bucket.
     for site in [&temp, &long] {

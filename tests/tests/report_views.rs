@@ -2,12 +2,14 @@
 //! filters of `report` and `convert` (`--focus`, `--ignore`, `--fold-lib`,
 //! `--depth`, `--full-names`) on real traces, and the offline HTML page of
 //! `convert --html` loaded, clicked, searched and photographed in a headless
-//! Chromium (`heapprofd_tests::browser`).
+//! Chromium (`heapprofd_tests::browser`), and its process/heap choice on a
+//! trace of three processes, one with a custom heap.
 //!
 //! Programs: `tests/programs/alloc_truth.cpp` (known sites, a printf
 //! through libc's stdio, a thread whose stack ld.so allocates),
-//! `tests/programs/record/sites.cpp` (std::vector growth: long C++ names)
-//! and `analysis.c steps` (a known peak).
+//! `tests/programs/record/sites.cpp` (std::vector growth: long C++ names),
+//! `analysis.c steps` (a known peak) and `tests/programs/heaps/pool.c` (a
+//! custom heap).
 
 use heapprofd_tests::browser::Browser;
 use heapprofd_tests::record_harness::{heapprofd_ok, scratch_dir};
@@ -96,6 +98,47 @@ fn filters_focus_ignore_fold_depth_and_names() {
         "{after_main}: {fold:?}"
     );
     assert_eq!(total(&fold), total(&plain));
+    // report --fold-lib libc: the same, in the report's sites and stacks.
+    let stacks_of = |v: &Value| -> Vec<String> {
+        v["heaps"][0]["top_self"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|x| x["heaviest_stack"].as_array().unwrap().clone())
+            .map(|f| f.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let plain_r = cli_json(&["report", "--format", "json", "--top", "30", &t]);
+    assert!(
+        stacks_of(&plain_r)
+            .iter()
+            .any(|f| f == "__vfprintf_internal"),
+        "{plain_r}"
+    );
+    let fold_r = cli_json(&[
+        "report",
+        "--format",
+        "json",
+        "--top",
+        "30",
+        "--fold-lib",
+        "libc",
+        &t,
+    ]);
+    assert!(
+        !stacks_of(&fold_r)
+            .iter()
+            .any(|f| f == "__vfprintf_internal"),
+        "{fold_r}"
+    );
+    assert!(
+        self_sites(&fold_r).contains(&after_main.to_owned()),
+        "{after_main}: {fold_r}"
+    );
+    assert_eq!(
+        fold_r["heaps"][0]["totals"]["allocated"],
+        plain_r["heaps"][0]["totals"]["allocated"]
+    );
     // --depth N (convert): at most N frames, nothing lost.
     let d2 = folded(&[&t, "--depth", "2"]);
     assert!(d2.iter().all(|x| x.0.split(';').count() <= 2), "{d2:?}");
@@ -129,6 +172,32 @@ fn filters_focus_ignore_fold_depth_and_names() {
         "{full_grow:?}"
     );
     assert_eq!(short_grow.1, full_grow.1);
+    // report --full-names: the allocator fill_vector's site allocated
+    // through, in full or shortened.
+    let via = |extra: &[&str]| -> String {
+        let mut a = vec!["report", "--format", "json", "--top", "20"];
+        a.extend_from_slice(extra);
+        let c = s(&cpp);
+        a.push(&c);
+        let v = cli_json(&a);
+        let site = v["heaps"][0]["top_self"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["function"].as_str().unwrap().starts_with("fill_vector"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no fill_vector site: {v}"));
+        site["via"].as_str().unwrap_or_default().to_owned()
+    };
+    let (short_via, full_via) = (via(&[]), via(&["--full-names"]));
+    assert!(
+        short_via.starts_with("operator new") && short_via.contains('…'),
+        "{short_via}"
+    );
+    assert!(
+        full_via.starts_with("operator new(unsigned long)"),
+        "{full_via}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -263,6 +332,97 @@ fn html_page_works_offline_in_chromium() {
     if let Some(keep) = std::env::var_os("HEAPPROFD_HTML_SCREENSHOT") {
         std::fs::copy(&shot, keep).unwrap();
     }
+    let errors = b.errors();
+    assert!(errors.is_empty(), "the page reported errors: {errors:#?}");
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Selects the page's process/heap option whose text contains all of
+/// `parts`; returns the option's text.
+fn select_heap(b: &mut Browser, parts: &[&str]) -> String {
+    let want = serde_json::to_string(parts).unwrap();
+    let js = format!(
+        "(() => {{ const s = document.getElementById('heap'); \
+         const o = [...s.options].find(o => {want}.every(p => o.textContent.includes(p))); \
+         if (!o) return null; s.value = o.value; s.dispatchEvent(new Event('change')); \
+         return o.textContent; }})()"
+    );
+    let v = b.eval(&js);
+    let options = b.eval("[...document.getElementById('heap').options].map(o => o.textContent)");
+    v.as_str()
+        .unwrap_or_else(|| panic!("no option with {parts:?} among {options}"))
+        .to_owned()
+}
+
+#[test]
+fn html_page_has_each_process_and_heap() {
+    if heapprofd_tests::browser::chromium().is_none() {
+        panic!("chromium is not installed: run scripts/install-deps.sh (Debian package chromium)");
+    }
+    let dir = scratch_dir("html-heaps");
+    // Three processes (sh and the two programs it runs, one after the
+    // other) and, in `pool`, two heaps: libc.malloc and the custom "pool".
+    let cmd = format!("{} 1000; {} diff 1", prog("pool"), prog("analysis"));
+    let trace = recorded(
+        &dir,
+        "t.pftrace",
+        &["-i", "1", "--all-heaps"],
+        &["sh", "-c", &cmd],
+    );
+    let page = dir.join("page.html");
+    heapprofd_ok(&["convert", &s(&trace), "--html", &s(&page)]);
+    let mut b = Browser::open(&dir, 1280, 900);
+    b.load(&page);
+    let options = b.eval("[...document.getElementById('heap').options].map(o => o.textContent)");
+    assert!(
+        options.as_array().unwrap().len() >= 4,
+        "sh, pool (two heaps), analysis: {options}"
+    );
+    let top_self = |b: &mut Browser| {
+        b.eval("document.getElementById('top-self').textContent")
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    // Each choice shows its own flame graph, tables and summary.
+    let chosen = select_heap(&mut b, &["analysis", "libc.malloc"]);
+    assert!(flame_has(&mut b, "grow_site") && !flame_has(&mut b, "pool_fill"));
+    assert!(top_self(&mut b).contains("grow_site"), "{chosen}");
+    let chosen = select_heap(&mut b, &["pool", ", pool"]);
+    assert!(
+        flame_has(&mut b, "pool_fill") && !flame_has(&mut b, "grow_site"),
+        "{chosen}: {}",
+        b.eval(FLAME_TEXTS)
+    );
+    let summary = b
+        .eval("document.getElementById('summary').textContent")
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(summary.contains("heap pool"), "{summary}");
+    // Its sites are the pool's (pool_alloc, or pool_fill where it is
+    // inlined), not analysis's.
+    let table = top_self(&mut b);
+    assert!(
+        table.contains("pool_") && !table.contains("grow_site"),
+        "{table}"
+    );
+    // The same process's malloc heap: its own values (the pool's 64 KiB
+    // blocks, where the "pool" heap has 96-byte slots).
+    select_heap(&mut b, &["pool", "libc.malloc"]);
+    let summary = b
+        .eval("document.getElementById('summary').textContent")
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(summary.contains("heap libc.malloc"), "{summary}");
+    let sizes = b
+        .eval("document.getElementById('sizes').textContent")
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(sizes.contains("64.00 KiB"), "the pool's blocks: {sizes}");
     let errors = b.errors();
     assert!(errors.is_empty(), "the page reported errors: {errors:#?}");
     drop(b);

@@ -350,3 +350,70 @@ pub fn diff_folded(
         .map(|(k, (b, n))| format!("{k} {b} {n}"))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One process of one build: `grow` allocated `grow` bytes and `keep`
+    /// 1000, at addresses and in a build directory of its own.
+    fn run(pid: u32, dir: &str, pc: u64, grow: u64) -> TraceData {
+        let frame = |name: &str, pc: u64| ResolvedFrame {
+            function: Some(name.to_owned()),
+            mapping: Some(format!("{dir}/app")),
+            rel_pc: pc,
+            ..Default::default()
+        };
+        let stack = |site: &str, bytes: u64| CallstackValues {
+            frames: vec![frame("main", pc), frame(site, pc + 0x40)],
+            self_allocated: bytes,
+            alloc_count: 1,
+            ..Default::default()
+        };
+        TraceData {
+            heaps: vec![HeapProfile {
+                pid,
+                heap_name: "libc.malloc".to_owned(),
+                sampling_interval_bytes: 1,
+                callstacks: vec![stack("grow", grow), stack("keep", 1000)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn frames_match_by_function_and_module_across_builds() {
+        // Different pids, build directories and addresses: still the same
+        // functions of the same module.
+        let base = run(10, "/old/build", 0x1000, 5000);
+        let new = run(20, "/new/build", 0x2000, 7000);
+        let d = diff("b", &base, "n", &new, None, 10);
+        assert_eq!(d.grew.len(), 1, "{:?}", d.grew);
+        let g = &d.grew[0];
+        assert_eq!(
+            (g.function.as_str(), g.module.as_deref()),
+            ("grow", Some("app"))
+        );
+        assert_eq!(
+            (g.base.allocated, g.new.allocated, g.delta_allocated),
+            (5000, 7000, 2000)
+        );
+        assert!(d.shrank.is_empty(), "keep is unchanged: {:?}", d.shrank);
+        assert_eq!(d.total.delta_allocated, 2000);
+        // The folded stacks of the difference: one line per stack with
+        // both values.
+        let lines = diff_folded(&base, &new, None, ValueKind::AllocSpace);
+        assert_eq!(lines, ["main;grow 5000 7000", "main;keep 1000 1000"]);
+        // Another module of the same name is another function.
+        let mut other = run(20, "/new/build", 0x2000, 7000);
+        for c in &mut other.heaps[0].callstacks {
+            for f in &mut c.frames {
+                f.mapping = Some("/new/build/libother.so".to_owned());
+            }
+        }
+        let d = diff("b", &base, "n", &other, None, 10);
+        assert_eq!(d.grew[0].module.as_deref(), Some("libother.so"));
+        assert_eq!(d.grew[0].base.allocated, 0);
+    }
+}

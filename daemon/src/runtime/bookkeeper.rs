@@ -79,7 +79,7 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperO
     while let Ok(msg) = rx.recv() {
         match msg {
             BookMsg::Session(event) => book.handle(*event),
-            BookMsg::Dump => book.dump(),
+            BookMsg::Dump(asked) => book.dump_at(asked),
             BookMsg::Service(_) => {}
             BookMsg::Finish(reply) => {
                 let _ = reply.send(book.finish());
@@ -201,6 +201,14 @@ impl Book {
 
     /// Writes a dump of every process now.
     pub fn dump(&mut self) {
+        self.dump_at(read_clocks().monotonic_coarse_ns);
+    }
+
+    /// Writes a dump of every process, stamped `asked_ns` (MONOTONIC_COARSE):
+    /// when it was asked for, not when this thread got to it, so that the
+    /// dumps of a `--continuous-dump` trace keep their spacing (and their
+    /// allocation rates) when the thread falls behind.
+    pub fn dump_at(&mut self, asked_ns: u64) {
         // The live processes' threads and memory as of this dump.
         let live = self.book.active_pids();
         for &pid in &live {
@@ -220,8 +228,7 @@ impl Book {
         let Some(w) = self.writer.as_mut() else {
             return;
         };
-        let now = read_clocks().monotonic_coarse_ns;
-        if let Err(e) = w.dump(self.book.profile_mut(), &self.shared.interner, now) {
+        if let Err(e) = w.dump(self.book.profile_mut(), &self.shared.interner, asked_ns) {
             self.fail(e.to_string());
         }
     }
@@ -260,5 +267,81 @@ impl Book {
             interval: self.options.interval,
             already_printed: false,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Seek;
+
+    use heapprofd_model::messages::{Op, SessionStats};
+    use heapprofd_model::trace::read_trace;
+
+    use super::*;
+
+    #[test]
+    fn a_dump_is_stamped_when_it_was_asked_for() {
+        let mut file = tempfile::tempfile().unwrap();
+        let shared = BookkeeperShared {
+            interner: Arc::default(),
+            symbolizer: Arc::new(Symbolizer::new()),
+            counters: Arc::default(),
+        };
+        let options = BookkeeperOptions {
+            output: file.try_clone().unwrap(),
+            output_path: "t.pftrace".into(),
+            interval: 1,
+            dump_at_max: false,
+        };
+        let mut book = Book::open(shared, options).unwrap();
+        let now = read_clocks().monotonic_coarse_ns;
+        let s = 1_000_000_000;
+        let pid = std::process::id();
+        book.handle(SessionEvent::Started {
+            id: 1,
+            pid,
+            cmdline: vec!["t".into()],
+            from_startup: true,
+            started_ns: now - 4 * s,
+        });
+        let malloc = |seq: u64, ago: u64| SessionEvent::Ops {
+            id: 1,
+            ops: vec![
+                Op::Stack {
+                    id: 1,
+                    frames: Box::new([]),
+                },
+                Op::Malloc {
+                    heap: 0,
+                    seq,
+                    address: 0x1000 * seq,
+                    sample_size: 100,
+                    size: 100,
+                    tid: pid,
+                    timestamp_ns: now - ago,
+                    stack: 1,
+                },
+            ],
+            stats: SessionStats::default(),
+        };
+        // Two continuous-dump ticks asked for 3 s and 1 s ago, which the
+        // thread gets to only now, one right after the other.
+        book.handle(malloc(1, 3 * s + 1));
+        book.dump_at(now - 3 * s);
+        book.handle(malloc(2, 2 * s));
+        book.dump_at(now - s);
+        book.finish().unwrap();
+        file.rewind().unwrap();
+        let data = read_trace(file).unwrap();
+        let ends: Vec<u64> = data.heaps[0].timeline.iter().map(|p| p.timestamp).collect();
+        assert_eq!(ends.len(), 3, "two ticks and the final dump: {ends:?}");
+        assert_eq!(&ends[..2], &[now - 3 * s, now - s]);
+        assert!(ends[2] >= now, "{ends:?}");
+        let allocated: Vec<u64> = data.heaps[0]
+            .timeline
+            .iter()
+            .map(|p| p.totals.allocated)
+            .collect();
+        assert_eq!(allocated, [100, 200, 200]);
     }
 }

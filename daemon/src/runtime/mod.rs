@@ -66,8 +66,11 @@ use heapprofd_model::messages::SessionEvent;
 pub enum BookMsg {
     /// Something happened to a session (started, a batch of records, ended).
     Session(Box<SessionEvent>),
-    /// Write a dump of every process now.
-    Dump,
+    /// Write a dump of every process as of the time it was asked for
+    /// (MONOTONIC_COARSE ns): the dump's timestamp. The bookkeeping thread
+    /// may get to it later (busy symbolizing the first dump, or behind on
+    /// records); its values are those of the records sent before it.
+    Dump(u64),
     /// Write the final dump, close the trace and report back.
     Finish(std::sync::mpsc::Sender<anyhow::Result<summary::Summary>>),
     /// The service's profiles ([`service_book`]; ignored elsewhere).

@@ -343,7 +343,8 @@ impl Daemon {
 
     /// Asks for a dump of every process now (SIGUSR1, continuous dumps).
     pub fn dump(&self) {
-        let _ = self.book_tx.send(BookMsg::Dump);
+        let asked = super::clock::read_clocks().monotonic_coarse_ns;
+        let _ = self.book_tx.send(BookMsg::Dump(asked));
     }
 
     /// A sender to the bookkeeping thread.

@@ -46,8 +46,9 @@ pub enum ServiceMsg {
     Add(ProfileId, BookkeeperOptions, Guardrails),
     /// Process `pid` is flagged `rejected_concurrent` in profile's trace.
     Rejected(ProfileId, u32, Vec<String>),
-    /// A dump of one profile now.
-    Dump(ProfileId),
+    /// A dump of one profile, as of the time it was asked for
+    /// (MONOTONIC_COARSE ns, see [`BookMsg::Dump`]).
+    Dump(ProfileId, u64),
     /// The profile ends (already out of the hub): its summary, once written.
     End(ProfileId, Sender<anyhow::Result<Summary>>),
 }
@@ -105,7 +106,7 @@ pub fn run(
         };
         match msg {
             Some(BookMsg::Session(e)) => r.event(*e),
-            Some(BookMsg::Dump) => r.books.values_mut().for_each(Book::dump),
+            Some(BookMsg::Dump(asked)) => r.books.values_mut().for_each(|b| b.dump_at(asked)),
             Some(BookMsg::Service(m)) => r.service(m),
             Some(BookMsg::Finish(reply)) => {
                 r.finish_all();
@@ -138,9 +139,9 @@ impl Router {
                     b.bookkeeping_mut().reject_concurrent(pid, cmdline);
                 }
             }
-            ServiceMsg::Dump(id) => {
+            ServiceMsg::Dump(id, asked) => {
                 if let Some(b) = self.books.get_mut(&id) {
-                    b.dump();
+                    b.dump_at(asked);
                 }
             }
             ServiceMsg::End(id, reply) => {

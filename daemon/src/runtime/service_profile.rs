@@ -223,7 +223,10 @@ async fn run_profile(
                 _ = async { match dumps.as_mut() {
                     Some(t) => { t.tick().await; }
                     None => std::future::pending().await,
-                } } => { let _ = book.send(BookMsg::Service(ServiceMsg::Dump(id))); }
+                } } => {
+                    let asked = super::clock::read_clocks().monotonic_coarse_ns;
+                    let _ = book.send(BookMsg::Service(ServiceMsg::Dump(id, asked)));
+                }
             }
         }
     }
