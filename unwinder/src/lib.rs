@@ -117,6 +117,7 @@
 mod cache;
 mod debuginfo;
 mod elf;
+mod eviction;
 mod frame;
 mod mapping;
 mod maps;
@@ -130,6 +131,7 @@ mod unwind;
 pub use cache::{CacheStats, FileKey, Module, ModuleCache};
 pub use debuginfo::{build_id_path, hex as build_id_hex};
 pub use elf::{ElfInfo, LoadSegment, compute_bias};
+pub use eviction::CacheBudget;
 pub use frame::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
 pub use mapping::Mapping;
 pub use maps::{MapEntry, ParsedMaps, parse_maps};
