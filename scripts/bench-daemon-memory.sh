@@ -94,7 +94,11 @@ printf '%s\n' "${SERIES[@]}" | awk -v dur="$DUR" '
         printf "# first minute mean %.1f MiB, last minute mean %.1f MiB, ratio %.2f, peak %.1f MiB\n",
             f / nf / 1024, l / nl / 1024, (l / nl) / (f / nf), peak / 1024
     }'
-"$BIN" report "$WORK/t.pftrace" >"$WORK/report.txt"
-named=$(grep -o 'plugin_leaf_[0-9]*' "$WORK/report.txt" | sort -u | wc -l)
+if ! "$BIN" report "$WORK/t.pftrace" >"$WORK/report.txt" 2>"$WORK/report.err"; then
+    echo "# report failed:" >&2
+    cat "$WORK/report.err" >&2
+    exit 1
+fi
+named=$({ grep -o 'plugin_leaf_[0-9]*' "$WORK/report.txt" || true; } | sort -u | wc -l)
 echo "# trace: $(stat -c %s "$WORK/t.pftrace") bytes; report names plugin_leaf of $named libraries"
-sed -n '1,25p' "$WORK/report.txt"
+sed -n '1,12p' "$WORK/report.txt"

@@ -10,9 +10,10 @@
 //! # Use it as follows
 //!
 //! 1. Create one [`ModuleCache`] for the daemon and share it (`Arc`) between
-//!    threads and processes. It holds the parsed unwind tables of every ELF
-//!    file seen, keyed by build id (or device + inode + size + mtime), and
-//!    builds symbol tables and DWARF contexts lazily.
+//!    threads and processes. It holds the parsed unwind tables of the ELF
+//!    files seen, keyed by build id (or device + inode + size + mtime), and
+//!    builds symbol tables and DWARF contexts lazily. Modules no process
+//!    maps any more are evicted beyond a [`CacheBudget`].
 //! 2. For each client, create a [`ProcessContext`] from its pid, a
 //!    [`MapsSource`] and a [`ProcessMemory`]. In production these are
 //!    [`FdMaps`] and [`FdMemory`] over the client's `/proc/self/maps` and
