@@ -9,9 +9,14 @@
 //! to the path in the maps line. The vDSO has no file: its image is read from
 //! the process's memory.
 //!
-//! The cache never evicts; a daemon that profiles for a long time with many
-//! different binaries keeps their bytes (read into memory, see
-//! [`crate::elf::FileBytes::map`]) for its whole life.
+//! A module holds its file's bytes (read into memory, see
+//! [`crate::elf::FileBytes::map`]) and, once symbolized, its symbol tables
+//! and DWARF. Modules that no process maps any more are evicted beyond a
+//! [`CacheBudget`] (the rule: [`crate::eviction`]); a module still mapped,
+//! or held by a frame waiting to be symbolized, never is. An evicted
+//! module that is mapped again is read and parsed again. Each new module
+//! checks the budget; [`ModuleCache::trim`] checks it on demand (after a
+//! process ends).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::elf::{self, ElfInfo, FileBytes};
+use crate::eviction::{self, CacheBudget, Candidate};
 use crate::maps::MapEntry;
 use crate::memory::ProcessMemory;
 use crate::symbols::{ModuleSymbolizer, SymbolFrame, SymbolSources, SymbolizeOptions, lock};
@@ -102,13 +108,84 @@ pub struct CacheStats {
     pub hits: u64,
     /// Files that could not be opened or parsed.
     pub failures: u64,
+    /// Modules evicted (see [`CacheBudget`]).
+    pub evicted: u64,
+}
+
+/// One cached module and what eviction needs to know of it.
+struct Entry {
+    module: Arc<Module>,
+    /// Keys of `Inner::by_file` that lead here.
+    file_keys: Vec<FileKey>,
+    /// `Inner::clock` at its last lookup.
+    last_used: u64,
+    /// Bytes of its file.
+    bytes: u64,
+}
+
+impl Entry {
+    /// Whether anything besides the cache holds the module. Exact under the
+    /// cache's lock: a new holder can only clone from an existing one, or
+    /// get it from the cache.
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.module) > 1
+    }
 }
 
 #[derive(Default)]
 struct Inner {
-    by_build_id: HashMap<Arc<[u8]>, Arc<Module>>,
-    by_file: HashMap<FileKey, Arc<Module>>,
+    /// Every cached module by its serial number: the one `Arc` the cache
+    /// holds of each.
+    modules: HashMap<u64, Entry>,
+    by_build_id: HashMap<Arc<[u8]>, u64>,
+    by_file: HashMap<FileKey, u64>,
+    next_serial: u64,
+    /// Lookups so far (the LRU's clock).
+    clock: u64,
     stats: CacheStats,
+}
+
+impl Inner {
+    /// The module of serial `serial`, marked as just used.
+    fn touch(&mut self, serial: u64) -> Option<Arc<Module>> {
+        self.clock += 1;
+        let e = self.modules.get_mut(&serial)?;
+        e.last_used = self.clock;
+        self.stats.hits += 1;
+        Some(Arc::clone(&e.module))
+    }
+
+    /// Evicts what the budget does not let the cache keep.
+    fn trim(&mut self, budget: CacheBudget) {
+        let all = self
+            .modules
+            .iter()
+            .map(|(&key, e)| Candidate {
+                key,
+                last_used: e.last_used,
+                bytes: e.bytes,
+                in_use: e.in_use(),
+            })
+            .collect();
+        for serial in eviction::victims(all, budget) {
+            let Some(e) = self.modules.remove(&serial) else {
+                continue;
+            };
+            // An index may lead to a newer copy (two threads that parsed
+            // the same file at once): only the ones leading here go.
+            if let Some(id) = e.module.build_id()
+                && self.by_build_id.get(id) == Some(&serial)
+            {
+                self.by_build_id.remove(id);
+            }
+            for k in &e.file_keys {
+                if self.by_file.get(k) == Some(&serial) {
+                    self.by_file.remove(k);
+                }
+            }
+            self.stats.evicted += 1;
+        }
+    }
 }
 
 /// Thread-safe cache of [`Module`]s; share it with `Arc` between processes
@@ -116,6 +193,7 @@ struct Inner {
 pub struct ModuleCache {
     inner: Mutex<Inner>,
     options: Arc<SymbolizeOptions>,
+    budget: CacheBudget,
 }
 
 impl std::fmt::Debug for ModuleCache {
@@ -123,6 +201,7 @@ impl std::fmt::Debug for ModuleCache {
         f.debug_struct("ModuleCache")
             .field("stats", &self.stats())
             .field("options", &self.options)
+            .field("budget", &self.budget)
             .finish()
     }
 }
@@ -134,12 +213,29 @@ impl Default for ModuleCache {
 }
 
 impl ModuleCache {
-    /// An empty cache.
+    /// An empty cache with the default [`CacheBudget`].
     pub fn new(options: SymbolizeOptions) -> Self {
+        Self::with_budget(options, CacheBudget::default())
+    }
+
+    /// An empty cache that keeps unused modules within `budget`.
+    pub fn with_budget(options: SymbolizeOptions, budget: CacheBudget) -> Self {
         ModuleCache {
             inner: Mutex::new(Inner::default()),
             options: Arc::new(options),
+            budget,
         }
+    }
+
+    /// Evicts the unused modules the budget does not let the cache keep
+    /// (see [`CacheBudget`]); a module in use is never evicted.
+    pub fn trim(&self) {
+        lock(&self.inner).trim(self.budget);
+    }
+
+    /// Bytes of the files of the modules held (in use or not).
+    pub fn resident_bytes(&self) -> u64 {
+        lock(&self.inner).modules.values().map(|e| e.bytes).sum()
     }
 
     /// The symbolization settings.
@@ -154,14 +250,7 @@ impl ModuleCache {
 
     /// Number of distinct modules held.
     pub fn len(&self) -> usize {
-        let inner = lock(&self.inner);
-        let mut n = inner.by_build_id.len();
-        n += inner
-            .by_file
-            .values()
-            .filter(|m| m.build_id().is_none())
-            .count();
-        n
+        lock(&self.inner).modules.len()
     }
 
     /// Whether the cache is empty.
@@ -206,8 +295,9 @@ impl ModuleCache {
         };
         {
             let mut inner = lock(&self.inner);
-            if let Some(m) = inner.by_file.get(&key).cloned() {
-                inner.stats.hits += 1;
+            if let Some(serial) = inner.by_file.get(&key).copied()
+                && let Some(m) = inner.touch(serial)
+            {
                 return Some(m);
             }
         }
@@ -258,14 +348,18 @@ impl ModuleCache {
     ) -> Arc<Module> {
         let mut inner = lock(&self.inner);
         if let Some(id) = &info.build_id
-            && let Some(m) = inner.by_build_id.get(id).cloned()
+            && let Some(serial) = inner.by_build_id.get(id).copied()
+            && let Some(m) = inner.touch(serial)
         {
-            inner.stats.hits += 1;
-            if let Some(key) = key {
-                inner.by_file.insert(key, Arc::clone(&m));
+            if let Some(key) = key
+                && let Some(e) = inner.modules.get_mut(&serial)
+            {
+                e.file_keys.push(key);
+                inner.by_file.insert(key, serial);
             }
             return m;
         }
+        let size = bytes.len() as u64;
         let module = Arc::new(Module {
             path: path.to_path_buf(),
             elf: info,
@@ -274,14 +368,30 @@ impl ModuleCache {
             options: Arc::clone(&self.options),
         });
         inner.stats.modules_loaded += 1;
+        if module.build_id().is_none() && key.is_none() {
+            // Nothing could ever find it again (a vDSO without a build id).
+            return module;
+        }
+        let serial = inner.next_serial;
+        inner.next_serial += 1;
         if let Some(id) = &module.elf.build_id {
-            inner
-                .by_build_id
-                .insert(Arc::clone(id), Arc::clone(&module));
+            inner.by_build_id.insert(Arc::clone(id), serial);
         }
         if let Some(key) = key {
-            inner.by_file.insert(key, Arc::clone(&module));
+            inner.by_file.insert(key, serial);
         }
+        inner.clock += 1;
+        let last_used = inner.clock;
+        inner.modules.insert(
+            serial,
+            Entry {
+                module: Arc::clone(&module),
+                file_keys: key.into_iter().collect(),
+                last_used,
+                bytes: size,
+            },
+        );
+        inner.trim(self.budget);
         module
     }
 }
@@ -324,6 +434,104 @@ mod tests {
             assert_eq!(cache.stats().failures, 1);
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn evicting_cache() -> ModuleCache {
+        ModuleCache::with_budget(
+            SymbolizeOptions::default(),
+            CacheBudget {
+                max_unused_modules: 0,
+                max_unused_bytes: 0,
+            },
+        )
+    }
+
+    fn load(cache: &ModuleCache, path: &str) -> Arc<Module> {
+        let f = File::open(path).unwrap();
+        cache.module_for_file(&f, Path::new(path)).unwrap()
+    }
+
+    /// A function of this file, as a rel_pc of the test binary.
+    fn own_rel_pc(m: &Module) -> u64 {
+        let maps = crate::maps::parse_maps(&std::fs::read_to_string("/proc/self/maps").unwrap());
+        let pc = own_rel_pc as *const () as usize as u64;
+        let e = maps
+            .entries
+            .iter()
+            .find(|e| e.exec && (e.start..e.end).contains(&pc))
+            .unwrap();
+        let bias = elf::compute_bias(&m.elf.segments, e.start, e.end, e.offset, e.exec).unwrap();
+        pc - bias
+    }
+
+    #[test]
+    fn a_module_in_use_is_never_evicted() {
+        let cache = evicting_cache();
+        let held = load(&cache, "/proc/self/exe");
+        cache.trim();
+        assert_eq!((cache.len(), cache.stats().evicted), (1, 0));
+        // Still the same module: found again, not parsed again.
+        let again = load(&cache, "/proc/self/exe");
+        assert!(Arc::ptr_eq(&held, &again));
+        assert_eq!(cache.stats().modules_loaded, 1);
+        // Loading another module checks the budget: the held one stays.
+        drop(again);
+        drop(load(&cache, "/proc/self/exe"));
+        assert_eq!(cache.len(), 1);
+        assert!(cache.resident_bytes() > 0);
+    }
+
+    #[test]
+    fn an_evicted_module_is_loaded_again_when_mapped_again() {
+        let cache = evicting_cache();
+        let m = load(&cache, "/proc/self/exe");
+        let rel_pc = own_rel_pc(&m);
+        let before = m.symbolize(rel_pc);
+        assert!(
+            before[0]
+                .function
+                .as_deref()
+                .is_some_and(|f| f.contains("own_rel_pc")),
+            "{before:?}"
+        );
+        drop(m);
+        cache.trim();
+        assert_eq!((cache.len(), cache.stats().evicted), (0, 1));
+        assert_eq!(cache.resident_bytes(), 0);
+        let m = load(&cache, "/proc/self/exe");
+        assert_eq!(cache.stats().modules_loaded, 2, "read and parsed again");
+        assert_eq!(m.cached_symbol_addresses(), 0, "a fresh symbol cache");
+        assert_eq!(m.symbolize(rel_pc), before);
+        assert_eq!(m.elf.build_id, load(&cache, "/proc/self/exe").elf.build_id);
+    }
+
+    #[test]
+    fn unused_modules_are_kept_within_the_budget_least_recently_used_out() {
+        let one_module = CacheBudget {
+            max_unused_modules: 1,
+            max_unused_bytes: u64::MAX,
+        };
+        let cache = ModuleCache::with_budget(SymbolizeOptions::default(), one_module);
+        let exe = load(&cache, "/proc/self/exe");
+        let exe_id = exe.build_id().map(<[u8]>::to_vec);
+        drop(exe);
+        // Unused, but within the budget: kept and found again.
+        cache.trim();
+        drop(load(&cache, "/proc/self/exe"));
+        assert_eq!(cache.stats().modules_loaded, 1);
+        // A second unused module: the least recently used one goes.
+        let other = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5).map(str::to_owned))
+            .find(|p| p.contains("libc.so"))
+            .unwrap();
+        drop(load(&cache, &other));
+        cache.trim();
+        assert_eq!((cache.len(), cache.stats().evicted), (1, 1));
+        let kept = load(&cache, &other);
+        assert_ne!(kept.build_id().map(<[u8]>::to_vec), exe_id);
+        assert_eq!(cache.stats().modules_loaded, 2, "libc was kept");
     }
 
     #[test]

@@ -10,9 +10,10 @@
 //! # Use it as follows
 //!
 //! 1. Create one [`ModuleCache`] for the daemon and share it (`Arc`) between
-//!    threads and processes. It holds the parsed unwind tables of every ELF
-//!    file seen, keyed by build id (or device + inode + size + mtime), and
-//!    builds symbol tables and DWARF contexts lazily.
+//!    threads and processes. It holds the parsed unwind tables of the ELF
+//!    files seen, keyed by build id (or device + inode + size + mtime), and
+//!    builds symbol tables and DWARF contexts lazily. Modules no process
+//!    maps any more are evicted beyond a [`CacheBudget`].
 //! 2. For each client, create a [`ProcessContext`] from its pid, a
 //!    [`MapsSource`] and a [`ProcessMemory`]. In production these are
 //!    [`FdMaps`] and [`FdMemory`] over the client's `/proc/self/maps` and
@@ -117,6 +118,7 @@
 mod cache;
 mod debuginfo;
 mod elf;
+mod eviction;
 mod frame;
 mod mapping;
 mod maps;
@@ -130,6 +132,7 @@ mod unwind;
 pub use cache::{CacheStats, FileKey, Module, ModuleCache};
 pub use debuginfo::{build_id_path, hex as build_id_hex};
 pub use elf::{ElfInfo, LoadSegment, compute_bias};
+pub use eviction::CacheBudget;
 pub use frame::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
 pub use mapping::Mapping;
 pub use maps::{MapEntry, ParsedMaps, parse_maps};

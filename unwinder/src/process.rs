@@ -131,6 +131,16 @@ impl std::fmt::Debug for ProcessContext {
     }
 }
 
+impl Drop for ProcessContext {
+    /// Lets go of the process's modules and gives the cache the chance to
+    /// evict those nothing else holds (see [`crate::CacheBudget`]).
+    fn drop(&mut self) {
+        self.mappings.clear();
+        self.walker.set_mappings(&[]);
+        self.cache.trim();
+    }
+}
+
 impl ProcessContext {
     /// Creates the context and parses the maps now.
     ///
@@ -410,6 +420,10 @@ impl ProcessContext {
         }
         self.mappings = new;
         self.walker.set_mappings(&self.mappings);
+        // The modules of mappings that went (an unloaded library) may be
+        // unused now.
+        drop(old);
+        self.cache.trim();
         true
     }
 

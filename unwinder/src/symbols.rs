@@ -173,6 +173,20 @@ impl Hasher for AddrHasher {
 
 type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
+/// Addresses whose answers one module keeps at most: past that the address
+/// cache starts over (answers are found again from the loaded tables, a
+/// few microseconds each). Bounds a long profile of a big module.
+pub(crate) const MAX_CACHED_ADDRESSES: usize = 1 << 16;
+
+/// Inserts an answer into a module's address cache, emptying it first when
+/// it is full (see [`MAX_CACHED_ADDRESSES`]).
+fn cache_answer(map: &mut AddrMap<Arc<[SymbolFrame]>>, svma: u64, frames: &Arc<[SymbolFrame]>) {
+    if map.len() >= MAX_CACHED_ADDRESSES && !map.contains_key(&svma) {
+        map.clear();
+    }
+    map.entry(svma).or_insert_with(|| Arc::clone(frames));
+}
+
 /// The symbolizer of one module; lives in the module cache.
 pub(crate) struct ModuleSymbolizer {
     state: Mutex<Option<SymState>>,
@@ -209,7 +223,7 @@ impl ModuleSymbolizer {
             let state = guard.get_or_insert_with(|| load_state(module_path, bytes, options));
             lookup(state, svma).into()
         };
-        write(&self.by_addr).insert(svma, Arc::clone(&frames));
+        cache_answer(&mut write(&self.by_addr), svma, &frames);
         frames
     }
 
@@ -235,7 +249,7 @@ impl ModuleSymbolizer {
         }
         let state = self.check_out(module_path, bytes, options);
         let frames: Arc<[SymbolFrame]> = lookup(&state, svma).into();
-        write(&self.by_addr).entry(svma).or_insert(frames);
+        cache_answer(&mut write(&self.by_addr), svma, &frames);
         self.check_in(state);
     }
 
@@ -513,5 +527,23 @@ mod tests {
         s.warm(path, &bytes, 0x20, &opts);
         assert_eq!(s.cached_addresses(), 2);
         assert_eq!(s.symbolize(path, &bytes, 0x20, &opts), fg);
+    }
+
+    #[test]
+    fn the_address_cache_is_bounded() {
+        let s = ModuleSymbolizer::new();
+        let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
+        let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
+        for a in 0..MAX_CACHED_ADDRESSES as u64 {
+            s.symbolize(path, &bytes, a, &opts);
+        }
+        assert_eq!(s.cached_addresses(), MAX_CACHED_ADDRESSES);
+        // An address cached already is answered without starting over.
+        s.symbolize(path, &bytes, 7, &opts);
+        assert_eq!(s.cached_addresses(), MAX_CACHED_ADDRESSES);
+        // A new one starts over: the cache never passes its bound.
+        s.symbolize(path, &bytes, u64::MAX, &opts);
+        s.warm(path, &bytes, u64::MAX - 1, &opts);
+        assert_eq!(s.cached_addresses(), 2);
     }
 }

@@ -148,3 +148,105 @@ fn start_warmer(dumping: Arc<AtomicBool>) -> Option<Sender<WarmRequest>> {
         .ok()?;
     Some(tx)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use heapprofd_model::messages::Op;
+    use heapprofd_proto::wire::{Arch, MallocHeader, RegisterFile, x86_64};
+    use heapprofd_unwinder::{
+        CacheBudget, ModuleCache, NoMemory, ProcessContext, StaticMaps, SymbolizeOptions,
+    };
+
+    use super::*;
+    use crate::runtime::stacks::{InternCtx, StackCache};
+
+    /// A sample whose only frame is `pc` (an empty stack copy).
+    fn header(pc: u64) -> MallocHeader {
+        let mut regs = RegisterFile::default();
+        regs.0[x86_64::RIP] = pc;
+        regs.0[x86_64::RSP] = 0x7000_0000;
+        MallocHeader {
+            flags: 0,
+            sequence: 1,
+            alloc_size: 8,
+            sample_size: 8,
+            address: 0x10,
+            timestamp_ns: 0,
+            context_id: 0,
+            tid: 1,
+            heap_id: 0,
+            arch: Arch::X86_64,
+            stack_pointer: 0x7000_0000,
+            stack_len: 0,
+            regs,
+        }
+    }
+
+    /// The process ends and its module leaves the cache, yet the frame it
+    /// was unwound into keeps its name: the module stays while the frame
+    /// waits to be symbolized, and the name is in the interner afterwards.
+    #[test]
+    fn frames_symbolized_before_eviction_keep_their_names() {
+        let cache = Arc::new(ModuleCache::with_budget(
+            SymbolizeOptions::default(),
+            CacheBudget {
+                max_unused_modules: 0,
+                max_unused_bytes: 0,
+            },
+        ));
+        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
+        let cx = InternCtx {
+            interner: &interner,
+            symbolizer: &symbolizer,
+            symbolize: true,
+        };
+        let mut process = ProcessContext::new(
+            std::process::id(),
+            Box::new(StaticMaps(
+                std::fs::read_to_string("/proc/self/maps").unwrap(),
+            )),
+            Box::new(NoMemory),
+            Arc::clone(&cache),
+        );
+        let pc = frames_symbolized_before_eviction_keep_their_names as *const () as usize as u64;
+        let mut stacks = StackCache::default();
+        let mut ops = Vec::new();
+        stacks.stack_of(&mut process, &header(pc + 4), &[], &(0..0), &cx, &mut ops);
+        let Some(Op::Stack { frames, .. }) = ops.first() else {
+            panic!("{ops:?}")
+        };
+        let frames = frames.clone();
+        // The process ends before the next dump: its other modules go, the
+        // frame's is still held by the queue, so it stays.
+        let modules = cache.len();
+        drop(process);
+        cache.trim();
+        assert_eq!(cache.len(), 1, "the module waiting for symbolization");
+        assert_eq!(cache.stats().evicted as usize, modules - 1);
+        assert!(symbolizer.resolve_pending(&interner) >= 1);
+        // Once symbolized (and the warm-up thread, which held the mapping
+        // too, is done with it), the unused modules are evicted.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while {
+            cache.trim();
+            !cache.is_empty()
+        } {
+            assert!(Instant::now() < deadline, "the module was never released");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(cache.stats().evicted as usize, modules);
+        let view = interner.read();
+        let named = frames
+            .iter()
+            .find_map(|&f| view.expansion(f))
+            .expect("the frame was symbolized");
+        let name = view.function_name(*named.last().unwrap());
+        assert!(
+            name.as_deref()
+                .is_some_and(|n| n.contains("frames_symbolized_before_eviction_keep_their_names")),
+            "{name:?}"
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! `heapprofd-rs record` of `tests/programs/churn/` (issue 11): a program
+//! that loads and unloads libraries round after round (each with its own
+//! build id, three loaded at a time so their addresses move) and starts
+//! two short-lived allocating threads per round. Modules are evicted from
+//! the daemon's cache as they are unloaded; this checks, at `-i 1`, that
+//! nothing is lost or counted twice on the way: with continuous dumps, the
+//! trace has every allocation and free heaptrack sees, and the kept blocks
+//! of every library.
+//!
+//! Stacks are not compared: the daemon unwinds a sample after the fact, and
+//! a library unloaded (or replaced at the same address) by then cuts the
+//! stack or names the wrong library, before and after eviction alike
+//! (docs/PERFORMANCE.md, "The daemon's memory over a long profile").
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use heapprofd_tests::client_harness::{compile, workspace_root};
+use heapprofd_tests::record_harness::{Heaptrack, check_trace, record, scratch_dir};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+/// Libraries built.
+const LIBS: usize = 10;
+/// Rounds run (each library loaded six times).
+const ROUNDS: &str = "60";
+/// The block each library's first call keeps for good.
+const KEPT: u64 = 65536;
+
+/// Builds the libraries and the program into `dir`; returns the program.
+fn build(dir: &Path) -> PathBuf {
+    let src = workspace_root().join("tests/programs/churn");
+    let plugin = src.join("plugin.c").to_string_lossy().into_owned();
+    for k in 0..LIBS {
+        let out = dir.join(format!("libplugin_{k}.so"));
+        let def = format!("-DPLUGIN={k}");
+        compile(&[
+            "gcc",
+            "-O2",
+            "-g",
+            "-shared",
+            "-fPIC",
+            &def,
+            "-o",
+            &out.to_string_lossy(),
+            &plugin,
+        ]);
+    }
+    let prog = dir.join("churn");
+    compile(&[
+        "gcc",
+        "-O2",
+        "-g",
+        "-pthread",
+        "-Wall",
+        "-Werror",
+        "-o",
+        &prog.to_string_lossy(),
+        &src.join("churn.c").to_string_lossy(),
+        "-ldl",
+    ]);
+    prog
+}
+
+#[test]
+fn every_allocation_of_a_churning_program_is_counted_at_interval_1() {
+    let dir = scratch_dir("churn");
+    let prog = build(&dir);
+    let (prog_s, dir_s, libs) = (
+        prog.to_string_lossy().into_owned(),
+        dir.to_string_lossy().into_owned(),
+        LIBS.to_string(),
+    );
+    let cmd = [prog_s.as_str(), dir_s.as_str(), libs.as_str(), ROUNDS];
+    let trace = dir.join("t.pftrace").to_string_lossy().into_owned();
+    let out = record(&["-i", "1", "-c", "200ms", "-o", &trace], &cmd, TIMEOUT);
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    assert_eq!(out.stdout, format!("rounds {ROUNDS}\n"));
+    let summary = check_trace(Path::new(&trace));
+    summary.assert_non_decreasing();
+    assert_eq!(summary.pids().len(), 1, "one process");
+    for d in &summary.dumps {
+        for flag in ["buffer_overran", "buffer_corrupted", "hit_guardrail"] {
+            assert_eq!(d[flag], false, "{flag} set:\n{d}");
+        }
+    }
+    let latest = summary.latest();
+    let allocs: u64 = latest.iter().map(|s| s.alloc_count).sum();
+    let bytes: u64 = latest.iter().map(|s| s.allocated).sum();
+    let frees: u64 = latest.iter().map(|s| s.free_count).sum();
+    let live: u64 = bytes - latest.iter().map(|s| s.freed).sum::<u64>();
+    eprintln!("ours: {allocs} allocations of {bytes} bytes, {frees} frees, {live} bytes live");
+
+    let ht_dir = dir.join("heaptrack");
+    std::fs::create_dir_all(&ht_dir).unwrap();
+    let ht = Heaptrack::run(&cmd, &ht_dir);
+    // heaptrack's preload is C++: libstdc++'s start-up allocation in
+    // ld.so's `_dl_init` is its, not the program's.
+    let startup = |frames: &[String]| frames.iter().any(|f| f.starts_with("_dl_init"));
+    let ht_allocs: u64 = ht
+        .allocations
+        .iter()
+        .filter(|(f, _)| !startup(f))
+        .map(|(_, n)| n)
+        .sum();
+    let ht_leaked: u64 = ht.leaked.iter().map(|(_, n)| n).sum();
+    eprintln!(
+        "heaptrack: {} allocations ({ht_allocs} the program's) of {} bytes, \
+         {ht_leaked} bytes leaked",
+        ht.total_calls, ht.total_bytes
+    );
+    assert_eq!(allocs, ht_allocs, "allocations: ours vs heaptrack");
+    // Each library's 24 blocks a call, three calls a round, and its kept
+    // block: the bulk of what both count.
+    let rounds: u64 = ROUNDS.parse().unwrap();
+    assert!(allocs >= rounds * 3 * 24 + LIBS as u64, "{allocs}");
+    // Every library kept its block: live at the end, in both.
+    assert!(live >= LIBS as u64 * KEPT, "{live} bytes live");
+    assert!(ht_leaked >= LIBS as u64 * KEPT, "{ht_leaked} bytes leaked");
+    let _ = std::fs::remove_dir_all(&dir);
+}
