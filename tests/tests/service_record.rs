@@ -5,7 +5,8 @@
 //! `--no-symbolize` is one profile's choice (a process shared with a
 //! profile that symbolizes has bare frames in its trace only); a
 //! statically linked program `-n` names, started while the profile runs,
-//! is named in the trace and the summary as not profiled.
+//! is named in the trace and the summary as not profiled; an idle service
+//! forgets what it interned and profiles on.
 //!
 //! Each test has its own service in a scratch `HEAPPROFD_SERVICE_DIR`.
 //! Traces are checked with `check_trace.py --strict`; whether a profile
@@ -21,7 +22,7 @@ use heapprofd_tests::client_harness::compile;
 use heapprofd_tests::record_harness::{
     TraceSummary, check_trace, frame_is, heapprofd, record_programs, scratch_dir,
 };
-use heapprofd_tests::service_harness::{Service, run_preloaded, signal, wait_exit};
+use heapprofd_tests::service_harness::{Service, run_preloaded, signal, wait_exit, wait_for};
 
 /// (allocations, bytes) in the trace whose stacks hold `frame`.
 fn totals(t: &TraceSummary, frame: &str) -> (u64, u64) {
@@ -212,5 +213,40 @@ fn a_static_program_named_by_n_is_named_as_not_profiled() {
     );
     let (code, log) = svc.stop();
     assert_eq!(code, 0, "daemon failed:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_idle_service_forgets_what_it_interned_and_profiles_on() {
+    let dir = scratch_dir("svc-forget");
+    let svc = Service::start(&dir.join("svc"));
+    let many_stacks = record_programs().path("many_stacks");
+    let m = many_stacks.to_str().expect("utf-8 path");
+    for round in 1..=2 {
+        let trace = dir.join(format!("round{round}.pftrace"));
+        let (code, err) = record_cmd(&svc.dir, &["-i", "1"], &trace, &[m, "20"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains(THROUGH), "record's log:\n{err}");
+        // Symbolized and exact after the service forgot everything.
+        assert_eq!(
+            totals(&check_trace(&trace), "stack_leaf"),
+            (20, 20 * 32),
+            "round {round}:\n{}",
+            svc.log()
+        );
+        // No profile and no session left: the interned mappings and
+        // frames (each process's own, with its addresses) are dropped.
+        wait_for("the idle service to forget", || {
+            svc.log().matches("service idle: forgot").count() == round
+        });
+    }
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "daemon failed:\n{log}");
+    let forgot: Vec<&str> = log.lines().filter(|l| l.contains("forgot")).collect();
+    assert_eq!(forgot.len(), 2, "{log}");
+    assert!(
+        forgot.iter().all(|l| !l.contains(" 0 mappings")),
+        "{forgot:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
