@@ -664,3 +664,60 @@ fn the_reader_takes_heapprofd_layouts() {
     assert_eq!(q.frames.len(), 2);
     assert_eq!(q.frames[1].mapping.as_deref(), Some("/q.so"));
 }
+
+#[test]
+fn without_symbolize_frames_are_bare_but_error_frames_keep_their_names() {
+    let p = Program::new();
+    // An inline chain for `main`: written in its place only with symbols.
+    let inlined = p
+        .interner
+        .intern_frame(None, 0x1100, Some("inlined_helper"), None, None);
+    p.interner
+        .set_expansion(p.main, vec![inlined, p.main].into());
+    let mut prof = sample_profile(&p);
+    let cfg = WriterConfig {
+        symbolize: false,
+        ..Default::default()
+    };
+    let bytes = write_trace(cfg, |w| {
+        w.dump(&mut prof, &p.interner, at_ms(10)).map(|_| ())
+    });
+    official(&bytes);
+    let t = read_trace(bytes.as_slice()).unwrap();
+    let h = heap(&t, 100, "libc.malloc");
+    let frames: Vec<_> = h.callstacks.iter().flat_map(|c| &c.frames).collect();
+    assert!(!frames.is_empty());
+    for f in &frames {
+        let error = f
+            .function
+            .as_deref()
+            .is_some_and(|n| n.starts_with("ERROR "));
+        assert!(
+            error || (f.function.is_none() && f.source_file.is_none() && f.line.is_none()),
+            "a named frame without symbols: {f:?}"
+        );
+    }
+    // Bare frames keep what symbolizing later needs.
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.build_id == [0xde, 0xad, 0xbe, 0xef] && f.rel_pc == 0x1300)
+    );
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.function.as_deref() == Some("ERROR MEMORY_INVALID"))
+    );
+    // The same profile with symbols (the default): names, and the chain.
+    let bytes = write_trace(WriterConfig::default(), |w| {
+        w.dump(&mut prof, &p.interner, at_ms(20)).map(|_| ())
+    });
+    let t = read_trace(bytes.as_slice()).unwrap();
+    let names: Vec<_> = heap(&t, 100, "libc.malloc")
+        .callstacks
+        .iter()
+        .flat_map(|c| &c.frames)
+        .filter_map(|f| f.function.clone())
+        .collect();
+    assert!(names.iter().any(|n| n == "alloc_a") && names.iter().any(|n| n == "inlined_helper"));
+}

@@ -15,7 +15,7 @@ use heapprofd_report::{ConvertArgs, ReportArgs, convert, run_report};
 
 use crate::env::Env;
 use crate::install::{self, InstallArgs, UninstallArgs};
-use crate::runtime::{attach, record, service, service_record};
+use crate::runtime::{attach, record, service, service_command, service_record};
 pub use record_args::RecordArgs;
 pub use usage_error::UsageError;
 
@@ -136,7 +136,10 @@ pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
             Ran::Exit(service_record::run(args)?)
         }
         Command::Record(args) if !args.pid.is_empty() => Ran::Exit(attach::run(args, env)?),
-        Command::Record(args) => Ran::Exit(record::run(args, env)?),
+        Command::Record(args) => match service_command::try_run(&args, env)? {
+            Some(code) => Ran::Exit(code),
+            None => Ran::Exit(record::run(args, env)?),
+        },
         Command::Install(args) => Ran::Exit(install::install(&args)?),
         Command::Uninstall(args) => Ran::Exit(install::uninstall(&args)?),
         Command::Report(args) => Ran::Exit(run_report(args).map(|()| 0)?),

@@ -86,7 +86,15 @@ pub struct RecordArgs {
     #[arg(long, value_name = "PATH")]
     pub client_lib: Option<PathBuf>,
 
-    /// Unwinding threads [default: number of CPUs, at most 4].
+    /// With `-- CMD`: run a daemon of its own even when the profiling
+    /// service (`heapprofd-rs daemon`) runs. By default `record -- CMD`
+    /// profiles through a running service the user can reach, else with a
+    /// daemon of its own.
+    #[arg(long)]
+    pub no_service: bool,
+
+    /// Unwinding threads [default: number of CPUs, at most 4; with
+    /// --workers `record -- CMD` runs its own daemon].
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
 

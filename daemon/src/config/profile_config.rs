@@ -105,7 +105,7 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
             all: c.all,
             startup: !c.no_startup,
             running: !c.no_running,
-            descendants_of: None,
+            command: None,
             min_anonymous_memory_kb: c.min_anonymous_memory_kb.filter(|&k| k > 0),
         },
         sampling: Sampling {

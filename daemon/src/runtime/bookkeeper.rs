@@ -40,6 +40,9 @@ pub struct BookkeeperOptions {
     pub interval: u64,
     /// Write the state at the peak instead of at the end.
     pub dump_at_max: bool,
+    /// Write function names (else frames stay bare: build ids and
+    /// addresses, [`WriterConfig::symbolize`]).
+    pub symbolize: bool,
 }
 
 /// The shared objects the bookkeeping thread works with.
@@ -108,6 +111,7 @@ impl Book {
             .map_err(|e| format!("cannot use the trace file: {e}"))?;
         let config = WriterConfig {
             dump_at_max: options.dump_at_max,
+            symbolize: options.symbolize,
             ..WriterConfig::default()
         };
         let (writer, write_error) = match TraceWriter::with_config(file, clocks, config) {

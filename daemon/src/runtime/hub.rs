@@ -42,6 +42,9 @@ pub struct Wanted {
     /// The user who asked for it: it sees only the processes that user may
     /// profile ([`access::may_profile`]: everyone's for root).
     pub requester: u32,
+    /// When it started, in clock ticks since boot (as `/proc/PID/stat`'s
+    /// start time): the processes that started since are its startup ones.
+    pub since_ticks: u64,
 }
 
 /// Which profiles one session feeds.
@@ -133,8 +136,18 @@ impl Hub {
         }
     }
 
+    /// Whether some profile takes the processes of a command (their
+    /// environment must then be read at admission).
+    pub fn wants_commands(&self) -> bool {
+        self.state()
+            .profiles
+            .values()
+            .any(|w| w.targets.command.is_some())
+    }
+
     /// Decides whether the connecting process `pid` (named `name`,
-    /// connecting from its start or not) is wanted; if so, records session
+    /// connecting from its start or not, carrying a command's `token` in
+    /// its environment or not) is wanted; if so, records session
     /// `session`'s route and returns the configuration to send.
     pub fn admit(
         &self,
@@ -143,6 +156,7 @@ impl Hub {
         uid: u32,
         name: &str,
         from_startup: bool,
+        token: Option<&str>,
     ) -> Option<Admission> {
         let mut st = self.state();
         let mut wanting = Vec::new();
@@ -154,7 +168,8 @@ impl Hub {
             let t = &w.targets;
             let at_start =
                 from_startup && t.startup && (t.all || t.names.iter().any(|n| n == name));
-            if woken || at_start {
+            let of_command = token.is_some() && t.command.as_deref() == token;
+            if woken || at_start || of_command {
                 wanting.push(id);
             }
         }
@@ -272,6 +287,46 @@ impl Hub {
             .collect()
     }
 
+    /// Whether some profile wants processes by name (or every one) from
+    /// their start.
+    pub fn wants_startup(&self) -> bool {
+        self.state()
+            .profiles
+            .values()
+            .any(|w| w.targets.startup && (w.targets.all || !w.targets.names.is_empty()))
+    }
+
+    /// The profiles that want a process named `name` of user `uid`, which
+    /// started at `start_ticks` (since boot), from its start (and may see
+    /// it).
+    pub fn wanting_at_start(&self, name: &str, uid: u32, start_ticks: u64) -> Vec<ProfileId> {
+        self.state()
+            .profiles
+            .iter()
+            .filter(|(_, w)| {
+                let t = &w.targets;
+                // The start time is cut to a tick: one tick of doubt.
+                start_ticks + 1 >= w.since_ticks
+                    && t.startup
+                    && (t.all || t.names.iter().any(|n| n == name))
+                    && access::may_profile(w.requester, uid)
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Runs `f` if no profile runs and no session is open, holding the
+    /// table meanwhile (no process is admitted while `f` runs); whether it
+    /// ran.
+    pub fn while_idle(&self, f: impl FnOnce()) -> bool {
+        let st = self.state();
+        if !st.profiles.is_empty() || !st.sessions.is_empty() {
+            return false;
+        }
+        f();
+        true
+    }
+
     /// Every profile's id.
     pub fn profile_ids(&self) -> Vec<ProfileId> {
         self.state().profiles.keys().copied().collect()
@@ -292,8 +347,13 @@ impl Admit for HubAdmit {
     ) -> Option<ClientConfig> {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let name = String::from_utf8_lossy(process_name(&cmdline)).into_owned();
+        let token = if self.0.wants_commands() {
+            command_token(pid)
+        } else {
+            None
+        };
         self.0
-            .admit(session, pid, uid, &name, from_startup)
+            .admit(session, pid, uid, &name, from_startup, token.as_deref())
             .map(|a| a.client)
     }
 
@@ -306,6 +366,20 @@ impl Admit for HubAdmit {
     fn abandoned(&self, session: SessionId) {
         self.0.session_ended(session);
     }
+}
+
+/// The command token in process `pid`'s environment
+/// ([`crate::service::spec::PROFILE_ENV`]), if any (readable: our own
+/// user's processes, or anyone's for root).
+fn command_token(pid: u32) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let key = format!("{}=", crate::service::spec::PROFILE_ENV);
+    environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(key.as_bytes()))
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .filter(|v| crate::service::spec::valid_token(v))
+        .map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -323,6 +397,7 @@ mod tests {
             client: ClientConfig::new(interval, 1 << 20),
             pending: BTreeSet::new(),
             requester: 0,
+            since_ticks: 0,
         }
     }
 
@@ -338,14 +413,14 @@ mod tests {
         );
         hub.add_profile(2, wanted(&["b"], 1));
         // User 1000's profile: not root's process, not user 1001's.
-        assert!(hub.admit(10, 100, 0, "a", true).is_none());
-        assert!(hub.admit(11, 101, 1001, "a", true).is_none());
-        let own = hub.admit(12, 102, 1000, "a", true).expect("own");
+        assert!(hub.admit(10, 100, 0, "a", true, None).is_none());
+        assert!(hub.admit(11, 101, 1001, "a", true, None).is_none());
+        let own = hub.admit(12, 102, 1000, "a", true, None).expect("own");
         assert!(own.rejected.is_empty());
         assert_eq!(hub.route(12).expect("route").profiles, vec![1]);
         // Root's profile takes anyone's; user 1000's cannot join it.
         hub.add_profile(3, wanted(&["b"], 1));
-        assert!(hub.admit(13, 103, 1001, "b", true).is_some());
+        assert!(hub.admit(13, 103, 1001, "b", true, None).is_some());
         assert_eq!(hub.route(13).expect("route").profiles, vec![2, 3]);
         hub.add_profile(
             4,
@@ -369,16 +444,19 @@ mod tests {
         hub.add_profile(2, wanted(&["b"], 1));
         hub.add_profile(3, wanted(&["b"], 4096));
         // Not wanted at all; wanted by one; by three (one rejected).
-        assert!(hub.admit(10, 100, 0, "c", true).is_none());
-        assert!(hub.admit(10, 100, 0, "a", false).is_none(), "not woken");
-        let a = hub.admit(11, 101, 0, "a", true).expect("a");
+        assert!(hub.admit(10, 100, 0, "c", true, None).is_none());
+        assert!(
+            hub.admit(10, 100, 0, "a", false, None).is_none(),
+            "not woken"
+        );
+        let a = hub.admit(11, 101, 0, "a", true, None).expect("a");
         assert!(a.rejected.is_empty());
-        let b = hub.admit(12, 102, 0, "b", true).expect("b");
+        let b = hub.admit(12, 102, 0, "b", true, None).expect("b");
         assert_eq!(b.rejected, vec![3]);
         assert_eq!(hub.route(12).expect("route").profiles, vec![1, 2]);
         // A woken process is wanted by the profile that woke it only.
         hub.expect(3, 103);
-        let w = hub.admit(13, 103, 0, "zzz", false).expect("woken");
+        let w = hub.admit(13, 103, 0, "zzz", false, None).expect("woken");
         assert_eq!(w.client.sampling_interval, 4096);
         assert_eq!(hub.route(13).expect("route").profiles, vec![3]);
         // Joining: alike shares, different is rejected.
@@ -398,5 +476,42 @@ mod tests {
         assert_eq!(stop, vec![(13, 103)]);
         let (all, names) = hub.startup_triggers();
         assert_eq!((all, names.get("b").copied()), (0, Some(1)));
+    }
+
+    #[test]
+    fn a_commands_profile_takes_the_processes_with_its_token() {
+        let hub = Hub::default();
+        assert!(!hub.wants_commands());
+        let token = "0123456789abcdef0123456789abcdef";
+        hub.add_profile(
+            1,
+            Wanted {
+                targets: Targets {
+                    command: Some(token.into()),
+                    startup: true,
+                    ..Targets::default()
+                },
+                requester: 1000,
+                ..wanted(&[], 1)
+            },
+        );
+        assert!(hub.wants_commands());
+        assert!(
+            hub.admit(10, 100, 1000, "x", true, None).is_none(),
+            "no token"
+        );
+        let other = "fedcba9876543210fedcba9876543210";
+        assert!(hub.admit(11, 101, 1000, "x", true, Some(other)).is_none());
+        assert!(
+            hub.admit(12, 102, 1001, "x", true, Some(token)).is_none(),
+            "another user's process"
+        );
+        assert!(hub.admit(13, 103, 1000, "x", true, Some(token)).is_some());
+        assert!(hub.admit(14, 104, 1000, "y", false, Some(token)).is_some());
+        assert_eq!(hub.route(13).expect("route").profiles, vec![1]);
+        let mut stop = hub.end_profile(1);
+        stop.sort_unstable();
+        assert_eq!(stop, vec![(13, 103), (14, 104)]);
+        assert!(!hub.wants_commands());
     }
 }

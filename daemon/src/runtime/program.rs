@@ -51,7 +51,9 @@ pub fn unprofilable(cmd: &OsStr) -> Option<Unprofilable> {
     check_file(&path)
 }
 
-fn check_file(path: &Path) -> Option<Unprofilable> {
+/// Why the program in `path` cannot load the client, if it cannot (as
+/// [`unprofilable`], for a file already found).
+pub fn check_file(path: &Path) -> Option<Unprofilable> {
     let meta = std::fs::metadata(path).ok()?;
     let (uid, gid) = (
         nix::unistd::getuid().as_raw(),

@@ -90,14 +90,14 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
 /// CMD could not be started.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot run `{program}`: {cause}{hint}")]
-struct SpawnError {
+pub(super) struct SpawnError {
     program: String,
     cause: std::io::Error,
     hint: &'static str,
 }
 
 impl SpawnError {
-    fn new(program: &str, cause: std::io::Error) -> SpawnError {
+    pub(super) fn new(program: &str, cause: std::io::Error) -> SpawnError {
         let hint = match cause.kind() {
             std::io::ErrorKind::NotFound => "; check the name (is it in PATH?)",
             std::io::ErrorKind::PermissionDenied => "; is it executable (chmod +x)?",
@@ -111,7 +111,7 @@ impl SpawnError {
     }
 
     /// A shell's exit code for it: 127 not found, 126 found but not runnable.
-    fn exit_code(&self) -> i32 {
+    pub(super) fn exit_code(&self) -> i32 {
         match self.cause.kind() {
             std::io::ErrorKind::NotFound => 127,
             _ => 126,

@@ -687,6 +687,7 @@ mod tests {
                 output_path: out,
                 interval: 4096,
                 dump_at_max: false,
+                symbolize: false,
             },
         };
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -19,7 +19,9 @@
 //! with the dormant client preloaded that starts meanwhile connects from
 //! its first allocation), and it tells a client woken by the signal where
 //! the service is. It is rewritten whenever a profile starts or ends, and
-//! removed with the last one. SIGINT or SIGTERM ends every profile (each
+//! removed with the last one. While a startup profile runs, the service
+//! looks for the programs it wants that cannot load the client
+//! ([`super::service_scan`]). SIGINT or SIGTERM ends every profile (each
 //! trace written, each `record` answered), then the service.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -134,6 +136,11 @@ async fn serve(dir: PathBuf) -> Result<()> {
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    // Programs a startup profile wants that cannot load the client.
+    tasks.spawn(super::service_scan::watch(
+        Arc::clone(&service),
+        stop_rx.clone(),
+    ));
     loop {
         tokio::select! {
             r = listener.accept() => match r {

@@ -18,13 +18,20 @@
 //! `max_heapprofd_memory_kb`) are checked per profile at each batch and
 //! every 200 ms: a process past one ends for that profile, flagged
 //! `hit_guardrail` in its trace, instead of growing without bound.
+//!
+//! Once no profile runs and no session is open, the service forgets what
+//! its interner holds (mappings are interned with their addresses: every
+//! process adds its own) and the symbolizer's queue, so its memory does not
+//! grow from one profile to the next.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use heapprofd_model::messages::{Op, SessionEnd, SessionEvent, SessionId, SessionStats};
+use heapprofd_model::messages::{
+    Op, SessionEnd, SessionEvent, SessionId, SessionStats, Unprofilable,
+};
 use heapprofd_model::profile::FrameId;
 
 use super::BookMsg;
@@ -49,6 +56,9 @@ pub enum ServiceMsg {
     /// A dump of one profile, as of the time it was asked for
     /// (MONOTONIC_COARSE ns, see [`BookMsg::Dump`]).
     Dump(ProfileId, u64),
+    /// A process these profiles want runs unprofiled (it cannot load the
+    /// client: [`super::service_scan`]); named and flagged in their traces.
+    Unprofilable(Vec<ProfileId>, u32, Vec<String>, Unprofilable),
     /// The profile ends (already out of the hub): its summary, once written.
     End(ProfileId, Sender<anyhow::Result<Summary>>),
 }
@@ -117,6 +127,7 @@ pub fn run(
         }
         r.check_guardrails(None);
         r.check_ending();
+        r.forget_when_idle();
     }
 }
 
@@ -142,6 +153,18 @@ impl Router {
             ServiceMsg::Dump(id, asked) => {
                 if let Some(b) = self.books.get_mut(&id) {
                     b.dump_at(asked);
+                }
+            }
+            ServiceMsg::Unprofilable(ids, pid, cmdline, why) => {
+                for id in ids {
+                    if let Some(b) = self.books.get_mut(&id) {
+                        b.handle(SessionEvent::Unprofilable {
+                            id: 0,
+                            pid,
+                            cmdline: cmdline.clone(),
+                            why,
+                        });
+                    }
                 }
             }
             ServiceMsg::End(id, reply) => {
@@ -217,6 +240,34 @@ impl Router {
                 None => Err(anyhow::anyhow!("the profile's trace could not be opened")),
             };
             let _ = reply.send(result);
+        }
+    }
+
+    /// With no profile and no session left, forgets what was interned
+    /// (every process's mappings and frames: they are interned with their
+    /// addresses) and the symbolizer's queue of it, so the service's memory
+    /// does not grow from one profile to the next. Under the hub's lock: no
+    /// process is admitted (and no worker interns) meanwhile.
+    fn forget_when_idle(&mut self) {
+        if !self.books.is_empty() || !self.feeds.is_empty() || !self.ending.is_empty() {
+            return;
+        }
+        let interner = &self.shared.interner;
+        let counts = interner.counts();
+        if counts == (0, 0, 0) {
+            return;
+        }
+        let symbolizer = &self.shared.symbolizer;
+        if self.hub.while_idle(|| {
+            interner.clear();
+            symbolizer.clear();
+        }) {
+            log::info!(
+                "service idle: forgot {} strings, {} mappings, {} frames",
+                counts.0,
+                counts.1,
+                counts.2
+            );
         }
     }
 

@@ -114,14 +114,10 @@ fn read_request(
     Ok((request, fd, std, peer.uid()))
 }
 
-/// What this service does not do yet: a profile it cannot run as asked is
-/// refused with why, never run differently.
+/// A profile the service cannot run as asked is refused with why, never
+/// run differently.
 fn supported(spec: &ProfileSpec) -> Result<()> {
-    spec.check().map_err(anyhow::Error::msg)?;
-    if spec.targets.descendants_of.is_some() {
-        bail!("the service does not start commands (record -- CMD runs its own daemon)");
-    }
-    Ok(())
+    spec.check().map_err(anyhow::Error::msg)
 }
 
 /// The configuration the profile's processes get
@@ -154,6 +150,9 @@ fn describe(spec: &ProfileSpec) -> String {
         let p: Vec<String> = t.pids.iter().map(u32::to_string).collect();
         what.push(format!("pid {}", p.join(",")));
     }
+    if t.command.is_some() {
+        what.push("a command of record".to_string());
+    }
     what.join(" and ")
 }
 
@@ -181,6 +180,9 @@ async fn run_profile(
         output_path: req.output_path.clone(),
         interval: super::setup::libc_malloc_interval(&client),
         dump_at_max: spec.dumps.dump_at_max,
+        // The service symbolizes what its workers see (for every profile);
+        // a profile that asked for no symbols gets its frames bare.
+        symbolize: spec.symbolize,
     };
     let _ = book.send(BookMsg::Service(ServiceMsg::Add(
         id,
@@ -194,11 +196,26 @@ async fn run_profile(
             client,
             pending: Default::default(),
             requester,
+            since_ticks: super::service_scan::boot_ticks(),
         },
     );
     service.update_store();
     let what = describe(spec);
     log::info!("profile {id}: {what}");
+    if spec.targets.command.is_some() {
+        // Its processes are taken from now on: `record` may start CMD. (A
+        // peer gone meanwhile ends the profile below, as any other.)
+        let started = crate::service::control::frame(&Reply::Started).map_err(anyhow::Error::from);
+        let sent = match started {
+            Ok(m) => tokio::io::AsyncWriteExt::write_all(stream, &m)
+                .await
+                .map_err(anyhow::Error::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sent {
+            log::warn!("profile {id}: telling record that its profile started: {e}");
+        }
+    }
     let notes = if spec.targets.running {
         take_running(service, id, spec, requester)
     } else {
@@ -347,7 +364,7 @@ fn take_running(
 
 /// Sleeps until `deadline` (an instant, so making the future anew on each
 /// turn of the loop does not move it); forever without one.
-async fn sleep_for(deadline: Option<tokio::time::Instant>) {
+pub(super) async fn sleep_for(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

@@ -16,9 +16,11 @@
 //! `record --config FILE` sends the profile a Perfetto HeapprofdConfig
 //! describes ([`crate::config`]) the same way.
 
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -53,22 +55,7 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
                 running: !args.no_running,
                 ..Targets::default()
             },
-            sampling: Sampling {
-                interval: args.interval,
-                // Many processes at once under --all: smaller rings unless asked.
-                shmem_size: if args.all && args.shmem_size == DEFAULT_SHMEM {
-                    DEFAULT_SHMEM_ALL
-                } else {
-                    args.shmem_size
-                },
-                block_client: !args.no_block_client,
-                block_timeout_us: args
-                    .block_client
-                    .unwrap_or(Duration::from_secs(5))
-                    .as_micros() as u64,
-                seed: args.seed,
-                heaps: args.heap_selection(),
-            },
+            sampling: sampling(args),
             dumps: Dumps {
                 continuous: None,
                 dump_at_max: args.dump_at_max,
@@ -77,11 +64,65 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
             ..ProfileSpec::default()
         },
     };
+    if args.no_symbolize {
+        spec.symbolize = false;
+    }
     if let Some(d) = args.duration {
         spec.duration_ms = Some(d.as_millis() as u64);
     }
     spec.check().map_err(UsageError)?;
     Ok(spec)
+}
+
+/// How `record`'s options sample.
+pub(super) fn sampling(args: &RecordArgs) -> Sampling {
+    Sampling {
+        interval: args.interval,
+        // Many processes at once under --all: smaller rings unless asked.
+        shmem_size: if args.all && args.shmem_size == DEFAULT_SHMEM {
+            DEFAULT_SHMEM_ALL
+        } else {
+            args.shmem_size
+        },
+        block_client: !args.no_block_client,
+        block_timeout_us: args
+            .block_client
+            .unwrap_or(Duration::from_secs(5))
+            .as_micros() as u64,
+        seed: args.seed,
+        heaps: args.heap_selection(),
+    }
+}
+
+/// Creates the trace file, readable by the requesting user only (a root
+/// service may have profiled processes of this user that nobody else may
+/// look into).
+pub(super) fn create_trace(output: &Path) -> Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(output)
+        .map_err(|e| {
+            UsageError(format!(
+                "cannot create the trace file {}: {e}; choose another path with -o",
+                output.display()
+            ))
+            .into()
+        })
+}
+
+/// Sends `request` with the trace file's descriptor.
+pub(super) fn send_request(sock: &UnixStream, request: &Request, file: &File) -> Result<()> {
+    let body = serde_json::to_vec(request)?;
+    heapprofd_proto::socket::send_with_fds(
+        sock.as_raw_fd(),
+        &frame_header(body.len())?,
+        &[file.as_raw_fd()],
+    )
+    .context("sending the request to the service")?;
+    std::io::Write::write_all(&mut &*sock, &body).context("sending the request to the service")
 }
 
 /// What the profile takes in, for the log.
@@ -130,33 +171,13 @@ pub fn run(args: RecordArgs) -> Result<i32> {
             control.display()
         )
     })?;
-    // Readable by the requesting user only: a root service may have
-    // profiled processes of this user that nobody else may look into.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&output)
-        .map_err(|e| {
-            UsageError(format!(
-                "cannot create the trace file {}: {e}; choose another path with -o",
-                output.display()
-            ))
-        })?;
+    let file = create_trace(&output)?;
     let duration = spec.duration_ms;
     let request = Request {
         spec,
         output_path: output.clone(),
     };
-    let body = serde_json::to_vec(&request)?;
-    heapprofd_proto::socket::send_with_fds(
-        sock.as_raw_fd(),
-        &frame_header(body.len())?,
-        &[file.as_raw_fd()],
-    )
-    .context("sending the request to the service")?;
-    std::io::Write::write_all(&mut &sock, &body).context("sending the request to the service")?;
+    send_request(&sock, &request, &file)?;
     drop(file);
     log::info!(
         "profiling {what}{}; Ctrl-C to stop",
@@ -168,6 +189,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
             log::info!("{summary}");
             Ok(0)
         }
+        Reply::Started => bail!("the service answered out of turn (Started)"),
         Reply::Failed(why) => {
             // Nothing was written: no empty trace left behind.
             if std::fs::metadata(&output).is_ok_and(|m| m.len() == 0) {

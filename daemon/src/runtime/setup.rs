@@ -57,6 +57,7 @@ pub(super) fn daemon_options(
             output_path: output.to_path_buf(),
             interval: libc_malloc_interval(&client),
             dump_at_max: args.dump_at_max,
+            symbolize: !args.no_symbolize,
         },
     })
 }

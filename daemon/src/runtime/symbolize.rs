@@ -59,6 +59,14 @@ impl Symbolizer {
         Self::default()
     }
 
+    /// Forgets every frame queued or seen (their interner was cleared,
+    /// [`Interner::clear`]).
+    pub fn clear(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.queue.clear();
+        st.seen = HashSet::new();
+    }
+
     /// Queues bare frame `id` (the pc at `rel_pc` in `mapping`) once.
     pub fn request(&self, id: FrameId, mapping: &Arc<Mapping>, rel_pc: u64) {
         {

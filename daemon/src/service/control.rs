@@ -9,7 +9,9 @@
 //! to the user who asked). The service starts the profile, and ends it when
 //! the request's duration passes or when the command line shuts down its
 //! side of the connection (Ctrl-C), then answers with one [`Reply`] in the
-//! same framing and closes.
+//! same framing and closes. A `record -- CMD` profile first gets
+//! [`Reply::Started`] once the service takes its processes: only then does
+//! `record` start CMD.
 
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
@@ -34,9 +36,14 @@ pub struct Request {
     pub output_path: PathBuf,
 }
 
-/// The service's answer once the profile ended.
+/// The service's answer once the profile ended (and, for a command's
+/// profile, [`Reply::Started`] first).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
+    /// A command's profile ([`super::spec::Targets::command`]) is in
+    /// place: processes carrying its token are taken from now on, so
+    /// `record` may start the command. The final reply follows.
+    Started,
     /// The trace is written; the summary to show.
     Done {
         /// The end-of-run summary, as `record` prints it.
@@ -82,9 +89,15 @@ pub fn service_dir_to_ask() -> PathBuf {
 
 /// Writes one framed JSON message.
 pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    w.write_all(&frame(msg)?)
+}
+
+/// One framed JSON message: its length prefix and body.
+pub fn frame<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
-    w.write_all(&frame_header(body.len())?)?;
-    w.write_all(&body)
+    let mut out = frame_header(body.len())?.to_vec();
+    out.extend_from_slice(&body);
+    Ok(out)
 }
 
 /// The length prefix of a message of `len` bytes.

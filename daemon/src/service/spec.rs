@@ -35,9 +35,10 @@ pub struct Targets {
     pub startup: bool,
     /// Processes already running when the profile starts.
     pub running: bool,
-    /// A process the command line is about to start (`record -- CMD`), and
-    /// every process it starts.
-    pub descendants_of: Option<u32>,
+    /// The processes of one command (`record -- CMD` through the service):
+    /// those whose environment holds [`PROFILE_ENV`]`=<this token>`, which
+    /// `record` gives CMD and every process CMD starts inherits.
+    pub command: Option<String>,
     /// Skip running processes whose anonymous memory plus swap is below
     /// this (Perfetto's `min_anonymous_memory_kb`).
     pub min_anonymous_memory_kb: Option<u32>,
@@ -118,6 +119,16 @@ pub struct ProfileSpec {
     pub symbolize: bool,
 }
 
+/// The environment variable that marks the processes of a `record --
+/// CMD` profile of the service ([`Targets::command`]).
+pub const PROFILE_ENV: &str = "HEAPPROFD_PROFILE";
+
+/// Whether `token` may name a command's profile: 16 to 64 ASCII letters or
+/// digits (it is matched in environments, so nothing else).
+pub fn valid_token(token: &str) -> bool {
+    (16..=64).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
 /// Whether a name pattern is a glob.
 pub fn is_glob(pattern: &str) -> bool {
     pattern.contains(['*', '?', '['])
@@ -127,7 +138,7 @@ impl ProfileSpec {
     /// Checks what a peer may not get wrong; the first problem, in words.
     pub fn check(&self) -> Result<(), String> {
         let t = &self.targets;
-        if t.pids.is_empty() && t.names.is_empty() && !t.all && t.descendants_of.is_none() {
+        if t.pids.is_empty() && t.names.is_empty() && !t.all && t.command.is_none() {
             return Err("the profile names no process: give -n NAME, -p PID or --all".into());
         }
         if !t.startup && !t.running {
@@ -151,6 +162,11 @@ impl ProfileSpec {
                      (startup profiling needs exact names, as in Perfetto)"
                 ));
             }
+        }
+        if let Some(token) = &t.command
+            && !valid_token(token)
+        {
+            return Err("the command's token must be 16 to 64 letters or digits".into());
         }
         if t.pids.contains(&0) {
             return Err("pid 0 is not a process".into());
@@ -212,6 +228,14 @@ mod tests {
             phase_ms: 0,
             interval_ms: 0,
         });
+        assert!(s.check().is_err());
+        let mut s = spec();
+        s.targets.names.clear();
+        s.targets.command = Some("0123456789abcdef".into());
+        assert_eq!(s.check(), Ok(()));
+        s.targets.command = Some("short".into());
+        assert!(s.check().is_err());
+        s.targets.command = Some("0123456789abcdef\n".into());
         assert!(s.check().is_err());
         let json = serde_json::to_string(&spec()).expect("json");
         assert_eq!(

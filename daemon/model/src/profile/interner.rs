@@ -412,6 +412,15 @@ impl Interner {
         self.read_tables().frames.by_id.get(id.index()).copied()
     }
 
+    /// Forgets everything interned: every id handed out so far is invalid
+    /// afterwards. For an owner that knows no id is held any more: the
+    /// service between profiles (mappings are interned with their
+    /// addresses, so each process adds its own, and a long-lived service
+    /// would otherwise keep every process's mappings and frames for ever).
+    pub fn clear(&self) {
+        *self.write_tables() = Tables::default();
+    }
+
     /// Numbers of interned (strings, mappings, frames).
     pub fn counts(&self) -> (usize, usize, usize) {
         let t = self.read_tables();
@@ -443,6 +452,12 @@ impl InternerView<'_> {
     /// A frame.
     pub fn frame(&self, id: FrameId) -> Option<FrameData> {
         self.t.frames.by_id.get(id.index()).copied()
+    }
+
+    /// The mapping of frames outside any known mapping (error frames), if
+    /// one was interned (see [`Interner::unknown_mapping`]).
+    pub fn unknown_mapping(&self) -> Option<MappingId> {
+        self.t.unknown_mapping
     }
 
     /// The named frames pc frame `id` stands for, outermost first (see
@@ -525,6 +540,19 @@ mod tests {
         }
         assert_eq!(i.frame(f4).unwrap().function, None);
         assert_eq!(i.read().function_name(f2).as_deref(), Some("inlined"));
+    }
+
+    #[test]
+    fn clear_forgets_everything() {
+        let i = Interner::new();
+        let e = i.intern_error_frame("X");
+        let s = i.intern_string(b"abc");
+        i.clear();
+        assert_eq!(i.counts(), (0, 0, 0));
+        assert!(i.frame(e).is_none() && i.string(s).is_none());
+        assert!(i.read().unknown_mapping().is_none());
+        // Usable again, from the first ids.
+        assert_eq!(i.intern_string(b"def"), Interner::new().intern_string(b"x"));
     }
 
     #[test]

@@ -70,6 +70,7 @@
 //! borrows the [`Profile`](crate::profile::Profile) mutably and reads the
 //! shared [`Interner`](crate::profile::Interner) under short read locks.
 
+mod bits;
 mod data;
 pub mod extension;
 mod interned;

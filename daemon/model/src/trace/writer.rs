@@ -9,6 +9,7 @@ use heapprofd_proto::perfetto::{
 use rustc_hash::FxHashMap;
 
 use super::TraceError;
+use super::bits::Bits;
 use super::extension::{CallsiteStatsMsg, Extension, HeapStats, append_extension};
 use crate::profile::histogram::{UNWIND_HISTOGRAM_BUCKETS, unwind_bucket_limit};
 use crate::profile::{
@@ -63,6 +64,13 @@ pub struct WriterConfig {
     pub packet_size_threshold: usize,
     /// `trusted_packet_sequence_id` (non-zero).
     pub sequence_id: u32,
+    /// Write function names, source files and lines. Without it frames are
+    /// written bare (mapping, build id and `rel_pc`, for symbolization
+    /// later elsewhere), whatever names the interner holds: a profile that
+    /// asked for no symbols gets none even when its process is shared with
+    /// one that symbolizes. Error frames (outside any mapping) keep their
+    /// names: they are not symbols.
+    pub symbolize: bool,
 }
 
 impl Default for WriterConfig {
@@ -71,6 +79,7 @@ impl Default for WriterConfig {
             dump_at_max: false,
             packet_size_threshold: PACKET_SIZE_THRESHOLD,
             sequence_id: DEFAULT_SEQUENCE_ID,
+            symbolize: true,
         }
     }
 }
@@ -88,28 +97,6 @@ pub struct DumpSummary {
     pub bytes: u64,
 }
 
-/// Growable bit set indexed by 1-based ids.
-#[derive(Debug, Default)]
-struct Bits(Vec<u64>);
-
-impl Bits {
-    fn insert(&mut self, id: u32) -> bool {
-        let (w, b) = ((id / 64) as usize, id % 64);
-        if self.0.len() <= w {
-            self.0.resize(w + 1, 0);
-        }
-        let new = self.0[w] & (1 << b) == 0;
-        self.0[w] |= 1 << b;
-        new
-    }
-
-    fn contains(&self, id: u32) -> bool {
-        self.0
-            .get((id / 64) as usize)
-            .is_some_and(|w| w & (1 << (id % 64)) != 0)
-    }
-}
-
 /// String roles, one bit each: a string is emitted once per table.
 const FUNCTION_NAME: u8 = 1;
 const MAPPING_PATH: u8 = 2;
@@ -119,6 +106,8 @@ const SOURCE_PATH: u8 = 8;
 /// Interned entries already written to the sequence.
 #[derive(Debug, Default)]
 struct Emitted {
+    /// Names frames ([`WriterConfig::symbolize`]).
+    symbolize: bool,
     strings: Vec<u8>,
     mappings: Bits,
     frames: Bits,
@@ -189,7 +178,10 @@ impl Emitted {
         if self.frames.contains(id.get()) {
             return;
         }
-        let Some(f) = v.frame(id) else { return };
+        let Some(mut f) = v.frame(id) else { return };
+        if !self.symbolize && Some(f.mapping) != v.unknown_mapping() {
+            (f.function, f.source_file, f.line) = (None, None, 0);
+        }
         self.mapping(v, f.mapping, pending);
         if let Some(s) = f.function {
             self.string(v, s, FUNCTION_NAME, pending);
@@ -227,8 +219,12 @@ impl Emitted {
         let v = interner.read();
         let mut frame_ids = Vec::with_capacity(stack.len());
         for &f in stack.iter() {
-            // A symbolized pc frame is written as its inline chain.
-            let chain = v.expansion(f).unwrap_or(std::slice::from_ref(&f));
+            // A symbolized pc frame is written as its inline chain (when
+            // symbols are written).
+            let chain = v
+                .expansion(f)
+                .filter(|_| self.symbolize)
+                .unwrap_or(std::slice::from_ref(&f));
             for &e in chain {
                 self.frame(&v, e, pending);
                 frame_ids.push(e.iid());
@@ -276,6 +272,7 @@ impl<W: Write> TraceWriter<W> {
     ) -> Result<Self, TraceError> {
         cfg.sequence_id = cfg.sequence_id.max(1);
         cfg.packet_size_threshold = cfg.packet_size_threshold.max(1);
+        let symbolize = cfg.symbolize;
         let mut w = TraceWriter {
             out,
             cfg,
@@ -284,7 +281,10 @@ impl<W: Write> TraceWriter<W> {
             bytes: 0,
             packets: 0,
             next_index: 0,
-            emitted: Emitted::default(),
+            emitted: Emitted {
+                symbolize,
+                ..Emitted::default()
+            },
             processes_written: FxHashMap::default(),
             buf: Vec::new(),
             stack: Vec::new(),
