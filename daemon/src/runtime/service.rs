@@ -36,7 +36,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::Counters;
-use super::hub::{Hub, HubAdmit};
+use super::hub::Hub;
+use super::hub_admit::HubAdmit;
 use super::server::{BookRunner, Daemon, ServerOptions};
 use super::service_profile::serve_request;
 use super::service_state::Service;
