@@ -24,7 +24,7 @@ step "crate dependency rules"
 scripts/check-deps.sh
 
 step "layout rules (module docs, file length, no too_many_arguments, no import circles)"
-python3 scripts/check-layout.py
+python3 scripts/check-layout.py --self-test && python3 scripts/check-layout.py
 
 step "release build (the end-to-end tests run these binaries)"
 cargo build --release --workspace

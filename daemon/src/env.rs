@@ -15,10 +15,18 @@
 //! * `XDG_RUNTIME_DIR`: where `record -- CMD` makes its private runtime
 //!   directory (`heapprofd-rs` inside it) when it is a usable directory of
 //!   ours; otherwise `/tmp/heapprofd-rs-<uid>` (see `runtime::rundir`).
+//! * `HEAPPROFD_SERVICE_DIR`: the profiling service's directory, for
+//!   `heapprofd-rs daemon` and `record -n` alike (see
+//!   `service::control::service_dir`).
+//! * `PATH`: where `record -- CMD` looks for CMD, to tell whether it can
+//!   load the client (`runtime::program`; the spawn itself searches `PATH`
+//!   as exec does).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use heapprofd_proto::service::DIR_ENV;
 
 /// How `record --pid` activates the client (`HEAPPROFD_ATTACH`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -49,6 +57,10 @@ pub struct Env {
     pub xdg_runtime_dir: Option<PathBuf>,
     /// `HEAPPROFD_ATTACH_TEST_STALL`, if set and not empty.
     pub attach_test_stall: Option<String>,
+    /// `HEAPPROFD_SERVICE_DIR`, if set and not empty.
+    pub service_dir: Option<PathBuf>,
+    /// `PATH`, if set.
+    pub path: Option<OsString>,
 }
 
 impl Env {
@@ -81,6 +93,8 @@ impl Env {
             attach_test_stall: get("HEAPPROFD_ATTACH_TEST_STALL")
                 .map(|v| v.to_string_lossy().into_owned())
                 .filter(|v| !v.is_empty()),
+            service_dir: get(DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
+            path: get("PATH"),
         }
     }
 }
@@ -107,7 +121,14 @@ mod tests {
             ("LD_PRELOAD", "/x.so"),
             ("XDG_RUNTIME_DIR", "/run/user/1000"),
             ("HEAPPROFD_ATTACH_TEST_STALL", "call-0-ready"),
+            ("HEAPPROFD_SERVICE_DIR", "/run/svc"),
+            ("PATH", "/opt/bin:/bin"),
         ]);
+        assert_eq!(
+            e.service_dir.as_deref(),
+            Some(std::path::Path::new("/run/svc"))
+        );
+        assert_eq!(e.path.as_deref(), Some("/opt/bin:/bin".as_ref()));
         assert_eq!(e.attach_test_stall.as_deref(), Some("call-0-ready"));
         assert!(e.debug);
         assert_eq!(e.attach, AttachChoice::Ptrace);
@@ -122,7 +143,9 @@ mod tests {
             ("HEAPPROFD_ATTACH_TIMEOUT_MS", "soon"),
             ("LD_PRELOAD", ""),
             ("XDG_RUNTIME_DIR", ""),
+            ("HEAPPROFD_SERVICE_DIR", ""),
         ]);
+        assert_eq!(e.service_dir, None);
         assert_eq!(e.attach, AttachChoice::Invalid("gdb".into()));
         assert_eq!(e.xdg_runtime_dir, None);
         assert_eq!((e.attach_timeout, e.ld_preload), (None, None));

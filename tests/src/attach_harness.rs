@@ -19,6 +19,10 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use heapprofd_proto::attach::CLIENT_THREAD_NAME;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
 use crate::client_harness::{Output, compile, run, workspace_root};
 use crate::record_harness::heapprofd;
 
@@ -178,8 +182,11 @@ impl Target {
 
     /// Sends `sig` to the target.
     pub fn signal(&self, sig: i32) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-        unsafe { libc::kill(self.pid as i32, sig) };
+        // The pid is our child's.
+        let _ = kill(
+            Pid::from_raw(self.pid as i32),
+            Signal::try_from(sig).expect("a signal"),
+        );
     }
 }
 
@@ -214,7 +221,7 @@ pub fn client_thread(pid: u32) -> Option<u32> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .find(|tid| {
             std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-                .is_ok_and(|c| c.trim_end() == "heapprofd-rs")
+                .is_ok_and(|c| c.trim_end() == CLIENT_THREAD_NAME)
         })
 }
 
@@ -225,8 +232,7 @@ pub fn maps_contain(pid: u32, needle: &str) -> bool {
 
 /// Whether we are root.
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// Whether a program is on `PATH` (node may be missing on a dev machine).

@@ -24,6 +24,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 /// How long one protocol command may take.
@@ -297,13 +299,14 @@ impl Drop for Browser {
     fn drop(&mut self) {
         // The process group this struct started (its id is the child's pid).
         if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: a signal to the group of the child we spawned.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            // A signal to the group of the child we spawned.
+            let group = Pid::from_raw(pid);
+            let _ = killpg(group, Signal::SIGKILL);
             let _ = self.child.wait();
             // Its other processes (renderer, zygotes) go with the group.
             let deadline = Instant::now() + Duration::from_secs(10);
-            // SAFETY: signal 0 only checks that the group still exists.
-            while unsafe { libc::kill(-pid, 0) } == 0 && Instant::now() < deadline {
+            // No signal: only whether the group still exists.
+            while killpg(group, None).is_ok() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }

@@ -28,6 +28,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
 use serde_json::Value;
 
 use crate::client_harness::{Output, compile, run, target_dir, workspace_root};
@@ -316,15 +318,18 @@ impl Live {
 
     /// Sends `sig` to `record` itself.
     pub fn signal(&self, sig: i32) {
-        // SAFETY: kill has no memory-safety preconditions.
-        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0, "kill record");
+        kill(
+            Pid::from_raw(self.pid),
+            Signal::try_from(sig).expect("a signal"),
+        )
+        .expect("kill record");
     }
 
     /// Sends `sig` to the whole process group (record and CMD), as a
     /// terminal's Ctrl-C does.
     pub fn signal_group(&self, sig: i32) {
-        // SAFETY: as above; a negative pid addresses the process group.
-        assert_eq!(unsafe { libc::kill(-self.pid, sig) }, 0, "kill group");
+        let sig = Signal::try_from(sig).expect("a signal");
+        killpg(Pid::from_raw(self.pid), sig).expect("kill group");
     }
 
     /// Closes CMD's stdin (end of its input).
@@ -371,8 +376,7 @@ impl Live {
         // A process left in the group keeps the output pipes open: kill it
         // before reading them to the end. (The group id cannot be reused
         // while the group has members.)
-        // SAFETY: kill has no memory-safety preconditions.
-        let leftover = unsafe { libc::kill(-self.pid, libc::SIGKILL) } == 0;
+        let leftover = killpg(Pid::from_raw(self.pid), Signal::SIGKILL).is_ok();
         if let Some(t) = self.stdout_thread.take() {
             let _ = t.join();
         }
@@ -395,8 +399,7 @@ impl Drop for Live {
     fn drop(&mut self) {
         // A failed test must not leave the group (record, CMD) behind.
         if let Some(mut c) = self.child.take() {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+            let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
             let _ = c.wait();
         }
     }

@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use heapprofd_proto::service::{CONTROL_SOCKET, DIR_ENV, TRIGGERS_FILE};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use crate::record_harness::{heapprofd, record_programs, release_bins};
 
@@ -41,8 +43,8 @@ impl Drop for Reaped {
 
 /// Sends `sig` to a child.
 pub fn signal(child: &Child, sig: i32) {
-    // SAFETY: sending a signal to our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    let sig = Signal::try_from(sig).expect("a signal");
+    kill(Pid::from_raw(child.id() as i32), sig).expect("kill");
 }
 
 /// Waits for a child to exit: its exit code and its stderr. The stderr

@@ -23,6 +23,10 @@ use heapprofd_tests::attach_harness::{
 };
 use heapprofd_tests::client_harness::Output;
 use heapprofd_tests::record_harness::{Sample, TraceSummary, check_trace, heapprofd, scratch_dir};
+use nix::sys::ptrace;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -142,8 +146,8 @@ impl Background {
     /// SIGINT (Ctrl-C), then the exit code and all of stderr.
     fn stop(self) -> Output {
         let pid = self.child.as_ref().expect("child").id();
-        // SAFETY: kill has no memory-safety preconditions; our child's pid.
-        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        // Our child's pid.
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGINT);
         self.wait()
     }
 
@@ -620,21 +624,17 @@ fn target_of_another_architecture() {
 fn target_already_traced() {
     let t = Target::start(prog("sleeper"));
     // We trace it ourselves (as a debugger would), from this thread.
-    // SAFETY: PTRACE_SEIZE of our own child; detached below.
-    let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, t.pid as i32, 0, 0) };
+    // Our own child; detached below.
+    let tracee = Pid::from_raw(t.pid as i32);
+    ptrace::seize(tracee, ptrace::Options::empty()).expect("PTRACE_SEIZE");
     // (the refusal below runs on this thread too)
-    assert_eq!(rc, 0, "PTRACE_SEIZE: {}", std::io::Error::last_os_error());
     let err = refused(t.pid, &[]);
-    // SAFETY: stop and detach our tracee (detaching needs a stopped tracee).
-    unsafe {
-        libc::ptrace(libc::PTRACE_INTERRUPT, t.pid as i32, 0, 0);
-        let mut st = 0;
-        libc::waitpid(t.pid as i32, &mut st, libc::__WALL);
-        libc::ptrace(libc::PTRACE_DETACH, t.pid as i32, 0, 0);
-    }
+    // Stop and detach our tracee (detaching needs a stopped tracee).
+    let _ = ptrace::interrupt(tracee);
+    let _ = waitpid(tracee, Some(WaitPidFlag::__WALL));
+    let _ = ptrace::detach(tracee, None);
     // The tracer is this thread (ptrace is per thread).
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() };
+    let me = nix::unistd::gettid();
     assert!(
         err.contains(&format!("already being traced by pid {me}")),
         "{err}"
@@ -671,8 +671,8 @@ fn target_exiting_during_the_attach() {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        // SAFETY: our child's pid.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        // Our child's pid.
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
     });
     let err = refused(pid, &[("HEAPPROFD_ATTACH_TIMEOUT_MS", "60000")]);
     killer.join().unwrap();

@@ -610,8 +610,7 @@ fn block_mode_timeout_ends_the_session_with_an_error() {
 fn dormant_then_activated_by_signal_twice() {
     use std::io::{BufRead, BufReader, Write};
     let id = 900_000 + std::process::id() % 100_000;
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = nix::unistd::geteuid();
     let dir = PathBuf::from(format!("/tmp/heapprofd-rs-{uid}"));
     if std::fs::create_dir(&dir).is_ok() {
         use std::os::unix::fs::PermissionsExt;
@@ -642,7 +641,7 @@ fn dormant_then_activated_by_signal_twice() {
                 let v = libc::sigval {
                     sival_ptr: id as usize as *mut libc::c_void,
                 };
-                libc::sigqueue(pid, 36, v)
+                libc::sigqueue(pid, heapprofd_proto::attach::ACTIVATION_SIGNAL, v)
             };
             assert_eq!(rc, 0, "sigqueue");
             connected = r.wait_line(|l| l.starts_with("connected"), Duration::from_millis(300));

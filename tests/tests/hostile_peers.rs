@@ -389,8 +389,12 @@ fn stale_sockets_of_killed_records_are_removed() {
         "{}",
         dir.display()
     );
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(meta.uid(), unsafe { libc::geteuid() }, "{}", dir.display());
+    assert_eq!(
+        meta.uid(),
+        nix::unistd::geteuid().as_raw(),
+        "{}",
+        dir.display()
+    );
     killed.live.signal(libc::SIGKILL);
     let out = killed
         .live

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use heapprofd_proto::service::{CONTROL_SOCKET, DIR_ENV, TRIGGERS_FILE};
 use heapprofd_tests::attach_harness::is_root;
 use heapprofd_tests::record_harness::{check_trace, frame_is, release_bins, scratch_dir};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 const USERS: [&str; 2] = ["heapprofd-t13a", "heapprofd-t13b"];
 const HANG: Duration = Duration::from_secs(60);
@@ -148,8 +150,8 @@ fn start_record(user: Option<&str>, svc: &Path, trace: &Path) -> Child {
 }
 
 fn stop_record(child: Child) {
-    // SAFETY: signalling our own child (setpriv execs record in place).
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    // Our own child (setpriv execs record in place).
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
     let out = child.wait_with_output().expect("wait record -n");
     assert!(out.status.success(), "record -n: {}", text(&out));
 }
@@ -170,8 +172,8 @@ struct Service(Child);
 
 impl Drop for Service {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        // Our own child.
+        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGTERM);
         let _ = self.0.wait();
     }
 }

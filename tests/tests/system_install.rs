@@ -31,6 +31,8 @@ use heapprofd_tests::attach_harness::{have, is_root};
 use heapprofd_tests::record_harness::{
     check_trace, frame_is, heapprofd, release_bins, scratch_dir,
 };
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 const PRELOAD: &str = "/etc/ld.so.preload";
 const LIB: &str = "/usr/lib/heapprofd-rs/preload/libheapprofd_client.so";
@@ -562,12 +564,12 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
     let named = child.id();
     let st = child.wait_with_output().expect("wait many_stacks").status;
     assert!(st.success(), "many_stacks failed: {st}");
-    // SAFETY: signalling our own children.
-    unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
+    // Our own children.
+    let _ = kill(Pid::from_raw(rec.id() as i32), Signal::SIGINT);
     let rec_out = rec.wait_with_output().expect("wait record -n");
     assert!(rec_out.status.success(), "record -n: {}", text(&rec_out));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(service.id() as i32, libc::SIGTERM) };
+    // Our own child.
+    let _ = kill(Pid::from_raw(service.id() as i32), Signal::SIGTERM);
     let _ = service.wait();
 
     // `record -- CMD` beside the installed client (its own copy preloaded).

@@ -21,10 +21,11 @@
 //! 0x80` is no signal).
 //!
 //! Seizing, interrupting and the general registers go through nix's safe
-//! wrappers. Three requests stay raw `libc` calls, because nix cannot
-//! express them: `PTRACE_CONT`/`PTRACE_DETACH` with a signal to deliver
-//! and `waitpid` (nix's `Signal` has no real-time signals, so a program's
-//! signal 34-64 could be neither reported nor passed on), and the XSAVE
+//! wrappers. The other requests stay raw `libc` calls, because nix cannot
+//! express them: `PTRACE_CONT`/`PTRACE_SYSCALL`/`PTRACE_DETACH` with a
+//! signal to deliver and `waitpid` (nix's `Signal` has no real-time
+//! signals, so a program's signal 34-64 could be neither reported nor
+//! passed on), `PTRACE_GETSIGMASK` (nix has no wrapper), and the XSAVE
 //! area (`PTRACE_GETREGSET NT_X86_XSTATE`, whose size nix's fixed
 //! register sets cannot hold).
 

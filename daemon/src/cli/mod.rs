@@ -129,11 +129,11 @@ fn record_hint(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<String> {
 /// returns what it wrote, for the binary to tell ([`convert`]).
 pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
     Ok(match command {
-        Command::Daemon => Ran::Exit(service::run()?),
+        Command::Daemon => Ran::Exit(service::run(env)?),
         Command::Record(args)
             if !args.name.is_empty() || args.config.is_some() || args.all || args.pid.len() > 1 =>
         {
-            Ran::Exit(service_record::run(args)?)
+            Ran::Exit(service_record::run(args, env)?)
         }
         Command::Record(args) if !args.pid.is_empty() => Ran::Exit(attach::run(args, env)?),
         Command::Record(args) => match service_command::try_run(&args, env)? {

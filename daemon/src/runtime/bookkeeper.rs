@@ -1,4 +1,6 @@
-//! The bookkeeping thread: a thin adapter that runs the model's
+//! One profile's bookkeeping and trace ([`Book`]), what a bookkeeping
+//! thread runs (`record`'s, [`super::book_thread`]; one per profile in the
+//! service's, [`super::service_book`]): a thin adapter that runs the model's
 //! [`Bookkeeping`] and a [`TraceWriter`] over the trace file.
 //!
 //! It hands each session event to the bookkeeping (which holds back a new
@@ -13,7 +15,6 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
@@ -23,10 +24,10 @@ use heapprofd_model::profile::Interner;
 use heapprofd_model::trace::{TraceWriter, WriterConfig};
 
 use super::clock::read_clocks;
+use super::counters::Counters;
 use super::procinfo;
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
-use super::{BookMsg, Counters};
 use heapprofd_report::human_bytes;
 
 /// What the bookkeeping thread needs to know.
@@ -68,37 +69,6 @@ pub struct Book {
     write_error: Option<String>,
     options: BookkeeperOptions,
     last_live_update: Instant,
-}
-
-/// Runs the bookkeeping thread until [`BookMsg::Finish`].
-pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperOptions) {
-    let mut book = match Book::open(shared, options) {
-        Ok(b) => b,
-        Err(e) => {
-            drain_until_finish(rx, e);
-            return;
-        }
-    };
-    while let Ok(msg) = rx.recv() {
-        match msg {
-            BookMsg::Session(event) => book.handle(*event),
-            BookMsg::Dump(asked) => book.dump_at(asked),
-            BookMsg::Service(_) => {}
-            BookMsg::Finish(reply) => {
-                let _ = reply.send(book.finish());
-                return;
-            }
-        }
-    }
-}
-
-fn drain_until_finish(rx: Receiver<BookMsg>, error: String) {
-    while let Ok(msg) = rx.recv() {
-        if let BookMsg::Finish(reply) = msg {
-            let _ = reply.send(Err(anyhow!(error)));
-            return;
-        }
-    }
 }
 
 impl Book {

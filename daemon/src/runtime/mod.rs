@@ -30,12 +30,16 @@
 //! unwinder's module cache, and the relaxed [`Counters`] behind the status line.
 
 pub mod attach;
+pub mod book_msg;
+pub mod book_thread;
 pub mod bookkeeper;
 pub mod cleanup;
 pub mod clock;
+pub mod counters;
 pub mod emulation;
 pub mod handshake;
 pub mod hub;
+pub mod hub_admit;
 pub mod mapping;
 pub mod memo;
 pub mod procinfo;
@@ -59,47 +63,5 @@ pub mod supervise;
 pub mod symbolize;
 pub mod worker;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use heapprofd_model::messages::SessionEvent;
-
-/// Messages to the bookkeeping thread.
-#[derive(Debug)]
-pub enum BookMsg {
-    /// Something happened to a session (started, a batch of records, ended).
-    Session(Box<SessionEvent>),
-    /// Write a dump of every process as of the time it was asked for
-    /// (MONOTONIC_COARSE ns): the dump's timestamp. The bookkeeping thread
-    /// may get to it later (busy symbolizing the first dump, or behind on
-    /// records); its values are those of the records sent before it.
-    Dump(u64),
-    /// Write the final dump, close the trace and report back.
-    Finish(std::sync::mpsc::Sender<anyhow::Result<summary::Summary>>),
-    /// The service's profiles ([`service_book`]; ignored elsewhere).
-    Service(service_book::ServiceMsg),
-}
-
-/// Relaxed counters for the status line (approximate by design).
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Malloc samples unwound.
-    pub samples: AtomicU64,
-    /// Unwinds that ended in an error.
-    pub unwind_errors: AtomicU64,
-    /// Records dropped by clients because the buffer was full.
-    pub dropped: AtomicU64,
-    /// Live sampled bytes (from the bookkeeping thread).
-    pub live_bytes: AtomicU64,
-    /// Sessions currently connected.
-    pub sessions: AtomicU64,
-    /// Sessions whose client sent its first byte (it sends one as soon as
-    /// its hooks record), ever.
-    pub confirmed: AtomicU64,
-}
-
-impl Counters {
-    /// Reads a counter.
-    pub fn get(c: &AtomicU64) -> u64 {
-        c.load(Ordering::Relaxed)
-    }
-}
+pub use book_msg::BookMsg;
+pub use counters::Counters;

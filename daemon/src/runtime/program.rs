@@ -18,13 +18,14 @@ use heapprofd_model::messages::Unprofilable;
 const PT_INTERP: u32 = 3;
 
 /// The file exec would run for `cmd`: itself if it names a path, else the
-/// first executable file of that name on `PATH`.
-fn resolve(cmd: &OsStr) -> Option<PathBuf> {
+/// first executable file of that name on `path` (`$PATH`, see
+/// [`crate::env::Env::path`]; unset: `/bin:/usr/bin`).
+fn resolve(cmd: &OsStr, path: Option<&OsStr>) -> Option<PathBuf> {
     if cmd.as_bytes().contains(&b'/') {
         return Some(PathBuf::from(cmd));
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
-    std::env::split_paths(&path)
+    let path = path.unwrap_or(OsStr::new("/bin:/usr/bin"));
+    std::env::split_paths(path)
         .map(|d| {
             if d.as_os_str().is_empty() {
                 PathBuf::from(".")
@@ -43,8 +44,8 @@ fn resolve(cmd: &OsStr) -> Option<PathBuf> {
 /// nothing.
 /// A qemu user-mode emulator says nothing either: the guest program's own
 /// loader loads the client (see `emulation`).
-pub fn unprofilable(cmd: &OsStr) -> Option<Unprofilable> {
-    let path = resolve(cmd)?;
+pub fn unprofilable(cmd: &OsStr, path: Option<&OsStr>) -> Option<Unprofilable> {
+    let path = resolve(cmd, path)?;
     if super::emulation::is_user_emulator(&path) {
         return None;
     }
@@ -94,8 +95,14 @@ mod tests {
 
     #[test]
     fn dynamic_static_and_scripts() {
-        assert_eq!(unprofilable(OsStr::new("sh")), None, "a dynamic program");
-        assert_eq!(unprofilable(OsStr::new("/no/such/program")), None);
+        let path = crate::env::Env::from_process().path;
+        let path = path.as_deref();
+        assert_eq!(
+            unprofilable(OsStr::new("sh"), path),
+            None,
+            "a dynamic program"
+        );
+        assert_eq!(unprofilable(OsStr::new("/no/such/program"), path), None);
         // ld.so itself has no PT_INTERP: it reads as statically linked.
         assert_eq!(
             check_file(Path::new("/lib64/ld-linux-x86-64.so.2")),
@@ -105,5 +112,25 @@ mod tests {
         std::fs::write(&script, "#!/bin/sh\ntrue\n").unwrap();
         assert_eq!(check_file(&script), None, "a script's interpreter runs");
         let _ = std::fs::remove_file(&script);
+    }
+
+    #[test]
+    fn looks_on_the_path_it_is_given() {
+        let sh = OsStr::new("sh");
+        assert_eq!(
+            resolve(sh, Some(OsStr::new("/no/such/dir:/bin"))),
+            Some(PathBuf::from("/bin/sh"))
+        );
+        assert_eq!(resolve(sh, Some(OsStr::new("/no/such/dir"))), None);
+        assert_eq!(
+            resolve(sh, None),
+            Some(PathBuf::from("/bin/sh")),
+            "unset: /bin:/usr/bin"
+        );
+        let exact = OsStr::new("/no/such/sh");
+        assert_eq!(
+            resolve(exact, Some(OsStr::new("/bin"))),
+            Some(PathBuf::from(exact))
+        );
     }
 }

@@ -58,21 +58,19 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         options,
         client_lib,
         ld_preload: env.ld_preload.clone(),
+        path: env.path.clone(),
     };
     let outcome = block_on(run.supervise(&mut cmd_started))?;
     super::cleanup::set_child(0);
     match outcome {
-        Ok((summary, code)) => {
+        Ok(Outcome::Ran(summary, code)) => {
             end_of_run(&summary, &output);
             Ok(code)
         }
-        Err(e) if e.downcast_ref::<SpawnError>().is_some() => {
+        Ok(Outcome::NotStarted(e)) => {
             let _ = std::fs::remove_file(&output);
-            let code = e
-                .downcast_ref::<SpawnError>()
-                .map_or(127, SpawnError::exit_code);
-            log::error!("error: {e:#}");
-            Ok(code)
+            log::error!("error: {e}");
+            Ok(e.exit_code())
         }
         Err(e) => {
             // CMD never ran (not found, not executable): the file only holds
@@ -119,6 +117,14 @@ impl SpawnError {
     }
 }
 
+/// How a run of `record -- CMD` ended, when nothing failed.
+enum Outcome {
+    /// CMD ran: the summary and the exit code for `record`.
+    Ran(Summary, i32),
+    /// CMD could not be started.
+    NotStarted(SpawnError),
+}
+
 /// Exit code of `record` when CMD's own is unknown because profiling was
 /// stopped by a signal while CMD kept running: 128 + the signal, as a shell
 /// reports a job it interrupted.
@@ -133,18 +139,21 @@ struct Run {
     client_lib: PathBuf,
     /// The caller's `LD_PRELOAD`, kept after the client library.
     ld_preload: Option<std::ffi::OsString>,
+    /// The caller's `PATH`, to find CMD's file.
+    path: Option<std::ffi::OsString>,
 }
 
 impl Run {
     /// Runs CMD under the daemon until it exits or profiling is stopped;
-    /// returns the summary and the exit code for `record`. `cmd_started` is
-    /// set once CMD has been spawned.
-    async fn supervise(self, cmd_started: &mut bool) -> Result<(Summary, i32)> {
+    /// returns the summary and the exit code for `record` (or why CMD could
+    /// not be started). `cmd_started` is set once CMD has been spawned.
+    async fn supervise(self, cmd_started: &mut bool) -> Result<Outcome> {
         let Run {
             args,
             options,
             client_lib,
             ld_preload,
+            path,
         } = self;
         // Handlers first: a signal that arrives as soon as CMD runs must not
         // kill `record` with its default action.
@@ -158,14 +167,18 @@ impl Run {
             preload.push(":");
             preload.push(existing);
         }
-        let unprofilable = super::program::unprofilable(std::ffi::OsStr::new(&args.command[0]));
-        let mut child = tokio::process::Command::new(&args.command[0])
+        let unprofilable =
+            super::program::unprofilable(std::ffi::OsStr::new(&args.command[0]), path.as_deref());
+        let spawned = tokio::process::Command::new(&args.command[0])
             .args(&args.command[1..])
             .env("LD_PRELOAD", preload)
             .env(heapprofd_proto::socket::SOCKET_ENV, daemon.socket_path())
             .env("HEAPPROFD_BLOCKING_INIT", "1")
-            .spawn()
-            .map_err(|e| SpawnError::new(&args.command[0], e))?;
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => return Ok(Outcome::NotStarted(SpawnError::new(&args.command[0], e))),
+        };
         *cmd_started = true;
         if let Some(pid) = child.id() {
             super::cleanup::set_child(pid);
@@ -253,7 +266,7 @@ impl Run {
                 _ = signals.terminate.recv() => stopped_by = Some(libc::SIGTERM),
             }
             let code = exit.map_or_else(|| interrupted_code(stopped_by.unwrap_or(0)), exit_code);
-            return Ok((
+            return Ok(Outcome::Ran(
                 Summary {
                     already_printed: true,
                     ..summary
@@ -264,7 +277,7 @@ impl Run {
         // CMD's own exit code; if it still runs (it ignored Ctrl-C), the code
         // of the signal that stopped profiling.
         let code = exit.map_or_else(|| interrupted_code(stopped_by.unwrap_or(0)), exit_code);
-        Ok((summary, code))
+        Ok(Outcome::Ran(summary, code))
     }
 }
 

@@ -34,7 +34,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
-use super::bookkeeper::{self, BookkeeperOptions, BookkeeperShared};
+use super::book_thread;
+use super::bookkeeper::{BookkeeperOptions, BookkeeperShared};
 use super::handshake::{Accepted, HANDSHAKE_TIMEOUT, PeerAccess, establish, receive};
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
@@ -184,7 +185,7 @@ impl Daemon {
             symbolize,
             admit: None,
         };
-        let runner: BookRunner = Box::new(move |rx, shared| bookkeeper::run(rx, shared, book));
+        let runner: BookRunner = Box::new(move |rx, shared| book_thread::run(rx, shared, book));
         Self::start_with(server, counters, runner)
     }
 

@@ -38,17 +38,19 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::Counters;
-use super::hub::{Hub, HubAdmit};
+use super::hub::Hub;
+use super::hub_admit::HubAdmit;
 use super::server::{BookRunner, Daemon, ServerOptions};
 use super::service_profile::serve_request;
 use super::service_state::Service;
 use super::supervise::{Signals, block_on, finish};
+use crate::env::Env;
 use crate::service::access;
 use crate::service::control::service_dir;
 
 /// Runs the service until SIGINT or SIGTERM; returns the exit code.
-pub fn run() -> Result<i32> {
-    let dir = service_dir();
+pub fn run(env: &Env) -> Result<i32> {
+    let dir = service_dir(env.service_dir.as_deref());
     prepare_dir(&dir)?;
     block_on(serve(dir))??;
     Ok(0)

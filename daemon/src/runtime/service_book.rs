@@ -29,13 +29,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use heapprofd_model::messages::{
-    Op, SessionEnd, SessionEvent, SessionId, SessionStats, Unprofilable,
-};
+use heapprofd_model::messages::{Op, SessionEnd, SessionEvent, SessionId, SessionStats};
 use heapprofd_model::profile::FrameId;
 
-use super::BookMsg;
-use super::bookkeeper::{Book, BookkeeperOptions, BookkeeperShared};
+use super::book_msg::{BookMsg, ServiceMsg};
+use super::bookkeeper::{Book, BookkeeperShared};
 use super::hub::{Hub, ProfileId};
 use super::server::Stopper;
 use super::summary::Summary;
@@ -45,23 +43,6 @@ use crate::service::spec::Guardrails;
 pub const END_WAIT: Duration = Duration::from_secs(10);
 /// How often the service's memory is read for `max_heapprofd_memory_kb`.
 pub const MEMORY_CHECK: Duration = Duration::from_millis(500);
-
-/// The service's own messages to its bookkeeping thread.
-#[derive(Debug)]
-pub enum ServiceMsg {
-    /// A profile starts, writing to this trace, with these guardrails.
-    Add(ProfileId, BookkeeperOptions, Guardrails),
-    /// Process `pid` is flagged `rejected_concurrent` in profile's trace.
-    Rejected(ProfileId, u32, Vec<String>),
-    /// A dump of one profile, as of the time it was asked for
-    /// (MONOTONIC_COARSE ns, see [`BookMsg::Dump`]).
-    Dump(ProfileId, u64),
-    /// A process these profiles want runs unprofiled (it cannot load the
-    /// client: [`super::service_scan`]); named and flagged in their traces.
-    Unprofilable(Vec<ProfileId>, u32, Vec<String>, Unprofilable),
-    /// The profile ends (already out of the hub): its summary, once written.
-    End(ProfileId, Sender<anyhow::Result<Summary>>),
-}
 
 /// What the thread knows of one session.
 #[derive(Debug)]

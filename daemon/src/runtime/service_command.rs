@@ -48,10 +48,12 @@ pub fn try_run(args: &RecordArgs, env: &Env) -> Result<Option<i32>> {
     if args.no_service || args.workers.is_some() {
         return Ok(None);
     }
-    if super::program::unprofilable(std::ffi::OsStr::new(&args.command[0])).is_some() {
+    if super::program::unprofilable(std::ffi::OsStr::new(&args.command[0]), env.path.as_deref())
+        .is_some()
+    {
         return Ok(None);
     }
-    let dir = service_dir_to_ask();
+    let dir = service_dir_to_ask(env.service_dir.as_deref());
     let Ok(sock) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
         return Ok(None);
     };

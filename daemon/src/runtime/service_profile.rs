@@ -22,9 +22,9 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 use super::BookMsg;
+use super::book_msg::ServiceMsg;
 use super::bookkeeper::BookkeeperOptions;
 use super::hub::{Joined, ProfileId, Wanted};
-use super::service_book::ServiceMsg;
 use super::service_state::Service;
 use crate::service::access;
 use crate::service::control::{Reply, Request, read_body};

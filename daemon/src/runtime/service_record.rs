@@ -29,6 +29,7 @@ use heapprofd_proto::service::CONTROL_SOCKET;
 use super::supervise::{Signals, block_on};
 use crate::cli::record_args::RecordArgs;
 use crate::cli::usage_error::UsageError;
+use crate::env::Env;
 use crate::service::control::{Reply, Request, frame_header, read_message, service_dir_to_ask};
 use crate::service::spec::{
     DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets,
@@ -149,7 +150,7 @@ fn what(spec: &ProfileSpec) -> String {
 
 /// Runs `record -n` / `record --all` / `record -p PID,PID` /
 /// `record --config`; returns the exit code.
-pub fn run(args: RecordArgs) -> Result<i32> {
+pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
     let spec = spec_from(&args)?;
     let what = what(&spec);
     let output = args.output.clone().unwrap_or_else(|| {
@@ -162,7 +163,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         };
         super::setup::default_output(&stem)
     });
-    let dir = service_dir_to_ask();
+    let dir = service_dir_to_ask(env.service_dir.as_deref());
     let control = dir.join(CONTROL_SOCKET);
     let sock = UnixStream::connect(&control).with_context(|| {
         format!(

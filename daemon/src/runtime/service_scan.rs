@@ -24,7 +24,7 @@ use heapprofd_proto::triggers::process_name;
 use tokio::sync::watch;
 
 use super::BookMsg;
-use super::service_book::ServiceMsg;
+use super::book_msg::ServiceMsg;
 use super::service_state::Service;
 use crate::service::running;
 

@@ -14,11 +14,11 @@
 //! `record` start CMD.
 
 use std::io::{self, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use heapprofd_proto::service::{DIR_ENV, SYSTEM_DIR};
+use heapprofd_proto::service::SYSTEM_DIR;
 
 use super::spec::ProfileSpec;
 
@@ -55,12 +55,12 @@ pub enum Reply {
     Failed(String),
 }
 
-/// The service directory: `$HEAPPROFD_SERVICE_DIR`, else
-/// [`SYSTEM_DIR`] for root, else `/tmp/heapprofd-rs-<uid>` (the user's
-/// private runtime directory).
-pub fn service_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+/// The service directory: `from_env` (`$HEAPPROFD_SERVICE_DIR`, see
+/// [`crate::env::Env::service_dir`]), else [`SYSTEM_DIR`] for root, else
+/// `/tmp/heapprofd-rs-<uid>` (the user's private runtime directory).
+pub fn service_dir(from_env: Option<&Path>) -> PathBuf {
+    if let Some(d) = from_env {
+        return d.to_path_buf();
     }
     let uid = nix::unistd::geteuid().as_raw();
     if uid == 0 {
@@ -73,10 +73,10 @@ pub fn service_dir() -> PathBuf {
 /// The service the command line asks: [`service_dir`], except that a user
 /// without a service of their own uses root's ([`SYSTEM_DIR`]) if one runs
 /// (it serves every user, [`super::access`]).
-pub fn service_dir_to_ask() -> PathBuf {
-    let own = service_dir();
+pub fn service_dir_to_ask(from_env: Option<&Path>) -> PathBuf {
+    let own = service_dir(from_env);
     let control = heapprofd_proto::service::CONTROL_SOCKET;
-    if std::env::var_os(DIR_ENV).is_some_and(|d| !d.is_empty()) || own.join(control).exists() {
+    if from_env.is_some() || own.join(control).exists() {
         return own;
     }
     let system = PathBuf::from(SYSTEM_DIR);

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 use heapprofd_tests::attach_harness::{Target, attach_programs, s};
 use heapprofd_tests::client_harness::workspace_root;
 use heapprofd_tests::record_harness::heapprofd;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 const WAIT: Duration = Duration::from_secs(300);
 
@@ -261,8 +263,8 @@ fn attached_run(threads: u32, pairs: u64, per_phase: usize) -> (f64, f64, f64) {
             during.push(d as f64 / 1e6);
         }
     }
-    // SAFETY: our child's pid.
-    unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
+    // Our child's pid.
+    let _ = kill(Pid::from_raw(rec.id() as i32), Signal::SIGINT);
     let _ = rec.wait();
     let detached_at = monotonic_ns();
     let mut after = Vec::new();

@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 
 use heapprofd_tests::client_harness::workspace_root;
 use heapprofd_tests::record_harness::release_bins;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 const TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -117,8 +119,7 @@ fn measure(mut cmd: Command) -> Measured {
             let t0 = Instant::now();
             while !done.load(Ordering::Relaxed) {
                 if t0.elapsed() > TIMEOUT {
-                    // SAFETY: kill has no memory-safety preconditions.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(50));
