@@ -52,6 +52,7 @@ mod cxxhooks;
 mod dlhook;
 mod dynsym;
 mod elfdyn;
+mod contextapi;
 mod exechooks;
 mod got;
 mod heapapi;
