@@ -50,6 +50,7 @@ fn malloc(seq: u64, address: u64, size: u64, stack: u32) -> Op {
         tid: 1,
         timestamp_ns: seq,
         stack,
+        context: 0,
     }
 }
 
