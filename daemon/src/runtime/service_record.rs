@@ -68,6 +68,7 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
                     .as_micros() as u64,
                 seed: args.seed,
                 heaps: args.heap_selection(),
+                contexts: args.context.clone(),
             },
             dumps: Dumps {
                 continuous: None,

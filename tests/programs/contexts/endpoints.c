@@ -13,7 +13,14 @@
  * /a, /b. The queue nodes are allocated by the acceptor outside any
  * context.
  *
- * Usage: endpoints REQUESTS. Prints "endpoint /a bytes=N allocs=M", the
+ * At most MAX_QUEUED requests wait in the queue (the acceptor waits for
+ * room, as a server's bounded queue makes it), so a few hundred contexts
+ * are alive at once. MAX_QUEUED 0 holds the workers until every request is
+ * queued: all REQUESTS request contexts are alive at once, and beyond the
+ * client's 4095 (4093 with the two endpoints') they are the overflow
+ * context.
+ *
+ * Usage: endpoints REQUESTS [MAX_QUEUED (default 64)]. Prints "endpoint /a bytes=N allocs=M", the
  * same for /b, "none bytes=N allocs=M" (the queue nodes) and
  * "contexts ok" if every snapshot was the context it was made from. Keep
  * in sync with tests/tests/contexts.rs. */
@@ -35,7 +42,9 @@ struct request {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ready = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t room = PTHREAD_COND_INITIALIZER;
 static struct request *head, *tail;
+static unsigned long queued, max_queued;
 static int done;
 static int bad;
 
@@ -56,11 +65,14 @@ static void *worker(void *arg) {
   (void)arg;
   for (;;) {
     pthread_mutex_lock(&lock);
-    while (!head && !done) pthread_cond_wait(&ready, &lock);
+    while ((!head || (max_queued == 0 && !done)) && !(done && !head))
+      pthread_cond_wait(&ready, &lock);
     struct request *r = head;
     if (r) {
       head = r->next;
       if (!head) tail = NULL;
+      queued--;
+      pthread_cond_signal(&room);
     }
     pthread_mutex_unlock(&lock);
     if (!r) return NULL;
@@ -75,6 +87,7 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
   unsigned long requests = argc > 1 ? strtoul(argv[1], NULL, 10) : 1000;
+  max_queued = argc > 2 ? strtoul(argv[2], NULL, 10) : 64;
   const char *key[] = {"endpoint"};
   const char *a[] = {"/a"}, *b[] = {"/b"};
   uint64_t endpoints[2] = {heapprofd_context_create(0, key, a, 1),
@@ -104,8 +117,10 @@ int main(int argc, char **argv) {
       allocs[r->endpoint]++;
     }
     pthread_mutex_lock(&lock);
+    while (max_queued && queued >= max_queued) pthread_cond_wait(&room, &lock);
     if (tail) tail->next = r; else head = r;
     tail = r;
+    queued++;
     pthread_cond_signal(&ready);
     pthread_mutex_unlock(&lock);
   }
