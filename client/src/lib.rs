@@ -48,11 +48,11 @@
 mod asm_export;
 mod attach;
 mod build_tag;
+mod contextapi;
 mod cxxhooks;
 mod dlhook;
 mod dynsym;
 mod elfdyn;
-mod contextapi;
 mod exechooks;
 mod got;
 mod heapapi;

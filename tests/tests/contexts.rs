@@ -107,11 +107,7 @@ fn per_endpoint_totals_are_exact_at_interval_1() {
         if let Some(rest) = root.strip_prefix("endpoint=") {
             let endpoint = rest.split(';').next().unwrap_or("").to_owned();
             assert!(rest.contains("; request="), "{root}");
-            assert!(
-                smp.frames.iter().any(|f| f == "handle"),
-                "{:?}",
-                smp.frames
-            );
+            assert!(smp.frames.iter().any(|f| f == "handle"), "{:?}", smp.frames);
             *per_root.entry(endpoint).or_default() += smp.allocated;
         }
     }

@@ -39,8 +39,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use heapprofd_proto::wire::{
     CONTEXT_HEADER_LEN, ContextFilter, ContextRecord, MAX_CONTEXT_BYTES, MAX_CONTEXT_FILTERS,
-    MAX_CONTEXT_PAIRS,
-    MAX_CONTEXT_STR, PairIter, context_matches, encode_context_pair,
+    MAX_CONTEXT_PAIRS, MAX_CONTEXT_STR, PairIter, context_matches, encode_context_pair,
 };
 
 use crate::tls::{self, ThreadState};
@@ -253,8 +252,7 @@ fn claim(table: &'static [Slot]) -> Option<(usize, &'static Slot)> {
         let index = 1 + (start + i - 1) % (MAX_CONTEXTS - 1);
         let s = table.get(index)?;
         if s.id.load(Ordering::Relaxed) == 0
-            && s
-                .id
+            && s.id
                 .compare_exchange(0, FILLING, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         {
@@ -273,9 +271,8 @@ pub fn release(id: u64) {
         return;
     }
     if let Some(s) = slot_of(id) {
-        let _ = s
-            .id
-            .compare_exchange(id, 0, Ordering::Release, Ordering::Relaxed);
+        let _ =
+            s.id.compare_exchange(id, 0, Ordering::Release, Ordering::Relaxed);
     }
 }
 
@@ -405,7 +402,10 @@ pub(crate) fn ensure_sent(id: u64, mode_word: u64, write: impl FnOnce(&[u8]) -> 
     };
     body[..len].copy_from_slice(&pairs_buf[..len]);
     let (flags, overflowed) = if id == OVERFLOW_ID {
-        (ContextRecord::FLAG_OVERFLOW, OVERFLOWED.load(Ordering::Relaxed))
+        (
+            ContextRecord::FLAG_OVERFLOW,
+            OVERFLOWED.load(Ordering::Relaxed),
+        )
     } else {
         (0, OVERFLOWED.load(Ordering::Relaxed))
     };
@@ -468,7 +468,10 @@ mod tests {
         // Bounds: an empty key, a null array, too many pairs.
         assert_eq!(make(0, &[(c"", c"x")]), OVERFLOW_ID);
         // SAFETY: null arrays with n > 0 are refused before use.
-        assert_eq!(unsafe { create(0, core::ptr::null(), core::ptr::null(), 1) }, OVERFLOW_ID);
+        assert_eq!(
+            unsafe { create(0, core::ptr::null(), core::ptr::null(), 1) },
+            OVERFLOW_ID
+        );
         assert!(OVERFLOWED.load(Ordering::Relaxed) >= 2);
         // Filters: decided at activation, cached per context.
         let filters = [ContextFilter::parse("endpoint=/b").unwrap()];

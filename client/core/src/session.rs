@@ -29,10 +29,10 @@ use heapprofd_proto::wire::{
 };
 use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 
-use crate::{capture, contexts};
 use crate::freeset::Removal;
 use crate::state::{ACTIVE, IDLE, STATE, free_set, mode};
 use crate::tls::{Guard, ThreadState};
+use crate::{capture, contexts};
 
 /// The active session, or null.
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());

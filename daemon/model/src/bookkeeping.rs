@@ -167,7 +167,7 @@ impl Bookkeeping {
                 self.profile.flush(pid);
                 self.sessions.remove(&id);
                 self.stacks.remove(&id);
-            self.contexts.remove(&id);
+                self.contexts.remove(&id);
                 self.contexts.remove(&id);
                 self.ended_stats
                     .entry(pid)

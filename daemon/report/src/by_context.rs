@@ -78,7 +78,11 @@ pub fn by_context(data: &TraceData, filter: &Filter, key: &str) -> Vec<HeapByCon
 }
 
 /// Writes the totals as text.
-pub fn write_by_context(out: &mut impl Write, trace: &str, heaps: &[HeapByContext]) -> io::Result<()> {
+pub fn write_by_context(
+    out: &mut impl Write,
+    trace: &str,
+    heaps: &[HeapByContext],
+) -> io::Result<()> {
     writeln!(out, "heap profile: {trace}")?;
     for h in heaps {
         writeln!(
@@ -123,7 +127,12 @@ mod tests {
             heaps: vec![HeapProfile {
                 pid: 7,
                 heap_name: "libc.malloc".into(),
-                callstacks: vec![cs(Some("/a"), 30), cs(None, 5), cs(Some("/b"), 10), cs(Some("/a"), 3)],
+                callstacks: vec![
+                    cs(Some("/a"), 30),
+                    cs(None, 5),
+                    cs(Some("/b"), 10),
+                    cs(Some("/a"), 3),
+                ],
                 ..Default::default()
             }],
             ..Default::default()
@@ -134,6 +143,9 @@ mod tests {
             .iter()
             .map(|v| (v.value.as_deref(), v.allocated, v.alloc_count))
             .collect();
-        assert_eq!(got, [(Some("/a"), 33, 2), (Some("/b"), 10, 1), (None, 5, 1)]);
+        assert_eq!(
+            got,
+            [(Some("/a"), 33, 2), (Some("/b"), 10, 1), (None, 5, 1)]
+        );
     }
 }

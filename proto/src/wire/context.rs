@@ -88,8 +88,7 @@ impl<'a> ContextRecord<'a> {
         let pairs_len = g.u32() as usize;
         let n_pairs = g.u32() as usize;
         let rest = &buf[Self::ENCODED_LEN..];
-        if pairs_len > MAX_CONTEXT_BYTES || pairs_len > rest.len() || rest.len() - pairs_len >= 8
-        {
+        if pairs_len > MAX_CONTEXT_BYTES || pairs_len > rest.len() || rest.len() - pairs_len >= 8 {
             return Err(DecodeError::InvalidField("context pairs_len"));
         }
         if n_pairs > MAX_CONTEXT_PAIRS {
@@ -217,7 +216,12 @@ mod tests {
         let mut out = [0u8; MAX_CONTEXT_BYTES];
         let mut pos = 0;
         for (k, v) in list {
-            assert!(encode_context_pair(&mut out, &mut pos, k.as_bytes(), v.as_bytes()));
+            assert!(encode_context_pair(
+                &mut out,
+                &mut pos,
+                k.as_bytes(),
+                v.as_bytes()
+            ));
         }
         out[..pos].to_vec()
     }
@@ -246,7 +250,10 @@ mod tests {
         bytes.extend_from_slice(&[0; 5]);
         assert!(ContextRecord::decode(&bytes).is_ok(), "padding");
         bytes.extend_from_slice(&[0; 3]);
-        assert!(ContextRecord::decode(&bytes).is_err(), "8 bytes are not padding");
+        assert!(
+            ContextRecord::decode(&bytes).is_err(),
+            "8 bytes are not padding"
+        );
     }
 
     #[test]
@@ -254,7 +261,12 @@ mod tests {
         let mut out = [0u8; 8];
         let mut pos = 0;
         assert!(!encode_context_pair(&mut out, &mut pos, b"", b"x"));
-        assert!(!encode_context_pair(&mut out, &mut pos, b"key", b"too long"));
+        assert!(!encode_context_pair(
+            &mut out,
+            &mut pos,
+            b"key",
+            b"too long"
+        ));
         assert_eq!(pos, 0);
         let p = pairs(&[("k", "v")]);
         let mut bytes = ContextRecord {

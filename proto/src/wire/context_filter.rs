@@ -77,7 +77,10 @@ impl ContextFilter {
         {
             return None;
         }
-        let mut f = ContextFilter { kind, ..Self::EMPTY };
+        let mut f = ContextFilter {
+            kind,
+            ..Self::EMPTY
+        };
         f.key[..key.len()].copy_from_slice(key.as_bytes());
         f.value[..value.len()].copy_from_slice(value.as_bytes());
         Some(f)
@@ -154,7 +157,11 @@ mod tests {
     #[test]
     fn parse_and_match() {
         let ctx: [(&[u8], &[u8]); 2] = [(b"endpoint", b"/a"), (b"user", b"x=y")];
-        let m = |s: &str| ContextFilter::parse(s).unwrap().matches(ctx.iter().copied());
+        let m = |s: &str| {
+            ContextFilter::parse(s)
+                .unwrap()
+                .matches(ctx.iter().copied())
+        };
         assert!(m("any") && m("endpoint") && m("endpoint=/a") && m("user=x=y"));
         assert!(!m("endpoint=/b") && !m("other") && !m("endpoint="));
         assert!(ContextFilter::parse("").is_none());

@@ -42,8 +42,8 @@ pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
 pub use client_config::{ClientConfig, ForkPolicy, HeapConfig};
 pub use codec::{DecodeError, HEAP_NAME_LEN, heap_name_field, heap_name_str};
 pub use context::{
-    CONTEXT_HEADER_LEN, CONTEXT_NONE, ContextRecord, MAX_CONTEXT_BYTES, MAX_CONTEXT_PAIRS, MAX_CONTEXT_STR, PairIter,
-    encode_context_pair,
+    CONTEXT_HEADER_LEN, CONTEXT_NONE, ContextRecord, MAX_CONTEXT_BYTES, MAX_CONTEXT_PAIRS,
+    MAX_CONTEXT_STR, PairIter, encode_context_pair,
 };
 pub use context_filter::{
     CONTEXT_FILTER_LEN, ContextFilter, FilterKind, MAX_CONTEXT_FILTERS, MAX_FILTER_KEY,
