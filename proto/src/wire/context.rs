@@ -19,7 +19,7 @@
 //! [`MAX_CONTEXT_BYTES`] bytes of pairs.
 
 use super::codec::{DecodeError, Get, Put};
-use super::record::RecordKind;
+use super::kind::RecordKind;
 
 /// Longest key or value in bytes (its length is one byte on the wire).
 pub const MAX_CONTEXT_STR: usize = 255;

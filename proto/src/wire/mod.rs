@@ -23,8 +23,9 @@
 //!
 //! One concept per file: `codec` (the byte reader/writer, name fields and
 //! [`DecodeError`]), `arch` ([`Arch`] and the [`RegisterFile`]),
-//! `handshake` and `client_config` (the socket messages), `record` (the
-//! ring-buffer records and [`Record`]), `context` (the user context
+//! `handshake` and `client_config` (the socket messages), `kind` (the
+//! records' [`RecordKind`] tag), `record` (the ring-buffer records and
+//! [`Record`]), `context` (the user context
 //! definition record and its pair encoding), `context_filter` (the
 //! configuration's context filters and their matching rule). This module holds the constants the
 //! whole protocol shares and re-exports every item, so `wire::X` is the one
@@ -36,6 +37,7 @@ mod codec;
 mod context;
 mod context_filter;
 mod handshake;
+mod kind;
 mod record;
 
 pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
@@ -50,7 +52,8 @@ pub use context_filter::{
     context_matches,
 };
 pub use handshake::{Handshake, Unprofilable};
-pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record, RecordKind};
+pub use kind::RecordKind;
+pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record};
 
 /// `b"HPRS"` read as a little-endian `u32`; first field of the socket messages.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HPRS");
