@@ -43,7 +43,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 mod context;
-pub use context::{Context, ContextGuard};
+pub use context::{Context, ContextGuard, MAX_PAIRS};
 
 /// What an enabled callback is given (`AHeapProfileEnableCallbackInfo`):
 /// pass it to [`sampling_interval`].

@@ -28,7 +28,7 @@
 //! # Definitions
 //! A sample's context is defined to the daemon by a `ContextRecord` written
 //! into the ring just before the first sample of the session that carries
-//! it ([`ensure_sent`]); the slot remembers the session it was sent in.
+//! it (`ensure_sent`); the slot remembers the session it was sent in.
 //! Two threads may both send it (the daemon takes the same definition
 //! twice); none marks it sent before the record is in the ring, so a sample
 //! never precedes its definition.

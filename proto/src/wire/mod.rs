@@ -70,7 +70,7 @@ pub mod version {
     /// `ClientConfig::FLAG_ALL_HEAPS`; custom heaps (ids from 1) declared
     /// with [`HeapNameRecord`]s.
     pub const V3: u32 = 3;
-    /// User contexts: [`ContextRecord`]s in the ring and
+    /// User contexts: [`ContextRecord`](super::ContextRecord)s in the ring and
     /// `MallocHeader::context_id` on every sample.
     pub const V4: u32 = 4;
     /// The version this build speaks.
