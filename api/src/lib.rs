@@ -1,6 +1,7 @@
 //! `heapprofd-api`: report a custom allocator's allocations into named
 //! heaps of heapprofd-rs (the custom allocator API of Perfetto's
-//! `heap_profile.h`, as `client/include/heapprofd.h` has it for C).
+//! `heap_profile.h`, as `client/include/heapprofd.h` has it for C), and
+//! label what threads allocate with user contexts ([`Context`]).
 //!
 //! ```no_run
 //! use heapprofd_api::HeapInfo;
@@ -41,6 +42,9 @@ use core::num::NonZeroU32;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
+mod context;
+pub use context::{Context, ContextGuard, MAX_PAIRS};
+
 /// What an enabled callback is given (`AHeapProfileEnableCallbackInfo`):
 /// pass it to [`sampling_interval`].
 #[repr(C)]
@@ -72,7 +76,7 @@ type FreeFn = unsafe extern "C" fn(u32, u64);
 type IntervalFn = unsafe extern "C" fn(*const EnableInfo) -> u64;
 
 /// The client's functions, by their exported names, in [`Slot`] order.
-const NAMES: [&CStr; 8] = [
+const NAMES: [&CStr; 13] = [
     c"AHeapInfo_create",
     c"AHeapInfo_setEnabledCallback",
     c"AHeapInfo_setDisabledCallback",
@@ -81,10 +85,15 @@ const NAMES: [&CStr; 8] = [
     c"AHeapProfile_reportSample",
     c"AHeapProfile_reportFree",
     c"AHeapProfileEnableCallbackInfo_getSamplingInterval",
+    c"heapprofd_context_create",
+    c"heapprofd_context_activate",
+    c"heapprofd_context_deactivate",
+    c"heapprofd_context_current",
+    c"heapprofd_context_release",
 ];
 
 #[derive(Clone, Copy)]
-enum Slot {
+pub(crate) enum Slot {
     Create,
     SetEnabled,
     SetDisabled,
@@ -93,14 +102,19 @@ enum Slot {
     ReportSample,
     ReportFree,
     Interval,
+    ContextCreate,
+    ContextActivate,
+    ContextDeactivate,
+    ContextCurrent,
+    ContextRelease,
 }
 
-static FNS: [AtomicPtr<c_void>; 8] = [const { AtomicPtr::new(core::ptr::null_mut()) }; 8];
+static FNS: [AtomicPtr<c_void>; 13] = [const { AtomicPtr::new(core::ptr::null_mut()) }; 13];
 /// 0 not looked up, 1 looking up, 2 done.
 static STATE: AtomicU8 = AtomicU8::new(0);
 
 /// Looks the functions up once; false while another call is doing it.
-fn resolve() -> bool {
+pub(crate) fn resolve() -> bool {
     match STATE.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {}
         Err(s) => return s == 2,
@@ -115,7 +129,7 @@ fn resolve() -> bool {
 }
 
 #[inline(always)]
-fn get(slot: Slot) -> *mut c_void {
+pub(crate) fn get(slot: Slot) -> *mut c_void {
     FNS[slot as usize].load(Ordering::Acquire)
 }
 

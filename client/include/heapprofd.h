@@ -1,4 +1,5 @@
-/* heapprofd.h: the custom allocator API of heapprofd-rs.
+/* heapprofd.h: the custom allocator API and the user context API of
+ * heapprofd-rs.
  *
  * A program with its own allocator (a pool, an arena, a GC heap) reports
  * what it hands out into named heaps; `heapprofd-rs record --heaps NAME`
@@ -49,6 +50,29 @@
  *  - The reports never allocate and may be called from any thread, from
  *    inside the program's own allocator, and from signal handlers (a
  *    report interrupting another on the same thread is a no-op).
+ *
+ * User contexts (heapprofd_context_*): a program labels what its threads
+ * allocate with an immutable map of string keys to string values (an
+ * endpoint, a request id). Every sample made while a context is installed
+ * on the allocating thread carries it: pprof labels, a root frame
+ * `key=value` per context in the trace, `report --by KEY`, and
+ * `record --context KEY[=VALUE]|any` samples only inside matching ones.
+ *  - heapprofd_context_create(parent, keys, values, n): a new context with
+ *    `n` pairs extending `parent` (0: the calling thread's current one; its
+ *    pairs of the same key are overridden). Keys are 1 to 255 bytes, values
+ *    0 to 255, at most 32 pairs and 1 KiB per context, 4095 contexts alive
+ *    at once: beyond that (or for a NULL string) the call returns the
+ *    overflow context, counted and flagged in the profile. Returns 0
+ *    without the client.
+ *  - heapprofd_context_activate(id) installs it on the calling thread and
+ *    returns a token; heapprofd_context_deactivate(token) puts back what was
+ *    installed before (they nest). One thread-local word, a few ns.
+ *  - heapprofd_context_current() is the calling thread's context (0: none),
+ *    to hand to another thread or task, which activates it there.
+ *  - heapprofd_context_release(id): the context is not installed again;
+ *    its slot is reused, its id never (within the process).
+ *  None of them allocate; activate, deactivate and current are
+ *  async-signal-safe.
  */
 #ifndef HEAPPROFD_RS_HEAPPROFD_H
 #define HEAPPROFD_RS_HEAPPROFD_H
@@ -85,6 +109,11 @@ struct heapprofd_api_fns {
   bool (*report_sample)(uint32_t, uint64_t, uint64_t);
   void (*report_free)(uint32_t, uint64_t);
   uint64_t (*get_interval)(const AHeapProfileEnableCallbackInfo *);
+  uint64_t (*context_create)(uint64_t, const char *const *, const char *const *, size_t);
+  uint64_t (*context_activate)(uint64_t);
+  void (*context_deactivate)(uint64_t);
+  uint64_t (*context_current)(void);
+  void (*context_release)(uint64_t);
 };
 
 static struct heapprofd_api_fns heapprofd_api_fns_;
@@ -109,6 +138,11 @@ static inline const struct heapprofd_api_fns *heapprofd_api_(void) {
   HEAPPROFD_API_LOAD_(report_sample, "AHeapProfile_reportSample");
   HEAPPROFD_API_LOAD_(report_free, "AHeapProfile_reportFree");
   HEAPPROFD_API_LOAD_(get_interval, "AHeapProfileEnableCallbackInfo_getSamplingInterval");
+  HEAPPROFD_API_LOAD_(context_create, "heapprofd_context_create");
+  HEAPPROFD_API_LOAD_(context_activate, "heapprofd_context_activate");
+  HEAPPROFD_API_LOAD_(context_deactivate, "heapprofd_context_deactivate");
+  HEAPPROFD_API_LOAD_(context_current, "heapprofd_context_current");
+  HEAPPROFD_API_LOAD_(context_release, "heapprofd_context_release");
   __atomic_store_n(&heapprofd_api_fns_.state, 2, __ATOMIC_RELEASE);
   return &heapprofd_api_fns_;
 }
@@ -176,6 +210,41 @@ static inline bool AHeapProfile_reportSample(uint32_t heap_id, uint64_t alloc_id
 static inline void AHeapProfile_reportFree(uint32_t heap_id, uint64_t alloc_id) {
   void (*f)(uint32_t, uint64_t) = HEAPPROFD_API_FN_(report_free);
   if (f) f(heap_id, alloc_id);
+}
+
+/* A new immutable context: `n` pairs keys[i] = values[i] extending
+ * `parent` (0: the calling thread's current context). Its id; 0 without
+ * the client. */
+static inline uint64_t heapprofd_context_create(uint64_t parent, const char *const *keys,
+                                                const char *const *values, size_t n) {
+  uint64_t (*f)(uint64_t, const char *const *, const char *const *, size_t) =
+      HEAPPROFD_API_FN_(context_create);
+  return f ? f(parent, keys, values, n) : 0;
+}
+
+/* Installs context `id` on the calling thread; the token restores what was
+ * installed before. */
+static inline uint64_t heapprofd_context_activate(uint64_t id) {
+  uint64_t (*f)(uint64_t) = HEAPPROFD_API_FN_(context_activate);
+  return f ? f(id) : 0;
+}
+
+/* Puts back what `heapprofd_context_activate` replaced. */
+static inline void heapprofd_context_deactivate(uint64_t token) {
+  void (*f)(uint64_t) = HEAPPROFD_API_FN_(context_deactivate);
+  if (f) f(token);
+}
+
+/* The calling thread's context (0: none). */
+static inline uint64_t heapprofd_context_current(void) {
+  uint64_t (*f)(void) = HEAPPROFD_API_FN_(context_current);
+  return f ? f() : 0;
+}
+
+/* Context `id` will not be installed again (its id is never reused). */
+static inline void heapprofd_context_release(uint64_t id) {
+  void (*f)(uint64_t) = HEAPPROFD_API_FN_(context_release);
+  if (f) f(id);
 }
 
 #undef HEAPPROFD_API_LOAD_

@@ -48,6 +48,7 @@
 mod asm_export;
 mod attach;
 mod build_tag;
+mod contextapi;
 mod cxxhooks;
 mod dlhook;
 mod dynsym;

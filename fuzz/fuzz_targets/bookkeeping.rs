@@ -90,7 +90,7 @@ impl Naive {
                     self.totals.entry((pid, heap)).or_default().1 += old;
                 }
             }
-            Op::Stack { .. } | Op::HeapName { .. } => {}
+            Op::Stack { .. } | Op::HeapName { .. } | Op::Context { .. } => {}
         }
     }
 
@@ -177,6 +177,8 @@ fuzz_target!(|data: &[u8]| {
                                 tid: u32::from(input.u8() % 4),
                                 timestamp_ns: now,
                                 stack: u32::from(k >> 2) % 5,
+                                // Undefined contexts too: totals are the same.
+                                context: u64::from(input.u8() % 3),
                             }
                         }
                         _ => {

@@ -135,7 +135,7 @@ fuzz_target!(|data: &[u8]| {
                     );
                 }
             }
-            Op::Free { .. } | Op::HeapName { .. } => {}
+            Op::Free { .. } | Op::HeapName { .. } | Op::Context { .. } => {}
         }
         previous = Some(op);
     }

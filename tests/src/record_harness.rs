@@ -196,6 +196,20 @@ pub fn record_programs() -> &'static RecordPrograms {
             &o("heap_threads"),
             &s("heaps/threads.c"),
         ]);
+        // The user context API's server (tests/tests/contexts.rs).
+        compile(&[
+            "gcc",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Werror",
+            "-pthread",
+            "-I",
+            &include.to_string_lossy(),
+            "-o",
+            &o("endpoints"),
+            &s("contexts/endpoints.c"),
+        ]);
         let (lib_src, lib_out) = (s("record/libdl_alloc.c"), o("libdl_alloc.so"));
         compile(&[
             "gcc", "-O2", "-g", "-shared", "-fPIC", "-o", &lib_out, &lib_src,

@@ -176,6 +176,11 @@ fn exports_exactly_the_hooks() {
         "AHeapProfile_reportSample",
         "AHeapProfile_reportFree",
         "AHeapProfileEnableCallbackInfo_getSamplingInterval",
+        "heapprofd_context_create",
+        "heapprofd_context_activate",
+        "heapprofd_context_deactivate",
+        "heapprofd_context_current",
+        "heapprofd_context_release",
     ];
     want.sort_unstable();
     assert_eq!(names, want);

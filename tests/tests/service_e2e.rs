@@ -339,6 +339,40 @@ fn record_by_name_samples_the_custom_heaps_it_names() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `record -n --context` through the service: the filter crosses the
+/// control socket into the client configuration. contexts/endpoints.c with
+/// 200 requests: only the 100 /b requests' 8 blocks each are recorded, all
+/// under their `endpoint=/b; request=N` root frame.
+#[test]
+fn record_by_name_samples_only_the_contexts_it_names() {
+    let dir = scratch_dir("service-contexts");
+    let svc: PathBuf = dir.join("svc");
+    let trace = dir.join("contexts.pftrace");
+    let mut service = start_service(&svc);
+    let mut rec = start_record_with(
+        &svc,
+        &["-n", "endpoints", "-i", "1", "--context", "endpoint=/b"],
+        "endpoints",
+        &trace,
+    );
+    let pid = run_preloaded(&svc, &record_programs().path("endpoints"), &["200"]);
+    signal(&rec.0, libc::SIGINT);
+    let (code, err) = wait_exit(&mut rec.0, "record -n to end");
+    assert_eq!(code, 0, "record -n failed:\n{err}");
+    let summary = check_trace(&trace);
+    let mut allocs = 0;
+    for s in summary.samples.iter().filter(|s| s.pid == u64::from(pid)) {
+        let root = s.frames.first().map(String::as_str).unwrap_or("");
+        assert!(root.starts_with("endpoint=/b; request="), "{:?}", s.frames);
+        allocs += s.alloc_count;
+    }
+    assert_eq!(allocs, 100 * 8);
+    signal(&service.0, libc::SIGTERM);
+    let (code, err) = wait_exit(&mut service.0, "the service to stop");
+    assert_eq!(code, 0, "daemon failed:\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn record_by_name_without_a_service_says_to_start_one() {
     let dir = scratch_dir("service-none");

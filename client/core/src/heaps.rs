@@ -330,6 +330,9 @@ pub fn report_allocation(heap: u32, alloc_id: u64, size: u64) -> bool {
     let Some(m) = recording(slot) else {
         return false;
     };
+    if crate::contexts::thread_excluded() {
+        return false;
+    }
     let Some(g) = Guard::enter() else {
         return false;
     };
@@ -349,6 +352,9 @@ pub fn report_sample(heap: u32, alloc_id: u64, size: u64) -> bool {
     let Some(m) = recording(slot) else {
         return false;
     };
+    if crate::contexts::thread_excluded() {
+        return false;
+    }
     let Some(g) = Guard::enter() else {
         return false;
     };

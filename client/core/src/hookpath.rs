@@ -43,7 +43,12 @@ pub fn mode() -> u64 {
 pub fn skip(size: usize, m: u64) -> bool {
     let st = tls::state();
     // SAFETY: `st` is this thread's TLS block.
-    unsafe { (*st).mode_seen == m && (*st).guard == 0 && (*st).sampler.skip(size) }
+    // An installed context the session's filters reject: one branch.
+    unsafe {
+        (*st).mode_seen == m
+            && (*st).guard == 0
+            && ((*st).context & 1 != 0 || (*st).sampler.skip(size))
+    }
 }
 
 /// After an allocation of `size` bytes at `p` (null: failed) that [`skip`]
@@ -55,6 +60,9 @@ pub fn on_alloc(p: *mut c_void, size: usize, m: u64) {
     // SAFETY: `st` is this thread's TLS block.
     unsafe {
         if ((*st).mode_seen != m || (*st).guard != 0) && !thread_slow_path(st, m) {
+            return;
+        }
+        if (*st).context & 1 != 0 {
             return;
         }
         let ss = (*st).sampler.sample_size(size);

@@ -21,7 +21,7 @@
 //!   behalf (`pthread_getattr_np`, `pthread_create`, `dlsym`) runs under
 //!   the reentrancy guard ([`tls::Guard`]), which makes nested hooks pass
 //!   straight through.
-//! * **No global-dynamic TLS.** Per-thread state lives in one 64-byte
+//! * **No global-dynamic TLS.** Per-thread state lives in one 72-byte
 //!   initial-exec TLS block (see [`tls`]); nothing from std that uses
 //!   `thread_local!` (`std::thread`, `std::env`) is used.
 //! * **Invisible when idle.** Dormant hooks cost one load and one branch.
@@ -37,13 +37,16 @@
 //! service's startup-trigger store) start sessions; [`fork`]
 //! is the atfork child handler. [`heaps`] is the custom allocator API's
 //! state (Perfetto's `AHeapInfo_*` / `AHeapProfile_*`: named heaps with
-//! their own samplers, reported into the session like sampled mallocs). [`tls`] (per-thread state, the guard),
+//! their own samplers, reported into the session like sampled mallocs);
+//! [`contexts`] the user contexts (`heapprofd_context_*`: the table of
+//! immutable key/value maps, the thread's installed one, the filters). [`tls`] (per-thread state, the guard),
 //! [`procmaps`] (raw `/proc/self/maps` reading), [`env`], [`errno`] and
 //! [`log`] are the allocation-free plumbing.
 
 pub mod activation;
 pub mod capture;
 pub mod connect;
+pub mod contexts;
 pub mod env;
 pub mod errno;
 pub mod fork;

@@ -29,10 +29,10 @@ use heapprofd_proto::wire::{
 };
 use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 
-use crate::capture;
 use crate::freeset::Removal;
 use crate::state::{ACTIVE, IDLE, STATE, free_set, mode};
 use crate::tls::{Guard, ThreadState};
+use crate::{capture, contexts};
 
 /// The active session, or null.
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
@@ -119,6 +119,7 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
         retired: AtomicBool::new(false),
         reclaimed: AtomicBool::new(false),
     }));
+    contexts::session_started(mode_word, s.config.context_filters());
     SESSION.store(s as *const Session as *mut Session, Ordering::SeqCst);
     STATE.store(ACTIVE, Ordering::SeqCst);
     mode().store(mode_word, Ordering::SeqCst);
@@ -207,6 +208,7 @@ impl Session {
             return;
         }
         mode().store(0, Ordering::SeqCst);
+        contexts::session_ended();
         STATE.store(IDLE, Ordering::SeqCst);
         if let Some(e) = error {
             self.rb().set_client_error(e);
@@ -282,6 +284,11 @@ impl Session {
         sample_size: u64,
         heap_id: u32,
     ) -> bool {
+        // SAFETY: the calling thread's own block.
+        let context_id = unsafe { (*st).context } >> 1;
+        if context_id != 0 {
+            contexts::ensure_sent(context_id, self.mode_word, |rec| self.write_small(rec));
+        }
         let mut regs = [0u64; MAX_REGS];
         let sp = capture::capture_regs(&mut regs);
         let mut flags = 0;
@@ -307,7 +314,7 @@ impl Session {
             sample_size,
             address: addr as u64,
             timestamp_ns: coarse_now_ns(),
-            context_id: 0,
+            context_id,
             tid: capture::tid(st),
             heap_id,
             arch: NATIVE_ARCH,
@@ -537,6 +544,7 @@ pub(crate) fn init_thread(st: *mut ThreadState, mode_word: u64) -> bool {
         };
         (*st).mode_seen = mode_word;
     }
+    contexts::init_thread(st);
     release(s);
     true
 }

@@ -3,7 +3,7 @@
 //! Rust's `thread_local!` compiles to global-dynamic TLS in a shared object:
 //! every access calls `__tls_get_addr`, which may call `malloc` (DTV growth
 //! after a `dlopen`), which would re-enter our hooks. So the client keeps its
-//! per-thread state in one 64-byte block of its own, declared in `.tbss` with
+//! per-thread state in one 72-byte block of its own, declared in `.tbss` with
 //! `global_asm!` and reached with the initial-exec sequence
 //! (`%fs:0 + GOTTPOFF` on x86_64, `tpidr_el0 + GOTTPREL` on aarch64). The
 //! linker marks the library `STATIC_TLS`; glibc's surplus static TLS has room
@@ -16,6 +16,8 @@
 //!  40     stack_lo:  u64             cached stack bounds (computed once,
 //!  48     stack_hi:  u64               under the guard)
 //!  56     tid: u32, guard: u8, stack_state: u8, 2 bytes padding
+//!  64     context:   u64             the installed user context, `id << 1 |
+//!                                      excluded` (see `contexts`)
 //! ```
 
 use crate::sampler::Sampler;
@@ -46,10 +48,12 @@ pub(crate) struct ThreadState {
     /// `STACK_*`.
     pub stack_state: u8,
     _pad: [u8; 2],
+    /// The installed user context: `id << 1 | excluded` (see `contexts`).
+    pub context: u64,
 }
 
 /// Bytes of the TLS block.
-pub(crate) const TLS_SIZE: usize = 64;
+pub(crate) const TLS_SIZE: usize = 72;
 const _: () = assert!(core::mem::size_of::<ThreadState>() == TLS_SIZE);
 const _: () = assert!(core::mem::align_of::<ThreadState>() <= 8);
 
@@ -62,9 +66,9 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_tls",
     ".hidden heapprofd_rs_tls",
     ".type heapprofd_rs_tls, @tls_object",
-    ".size heapprofd_rs_tls, 64",
+    ".size heapprofd_rs_tls, 72",
     "heapprofd_rs_tls:",
-    ".zero 64",
+    ".zero 72",
     ".popsection",
 );
 
@@ -75,9 +79,9 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_tls",
     ".hidden heapprofd_rs_tls",
     ".type heapprofd_rs_tls, %tls_object",
-    ".size heapprofd_rs_tls, 64",
+    ".size heapprofd_rs_tls, 72",
     "heapprofd_rs_tls:",
-    ".zero 64",
+    ".zero 72",
     ".popsection",
 );
 

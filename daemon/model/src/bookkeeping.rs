@@ -35,10 +35,10 @@
 //! Dumps are the caller's: [`Bookkeeping::profile_mut`] lends the profile
 //! to a [`TraceWriter`](crate::trace::TraceWriter).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::messages::{Op, SessionEvent, SessionId, SessionStats};
-use crate::profile::{Alloc, CallsiteId, ClientError, Interner, ProcessStats, Profile};
+use crate::profile::{Alloc, CallsiteId, ClientError, FrameId, Interner, ProcessStats, Profile};
 use crate::summary::{ProcessSummary, summarize};
 
 /// The bookkeeping of one profiling run; see the module docs.
@@ -51,6 +51,10 @@ pub struct Bookkeeping {
     sessions: BTreeMap<SessionId, (u32, SessionStats)>,
     /// Per session: its worker's stack ids -> callsites.
     stacks: BTreeMap<SessionId, Vec<Option<CallsiteId>>>,
+    /// Per session: its user context ids -> their root frames.
+    contexts: BTreeMap<SessionId, HashMap<u64, FrameId>>,
+    /// (callsite, context root frame) -> the callsite under that root.
+    context_callsites: HashMap<(CallsiteId, Option<FrameId>), CallsiteId>,
     /// Sessions that ended: pid and final stats.
     ended: Vec<(u32, SessionStats)>,
     /// Per pid: the process statistics of its ended sessions, added up.
@@ -74,6 +78,8 @@ impl Bookkeeping {
             interval,
             sessions: BTreeMap::new(),
             stacks: BTreeMap::new(),
+            contexts: BTreeMap::new(),
+            context_callsites: HashMap::new(),
             ended: Vec::new(),
             ended_stats: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -161,6 +167,8 @@ impl Bookkeeping {
                 self.profile.flush(pid);
                 self.sessions.remove(&id);
                 self.stacks.remove(&id);
+                self.contexts.remove(&id);
+                self.contexts.remove(&id);
                 self.ended_stats
                     .entry(pid)
                     .or_default()
@@ -204,6 +212,7 @@ impl Bookkeeping {
 
     fn apply(&mut self, id: SessionId, pid: u32, ops: Vec<Op>) {
         let stacks = self.stacks.entry(id).or_default();
+        let contexts = self.contexts.entry(id).or_default();
         for op in ops {
             match op {
                 Op::Stack { id, frames } => {
@@ -223,13 +232,27 @@ impl Bookkeeping {
                     tid,
                     timestamp_ns,
                     stack,
+                    context,
                 } => {
                     // Every id is defined before use; an undefined one
                     // would be a worker bug, kept visible as an empty stack.
-                    let callsite = match stacks.get(stack as usize) {
+                    let mut callsite = match stacks.get(stack as usize) {
                         Some(&Some(c)) => c,
                         _ => self.profile.intern_callsite(&[]),
                     };
+                    if context != 0 {
+                        let frame = contexts.get(&context).copied();
+                        if frame.is_none() {
+                            if let Some(p) = self.profile.process_mut(pid) {
+                                p.contexts.unknown_samples += 1;
+                            }
+                        }
+                        let profile = &mut self.profile;
+                        callsite = *self
+                            .context_callsites
+                            .entry((callsite, frame))
+                            .or_insert_with(|| profile.context_callsite(callsite, frame));
+                    }
                     let alloc = Alloc {
                         heap,
                         seq,
@@ -242,6 +265,17 @@ impl Bookkeeping {
                     self.profile.malloc_at(pid, alloc, callsite)
                 }
                 Op::Free { heap, seq, address } => self.profile.free(pid, heap, seq, address),
+                Op::Context {
+                    id,
+                    frame,
+                    overflowed,
+                } => {
+                    contexts.insert(id, frame);
+                    if let Some(p) = self.profile.process_mut(pid) {
+                        p.contexts.defined += 1;
+                        p.contexts.overflowed = p.contexts.overflowed.max(overflowed);
+                    }
+                }
                 Op::HeapName {
                     heap,
                     name,
@@ -296,6 +330,7 @@ impl Bookkeeping {
         for (id, (pid, stats)) in std::mem::take(&mut self.sessions) {
             self.profile.flush(pid);
             self.stacks.remove(&id);
+            self.contexts.remove(&id);
             self.ended_stats
                 .entry(pid)
                 .or_default()

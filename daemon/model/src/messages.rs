@@ -41,6 +41,9 @@ pub enum Op {
         timestamp_ns: u64,
         /// The session's stack id, defined by an earlier [`Op::Stack`].
         stack: u32,
+        /// The user context installed on the thread (0 = none), defined by
+        /// an earlier [`Op::Context`].
+        context: u64,
     },
     /// Defines (or redefines) a stack id of the session for the
     /// operations that follow.
@@ -59,6 +62,16 @@ pub enum Op {
         seq: u64,
         /// Address freed.
         address: u64,
+    },
+    /// Defines a user context id of the session (see
+    /// [`profile::context`](crate::profile::context)).
+    Context {
+        /// The id samples carry.
+        id: u64,
+        /// Its interned root frame.
+        frame: FrameId,
+        /// Contexts the client could not store so far.
+        overflowed: u64,
     },
     /// A heap declaration or sampling-interval change.
     HeapName {

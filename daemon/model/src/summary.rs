@@ -35,6 +35,9 @@ pub enum ProcessWarning {
     /// A guardrail of the profile ended the process's profile
     /// (`hit_guardrail` in the trace; not the heap limit).
     Guardrail,
+    /// The client had no room for this many user contexts: their samples
+    /// are under the context `heapprofd.context=overflow`.
+    ContextOverflow(u64),
 }
 
 /// One process of the summary.
@@ -106,6 +109,9 @@ pub(crate) fn summarize<'a>(
                     errors: p.stats.unwinding_errors,
                     samples: p.stats.heap_samples,
                 });
+            }
+            if p.contexts.overflowed > 0 {
+                warnings.push(ProcessWarning::ContextOverflow(p.contexts.overflowed));
             }
             if p.flags.rejected_concurrent {
                 warnings.push(ProcessWarning::RejectedConcurrent);

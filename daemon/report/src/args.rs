@@ -66,6 +66,11 @@ pub struct ReportArgs {
     /// Only this heap (e.g. libc.malloc).
     #[arg(long, value_name = "NAME")]
     pub heap: Option<String>,
+    /// Totals per value of the user context key KEY (set with
+    /// heapprofd_context_create), per process and heap, instead of the
+    /// report.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["diff", "timeline"])]
+    pub by: Option<String>,
     /// Stack options.
     #[command(flatten)]
     pub stacks: StackOptions,

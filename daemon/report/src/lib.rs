@@ -17,6 +17,7 @@
 //! command line.
 
 pub mod args;
+pub mod by_context;
 pub mod diff;
 pub mod filter;
 pub mod folded;

@@ -6,7 +6,8 @@
 //! `inuse_objects/count`, `inuse_space/bytes` (Go's heap profile names, so
 //! `pprof -sample_index=inuse_space` and speedscope know them); "inuse"
 //! is what was allocated and not freed. Every sample has a `pid` (numeric)
-//! and a `heap` label. Locations carry the frame's `rel_pc` as address and
+//! and a `heap` label, and one string label per pair of the user context
+//! its allocations were made in (`pprof -tagfocus endpoint=/a`). Locations carry the frame's `rel_pc` as address and
 //! are already symbolized (`has_functions`).
 
 use std::io::Write;
@@ -383,7 +384,7 @@ pub fn to_pprof(data: &TraceData, filter: &Filter) -> Profile {
             if c.alloc_count == 0 && c.self_allocated == 0 {
                 continue;
             }
-            let label = vec![
+            let mut label = vec![
                 Label {
                     key: pid_key,
                     num: i64::from(h.pid),
@@ -395,6 +396,13 @@ pub fn to_pprof(data: &TraceData, filter: &Filter) -> Profile {
                     ..Default::default()
                 },
             ];
+            for (k, v) in c.context.iter().flatten() {
+                label.push(Label {
+                    key: b.s(k),
+                    str: b.s(v),
+                    ..Default::default()
+                });
+            }
             b.sample(&c.frames, values(c).to_vec(), label);
         }
     }

@@ -14,6 +14,7 @@ use anyhow::Context;
 use heapprofd_model::trace::{TraceData, TraceError, read_trace};
 
 use crate::args::{ConvertArgs, Format, ReportArgs};
+use crate::by_context::{by_context, write_by_context};
 use crate::diff::{diff, diff_folded, write_diff};
 use crate::filter::Filter;
 use crate::folded::{folded_lines, title, write_flamegraph};
@@ -135,7 +136,19 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
     let raw = load_trace(&args.trace)?;
     check_selection(&raw, &filter, &args.trace)?;
     let data = args.stacks.apply(&raw, None);
-    if args.timeline {
+    if let Some(key) = &args.by {
+        let data = if args.peak { at_peak(&data).0 } else { data };
+        let heaps = by_context(&data, &filter, key);
+        match args.format {
+            Format::Text => write_by_context(out, &name, &heaps),
+            Format::Json => json(
+                out,
+                &serde_json::json!({ "trace": name, "heaps": heaps,
+                "truncated": truncated_of(&raw) }),
+            ),
+        }
+        .or_else(ignore_broken_pipe)?;
+    } else if args.timeline {
         let t = timelines(&data, &filter);
         match args.format {
             Format::Text => write_timelines(out, &name, &t),

@@ -27,6 +27,7 @@ use heapprofd_model::trace::{
 };
 
 use crate::names::shorten;
+use heapprofd_model::profile::context::ContextLabels;
 
 /// `--focus`, `--ignore`, `--fold-lib`, `--full-names`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
@@ -152,7 +153,8 @@ impl StackOptions {
     }
 
     fn apply_heap(&self, h: &HeapProfile, depth: Option<usize>) -> HeapProfile {
-        let mut by_stack: FxHashMap<Vec<ResolvedFrame>, u32> = FxHashMap::default();
+        type Key = (Option<ContextLabels>, Vec<ResolvedFrame>);
+        let mut by_stack: FxHashMap<Key, u32> = FxHashMap::default();
         let mut callstacks: Vec<CallstackValues> = Vec::new();
         let mut map: Vec<Option<u32>> = Vec::with_capacity(h.callstacks.len());
         for c in &h.callstacks {
@@ -161,14 +163,16 @@ impl StackOptions {
                 continue;
             }
             let frames = self.transform(&c.frames, depth);
-            match by_stack.get(&frames) {
+            let key = (c.context.clone(), frames);
+            match by_stack.get(&key) {
                 Some(&j) => {
                     merge_values(&mut callstacks[j as usize], c);
                     map.push(Some(j));
                 }
                 None => {
                     let j = callstacks.len() as u32;
-                    by_stack.insert(frames.clone(), j);
+                    let frames = key.1.clone();
+                    by_stack.insert(key, j);
                     callstacks.push(CallstackValues {
                         frames,
                         ..c.clone()

@@ -148,6 +148,7 @@ pub fn values_at(h: &HeapProfile, k: usize, why: &str) -> (HeapProfile, AsOf) {
         .zip(values)
         .map(|(c, v)| CallstackValues {
             frames: c.frames.clone(),
+            context: c.context.clone(),
             self_allocated: v.allocated,
             self_freed: v.freed,
             alloc_count: v.alloc_count,

@@ -63,6 +63,7 @@ fn report_args(trace: &Path) -> ReportArgs {
         format: Format::Text,
         pid: None,
         heap: None,
+        by: None,
         stacks: StackOptions::default(),
     }
 }

@@ -19,6 +19,7 @@ EXAMPLES:
   heapprofd-rs record --all -d 10s -o all.pftrace       (needs `heapprofd-rs daemon`)
   heapprofd-rs --pid 1234 -d 5s                          (short for `record --pid 1234`)
   heapprofd-rs record --heaps libc.malloc,pool --heap-interval pool=1 -- ./server
+  heapprofd-rs record --context endpoint=/checkout -- ./server
 
 Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
 pub struct RecordArgs {
@@ -42,6 +43,14 @@ pub struct RecordArgs {
     /// sampled): pool=1, arena=64k.
     #[arg(long, value_name = "NAME=BYTES", value_parser = parse_heap_interval)]
     pub heap_interval: Vec<(String, u64)>,
+
+    /// Sample only while the thread has a user context installed
+    /// (heapprofd_context_activate) that has KEY=VALUE, has KEY, or is
+    /// `any` context (repeatable: any of them). Decided when the context
+    /// is installed.
+    #[arg(long = "context", value_name = "KEY=VALUE|KEY|any",
+          value_parser = crate::service::contexts::parse_context_filter)]
+    pub context: Vec<String>,
 
     /// Where to write the trace [default: heapprofd-<cmd>-<pid>-<time>.pftrace].
     #[arg(short = 'o', long, value_name = "FILE")]

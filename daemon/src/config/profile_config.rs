@@ -115,6 +115,7 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
             block_timeout_us: u64::from(c.block_client_timeout_us.unwrap_or(0)),
             seed: 0,
             heaps,
+            contexts: Vec::new(),
         },
         dumps: Dumps {
             continuous,

@@ -98,7 +98,10 @@ pub struct Hub {
 
 /// Whether two configurations sample alike (a session can feed both).
 pub fn compatible(a: &ClientConfig, b: &ClientConfig) -> bool {
-    a.sampling_interval == b.sampling_interval && a.num_heaps == b.num_heaps && a.heaps == b.heaps
+    a.sampling_interval == b.sampling_interval
+        && a.num_heaps == b.num_heaps
+        && a.heaps == b.heaps
+        && a.context_filters() == b.context_filters()
 }
 
 impl Hub {

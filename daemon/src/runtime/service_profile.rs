@@ -27,6 +27,7 @@ use super::bookkeeper::BookkeeperOptions;
 use super::hub::{Joined, ProfileId, Wanted};
 use super::service_state::Service;
 use crate::service::access;
+use crate::service::contexts::apply_context_filters;
 use crate::service::control::{Reply, Request, read_body};
 use crate::service::running;
 use crate::service::spec::ProfileSpec;
@@ -128,6 +129,7 @@ fn client_config(spec: &ProfileSpec) -> Result<ClientConfig> {
     spec.sampling
         .heaps
         .apply(spec.sampling.interval, &mut client)
+        .and_then(|()| apply_context_filters(&spec.sampling.contexts, &mut client))
         .map_err(anyhow::Error::msg)?;
     if spec.sampling.block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;

@@ -92,6 +92,7 @@ pub(super) fn sampling(args: &RecordArgs) -> Sampling {
             .as_micros() as u64,
         seed: args.seed,
         heaps: args.heap_selection(),
+        contexts: args.context.clone(),
     }
 }
 

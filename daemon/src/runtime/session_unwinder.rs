@@ -6,14 +6,15 @@
 //! malloc sample's stack comes from the replay memo or a walk (see
 //! [`StackCache`]), and becomes an [`Op::Malloc`] with its stack id,
 //! preceded by an [`Op::Stack`] when the stack is new; frees and heap
-//! declarations pass through.
+//! declarations pass through; a context definition becomes an
+//! [`Op::Context`] with its root frame interned.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use heapprofd_model::messages::{Op, SessionStats};
-use heapprofd_model::profile::UnwindHistogram;
-use heapprofd_proto::wire::Record;
+use heapprofd_model::profile::{UnwindHistogram, context};
+use heapprofd_proto::wire::{ContextRecord, Record};
 use heapprofd_unwinder::ProcessContext;
 
 use super::stacks::{InternCtx, StackCache};
@@ -119,6 +120,7 @@ impl SessionUnwinder {
                     tid: h.tid,
                     timestamp_ns: h.timestamp_ns,
                     stack: entry.id,
+                    context: h.context_id,
                 });
             }
             Ok(Record::Free(f)) => ops.push(Op::Free {
@@ -126,6 +128,18 @@ impl SessionUnwinder {
                 seq: f.sequence,
                 address: f.address,
             }),
+            Ok(Record::Context(c)) => {
+                let labels = if c.flags & ContextRecord::FLAG_OVERFLOW != 0 {
+                    context::overflow_labels()
+                } else {
+                    c.pairs_lossy()
+                };
+                ops.push(Op::Context {
+                    id: c.context_id,
+                    frame: context::intern_context_frame(cx.interner, &labels),
+                    overflowed: c.overflowed,
+                })
+            }
             Ok(Record::HeapName(n)) => ops.push(Op::HeapName {
                 heap: n.heap_id,
                 name: n.name_str().to_owned(),
@@ -246,6 +260,7 @@ mod tests {
                     tid: 1,
                     timestamp_ns: 7,
                     stack: *id,
+                    context: 0,
                 }
             );
         }

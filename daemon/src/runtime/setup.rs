@@ -12,6 +12,7 @@ use super::bookkeeper::BookkeeperOptions;
 use super::server::DaemonOptions;
 use crate::cli::record_args::RecordArgs;
 use crate::cli::usage_error::UsageError;
+use crate::service::contexts::apply_context_filters;
 
 /// Creates the trace file and the daemon's options from the arguments
 /// shared by `record -- CMD` and `record --pid`. A trace path that cannot be
@@ -28,6 +29,7 @@ pub(super) fn daemon_options(
     heaps
         .check()
         .and_then(|()| heaps.apply(args.interval, &mut client))
+        .and_then(|()| apply_context_filters(&args.context, &mut client))
         .map_err(UsageError)?;
     let file = std::fs::File::create(output).map_err(|e| {
         UsageError(format!(

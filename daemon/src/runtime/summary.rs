@@ -43,6 +43,10 @@ fn warning_text(w: &ProcessWarning) -> String {
              (flagged hit_guardrail in the trace)",
             heapprofd_model::profile::MAX_HEAPS_PER_PROCESS
         ),
+        ProcessWarning::ContextOverflow(n) => format!(
+            "the client had no room for {n} user contexts (over 4095 alive, or over their size \
+             limits); their samples are under heapprofd.context=overflow"
+        ),
         ProcessWarning::UnwindErrors { errors, samples } => {
             format!("{errors} of {samples} stacks could not be fully unwound")
         }

@@ -60,6 +60,9 @@ pub struct Sampling {
     /// Which heaps, at which intervals.
     #[serde(default)]
     pub heaps: HeapSelection,
+    /// User context filters (`record --context`; empty: every context).
+    #[serde(default)]
+    pub contexts: Vec<String>,
 }
 
 impl Default for Sampling {
@@ -71,6 +74,7 @@ impl Default for Sampling {
             block_timeout_us: 0,
             seed: 0,
             heaps: HeapSelection::default(),
+            contexts: Vec::new(),
         }
     }
 }

@@ -4,6 +4,7 @@
 use super::codec::{
     DecodeError, Get, HEAP_NAME_LEN, Put, encode_name, heap_name_field, heap_name_str,
 };
+use super::context_filter::{CONTEXT_FILTER_LEN, ContextFilter, MAX_CONTEXT_FILTERS};
 use super::{HEAP_LIBC_MALLOC_NAME, MAGIC, MAX_HEAPS, version};
 
 /// What a forked child of a profiled process does with the session.
@@ -52,11 +53,17 @@ pub struct ClientConfig {
     pub num_heaps: u32,
     /// Per-heap settings; only the first `num_heaps` are meaningful.
     pub heaps: [HeapConfig; MAX_HEAPS],
+    /// Number of valid entries in `context_filters`; 0 = sample whatever
+    /// context is installed (Since [`version::V4`]).
+    pub num_context_filters: u32,
+    /// Sample only while a context passing one of these is installed.
+    pub context_filters: [ContextFilter; MAX_CONTEXT_FILTERS],
 }
 
 impl ClientConfig {
     /// Bytes on the wire.
-    pub const ENCODED_LEN: usize = 72 + MAX_HEAPS * (HEAP_NAME_LEN + 8);
+    pub const ENCODED_LEN: usize =
+        72 + MAX_HEAPS * (HEAP_NAME_LEN + 8) + MAX_CONTEXT_FILTERS * CONTEXT_FILTER_LEN;
     /// When the buffer is full, wait (up to `block_timeout_us`) instead of dropping.
     pub const FLAG_BLOCK_CLIENT: u32 = 1;
     /// Heaps not listed in `heaps` are sampled at `sampling_interval`
@@ -86,7 +93,26 @@ impl ClientConfig {
             fork_policy: ForkPolicy::Teardown,
             num_heaps: 1,
             heaps,
+            num_context_filters: 0,
+            context_filters: [ContextFilter::EMPTY; MAX_CONTEXT_FILTERS],
         }
+    }
+
+    /// The context filters in use.
+    pub fn context_filters(&self) -> &[ContextFilter] {
+        let n = (self.num_context_filters as usize).min(MAX_CONTEXT_FILTERS);
+        &self.context_filters[..n]
+    }
+
+    /// Adds a context filter; false if the list is full.
+    pub fn add_context_filter(&mut self, f: ContextFilter) -> bool {
+        let n = (self.num_context_filters as usize).min(MAX_CONTEXT_FILTERS);
+        if n == MAX_CONTEXT_FILTERS {
+            return false;
+        }
+        self.context_filters[n] = f;
+        self.num_context_filters = n as u32 + 1;
+        true
     }
 
     /// Whether writers block when the buffer is full.
@@ -161,11 +187,14 @@ impl ClientConfig {
         p.u32(self.flags);
         p.u32(self.fork_policy as u32);
         p.u32(self.num_heaps);
-        p.u32(0);
+        p.u32(self.num_context_filters);
         p.u64(0); // reserved
         for h in &self.heaps {
             encode_name(&mut p, &h.name);
             p.u64(h.interval);
+        }
+        for f in &self.context_filters {
+            f.encode(&mut p);
         }
         out
     }
@@ -198,7 +227,10 @@ impl ClientConfig {
         if num_heaps as usize > MAX_HEAPS {
             return Err(DecodeError::TooManyHeaps(num_heaps));
         }
-        let _pad = g.u32();
+        let num_context_filters = g.u32();
+        if num_context_filters as usize > MAX_CONTEXT_FILTERS {
+            return Err(DecodeError::InvalidField("num_context_filters"));
+        }
         let _reserved = g.u64();
         let empty = HeapConfig {
             name: [0; HEAP_NAME_LEN],
@@ -209,6 +241,10 @@ impl ClientConfig {
             h.name = g.array();
             h.interval = g.u64();
             heap_name_str(&h.name)?;
+        }
+        let mut context_filters = [ContextFilter::EMPTY; MAX_CONTEXT_FILTERS];
+        for f in context_filters.iter_mut() {
+            *f = ContextFilter::decode(&mut g)?;
         }
         Ok(ClientConfig {
             version,
@@ -221,12 +257,14 @@ impl ClientConfig {
             fork_policy,
             num_heaps,
             heaps,
+            num_context_filters,
+            context_filters,
         })
     }
 }
 
 // Layout pin: a change to the field list must change this number on purpose.
-const _: () = assert!(ClientConfig::ENCODED_LEN == 4680);
+const _: () = assert!(ClientConfig::ENCODED_LEN == 4680 + 8 * 328);
 
 #[cfg(test)]
 mod tests {
@@ -243,9 +281,11 @@ mod tests {
             interval: 0,
         };
         c.num_heaps = 2;
+        assert!(c.add_context_filter(ContextFilter::parse("endpoint=/a").unwrap()));
         let d = ClientConfig::decode(&c.encode()).unwrap();
         assert_eq!(d, c);
         assert!(d.block_client());
+        assert_eq!(d.context_filters().len(), 1);
         assert_eq!(d.interval_for("libc.malloc"), 4096);
         assert_eq!(d.interval_for("custom"), 0);
         assert_eq!(d.interval_for("other"), 0);

@@ -8,7 +8,7 @@
 //!   (daemon -> client, together with the ring-buffer memfd).
 //! * **Ring-buffer records**, written by the client into the shared-memory
 //!   ring buffer: [`MallocHeader`] followed by raw stack bytes, [`FreeRecord`]
-//!   and [`HeapNameRecord`]. Every record starts with a `u32` [`RecordKind`]
+//!   [`HeapNameRecord`] and [`ContextRecord`]. Every record starts with a `u32` [`RecordKind`]
 //!   and a `u32` of flags.
 //!
 //! Every layout is pinned: each type has an `ENCODED_LEN` constant checked at
@@ -23,22 +23,37 @@
 //!
 //! One concept per file: `codec` (the byte reader/writer, name fields and
 //! [`DecodeError`]), `arch` ([`Arch`] and the [`RegisterFile`]),
-//! `handshake` and `client_config` (the socket messages), `record` (the
-//! ring-buffer records and [`Record`]). This module holds the constants the
+//! `handshake` and `client_config` (the socket messages), `kind` (the
+//! records' [`RecordKind`] tag), `record` (the ring-buffer records and
+//! [`Record`]), `context` (the user context
+//! definition record and its pair encoding), `context_filter` (the
+//! configuration's context filters and their matching rule). This module holds the constants the
 //! whole protocol shares and re-exports every item, so `wire::X` is the one
 //! path to each.
 
 mod arch;
 mod client_config;
 mod codec;
+mod context;
+mod context_filter;
 mod handshake;
+mod kind;
 mod record;
 
 pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
 pub use client_config::{ClientConfig, ForkPolicy, HeapConfig};
 pub use codec::{DecodeError, HEAP_NAME_LEN, heap_name_field, heap_name_str};
+pub use context::{
+    CONTEXT_HEADER_LEN, CONTEXT_NONE, ContextRecord, MAX_CONTEXT_BYTES, MAX_CONTEXT_PAIRS,
+    MAX_CONTEXT_STR, PairIter, encode_context_pair,
+};
+pub use context_filter::{
+    CONTEXT_FILTER_LEN, ContextFilter, FilterKind, MAX_CONTEXT_FILTERS, MAX_FILTER_KEY,
+    context_matches,
+};
 pub use handshake::{Handshake, Unprofilable};
-pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record, RecordKind};
+pub use kind::RecordKind;
+pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record};
 
 /// `b"HPRS"` read as a little-endian `u32`; first field of the socket messages.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HPRS");
@@ -55,8 +70,11 @@ pub mod version {
     /// `ClientConfig::FLAG_ALL_HEAPS`; custom heaps (ids from 1) declared
     /// with [`HeapNameRecord`]s.
     pub const V3: u32 = 3;
+    /// User contexts: [`ContextRecord`](super::ContextRecord)s in the ring and
+    /// `MallocHeader::context_id` on every sample.
+    pub const V4: u32 = 4;
     /// The version this build speaks.
-    pub const CURRENT: u32 = V3;
+    pub const CURRENT: u32 = V4;
 }
 
 /// Number of heap slots in [`ClientConfig`] (as Perfetto's client

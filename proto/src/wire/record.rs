@@ -1,33 +1,11 @@
 //! The ring-buffer records: [`MallocHeader`] + stack bytes, [`FreeRecord`],
-//! [`HeapNameRecord`], each opening with its [`RecordKind`], and [`Record`],
-//! any of them decoded by its kind tag.
+//! [`HeapNameRecord`] (and [`ContextRecord`], in its own file), each opening
+//! with its [`RecordKind`], and [`Record`], any of them decoded by its kind tag.
 
 use super::arch::{Arch, MAX_REGS, RegisterFile};
 use super::codec::{DecodeError, Get, HEAP_NAME_LEN, Put, encode_name, heap_name_str};
-
-/// Kind tag at the start of every ring-buffer record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum RecordKind {
-    /// [`MallocHeader`] + stack bytes.
-    Malloc = 1,
-    /// [`FreeRecord`].
-    Free = 2,
-    /// [`HeapNameRecord`].
-    HeapName = 3,
-}
-
-impl RecordKind {
-    /// Decodes a kind tag.
-    pub fn from_u32(v: u32) -> Result<RecordKind, DecodeError> {
-        match v {
-            1 => Ok(RecordKind::Malloc),
-            2 => Ok(RecordKind::Free),
-            3 => Ok(RecordKind::HeapName),
-            other => Err(DecodeError::UnknownKind(other)),
-        }
-    }
-}
+use super::context::ContextRecord;
+use super::kind::RecordKind;
 
 fn check_kind(g: &mut Get<'_>, expected: RecordKind) -> Result<u32, DecodeError> {
     let kind = g.u32();
@@ -58,7 +36,9 @@ pub struct MallocHeader {
     pub address: u64,
     /// CLOCK_MONOTONIC_COARSE, nanoseconds.
     pub timestamp_ns: u64,
-    /// User context label (reserved; 0 = none).
+    /// The user context installed on the allocating thread
+    /// ([`CONTEXT_NONE`](super::CONTEXT_NONE) = none), defined by a
+    /// [`ContextRecord`] earlier in the ring.
     pub context_id: u64,
     /// Kernel thread id of the allocating thread.
     pub tid: u32,
@@ -266,6 +246,8 @@ pub enum Record<'a> {
     Free(FreeRecord),
     /// A heap declaration.
     HeapName(HeapNameRecord),
+    /// A user context definition.
+    Context(ContextRecord<'a>),
 }
 
 impl<'a> Record<'a> {
@@ -279,6 +261,7 @@ impl<'a> Record<'a> {
             }
             RecordKind::Free => Ok(Record::Free(FreeRecord::decode(buf)?)),
             RecordKind::HeapName => Ok(Record::HeapName(HeapNameRecord::decode(buf)?)),
+            RecordKind::Context => Ok(Record::Context(ContextRecord::decode(buf)?)),
         }
     }
 
@@ -298,6 +281,7 @@ impl<'a> Record<'a> {
             }
             Record::Free(f) => f.encode().to_vec(),
             Record::HeapName(n) => n.encode().to_vec(),
+            Record::Context(c) => c.encode_to_vec(),
         }
     }
 }

@@ -50,6 +50,7 @@ fn malloc(seq: u64, address: u64, size: u64, stack: u32) -> Op {
         tid: 1,
         timestamp_ns: seq,
         stack,
+        context: 0,
     }
 }
 
@@ -331,5 +332,75 @@ fn stats_set_flags_and_the_summary_warns() {
                 samples: 10
             },
         ]
+    );
+}
+
+#[test]
+fn a_malloc_in_a_context_is_charged_under_the_contexts_root_frame() {
+    use crate::profile::context::{intern_context_frame, unknown_labels};
+    let i = Interner::new();
+    let mut b = Bookkeeping::new(&i, 1);
+    let main_a = frames(&i, &["main", "a"]);
+    let a = vec![("endpoint".to_owned(), "/a".to_owned())];
+    let ctx = intern_context_frame(&i, &a);
+    let in_context = |seq, address, size, context| match malloc(seq, address, size, 1) {
+        Op::Malloc {
+            heap,
+            seq,
+            address,
+            sample_size,
+            size,
+            tid,
+            timestamp_ns,
+            stack,
+            ..
+        } => Op::Malloc {
+            heap,
+            seq,
+            address,
+            sample_size,
+            size,
+            tid,
+            timestamp_ns,
+            stack,
+            context,
+        },
+        other => other,
+    };
+    b.handle(started(1, 10, "app"));
+    b.handle(ops(
+        1,
+        vec![
+            stack(1, &main_a),
+            Op::Context {
+                id: 4097,
+                frame: ctx,
+                overflowed: 3,
+            },
+            in_context(1, 0x10, 100, 4097),
+            in_context(2, 0x20, 20, 4097),
+            malloc(3, 0x30, 5, 1),
+            in_context(4, 0x40, 1, 99), // never defined
+        ],
+    ));
+    b.finish();
+    let name = |f: FrameId| i.read().function_name(f).unwrap_or_default();
+    let p = b.profile();
+    let under = |root: FrameId| {
+        let mut s = vec![root];
+        s.extend_from_slice(&main_a);
+        let c = p.tree().find(&s)?;
+        p.heap(10, 0)?.callsite(c).map(|t| t.allocated)
+    };
+    assert_eq!(under(ctx), Some(120), "{}", name(ctx));
+    assert_eq!(totals(&b, &i, 10, &["main", "a"]), Some((5, 0)));
+    let unknown = intern_context_frame(&i, &unknown_labels());
+    assert_eq!(under(unknown), Some(1));
+    let cs = p.process(10).unwrap().contexts;
+    assert_eq!((cs.defined, cs.overflowed, cs.unknown_samples), (1, 3, 1));
+    assert!(
+        b.summary()
+            .iter()
+            .any(|s| s.warnings.contains(&ProcessWarning::ContextOverflow(3)))
     );
 }

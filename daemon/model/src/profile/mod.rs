@@ -30,6 +30,7 @@
 
 pub mod alloc;
 pub mod callsite_stats;
+pub mod context;
 pub mod estimate;
 pub mod heap;
 pub mod histogram;
@@ -63,6 +64,7 @@ pub struct Profile {
     tree: CallsiteTree,
     processes: BTreeMap<u32, ProcessState>,
     empty_stack: FrameId,
+    unknown_context: FrameId,
     window: u64,
 }
 
@@ -80,6 +82,7 @@ impl Profile {
             tree: CallsiteTree::new(),
             processes: BTreeMap::new(),
             empty_stack: interner.intern_error_frame("EMPTY_STACK"),
+            unknown_context: context::intern_context_frame(interner, &context::unknown_labels()),
             window: window.max(1),
         }
     }
@@ -130,6 +133,24 @@ impl Profile {
             return self.tree.intern(&[self.empty_stack]);
         }
         self.tree.intern(stack)
+    }
+
+    /// The callsite of `callsite`'s stack under the context root frame
+    /// `context` (see [`context`]); `None` is the root frame of a context
+    /// id nothing defined.
+    pub fn context_callsite(
+        &mut self,
+        callsite: CallsiteId,
+        context: Option<FrameId>,
+    ) -> CallsiteId {
+        let mut frames = Vec::new();
+        self.tree.stack(callsite, &mut frames);
+        let root = self
+            .tree
+            .child(CallsiteId::ROOT, context.unwrap_or(self.unknown_context));
+        frames
+            .iter()
+            .fold(root, |node, &f| self.tree.child(node, f))
     }
 
     /// Records a sampled allocation of `pid`. `stack` is outermost caller

@@ -152,6 +152,8 @@ pub struct ProcessState {
     /// It ran unprofiled at some point (never profiled when `sessions` is
     /// 0), and why.
     pub unprofilable: Option<heapprofd_proto::wire::Unprofilable>,
+    /// Its user contexts.
+    pub contexts: super::context::ContextStats,
     pub(crate) heaps: BTreeMap<u32, HeapState>,
     pub(crate) order: Reorder<PendingOp>,
     pub(crate) order_stats: OrderStats,
@@ -172,6 +174,7 @@ impl ProcessState {
             session_start_ns: 0,
             sessions: 0,
             unprofilable: None,
+            contexts: Default::default(),
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
             order_stats: OrderStats::default(),

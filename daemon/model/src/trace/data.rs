@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::profile::context::ContextLabels;
 use crate::profile::{CallsiteStats, ProcessFlags, ProcessStats};
 
 /// A frame with its names resolved.
@@ -40,8 +41,12 @@ impl ResolvedFrame {
 /// Latest values of one callstack in one heap.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CallstackValues {
-    /// Frames, outermost caller first, allocating function last.
+    /// Frames, outermost caller first, allocating function last (a user
+    /// context's root frame is taken off into `context`).
     pub frames: Vec<ResolvedFrame>,
+    /// The user context the samples were made in (its pairs, in order),
+    /// if any (see [`profile::context`](crate::profile::context)).
+    pub context: Option<ContextLabels>,
     /// Sampled bytes allocated, cumulative.
     pub self_allocated: u64,
     /// Sampled bytes freed, cumulative.
@@ -79,6 +84,17 @@ impl CallstackValues {
     /// Allocations not freed.
     pub fn unreleased_count(&self) -> u64 {
         self.alloc_count.saturating_sub(self.free_count)
+    }
+
+    /// The value of `key` in the context, if the samples had a context
+    /// with that key.
+    pub fn context_value(&self, key: &str) -> Option<&str> {
+        self.context
+            .as_ref()?
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 

@@ -27,7 +27,7 @@ use super::data::{
 };
 use super::extension::{Extension, find_extension};
 use super::interned::{Resolver, Tables};
-use crate::profile::{CallsiteStats, ClientError, ProcessStats, UNWIND_HISTOGRAM_BUCKETS};
+use crate::profile::{CallsiteStats, ClientError, ProcessStats, UNWIND_HISTOGRAM_BUCKETS, context};
 
 #[derive(Debug, Default)]
 struct Sequence {
@@ -268,6 +268,7 @@ impl Reader {
                 acc.profile.dump_at_max |= at_max;
                 let values = CallstackValues {
                     frames: Vec::new(),
+                    context: None,
                     self_allocated: if at_max && s.self_allocated.is_none() {
                         s.self_max()
                     } else {
@@ -378,9 +379,27 @@ impl Reader {
                 }
             }
             merge_timeline(&mut profile.timeline, &index);
+            for c in &mut profile.callstacks {
+                take_context_frame(c);
+            }
             self.data.heaps.push(profile);
         }
         self.data
+    }
+}
+
+/// Takes a user context's root frame off the stack into `c.context`.
+fn take_context_frame(c: &mut CallstackValues) {
+    let is_context = c.frames.first().is_some_and(|f| {
+        f.mapping
+            .as_deref()
+            .is_some_and(context::is_context_mapping)
+    });
+    if is_context {
+        let f = c.frames.remove(0);
+        c.context = Some(context::parse_context_frame(
+            f.function.as_deref().unwrap_or(""),
+        ));
     }
 }
 
