@@ -35,10 +35,10 @@ cargo build --release --target aarch64-unknown-linux-gnu -p heapprofd-client
 
 # What ships to an Android device, type-checked for both Android ABIs (no
 # NDK linker here, so no link).
-step "android: cargo check of the client, shmem, proto and unwinder"
+step "android: cargo check of the client (both front-ends), shmem, proto, unwinder and the daemon's triggers"
 for t in aarch64-linux-android x86_64-linux-android; do
   cargo check --target "$t" -p heapprofd-shmem -p heapprofd-proto \
-    -p heapprofd-client-core -p heapprofd-client -p heapprofd-unwinder
+    -p heapprofd-client-core -p heapprofd-client -p heapprofd-android -p heapprofd-unwinder
 done
 
 step "tests"

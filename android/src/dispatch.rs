@@ -114,7 +114,10 @@ static PREVIOUS: AtomicPtr<MallocDispatch> = AtomicPtr::new(core::ptr::null_mut(
 
 /// Keeps `prev` as the table to forward to (from `heapprofd_initialize`).
 pub fn set_previous(prev: &'static MallocDispatch) {
-    PREVIOUS.store(prev as *const MallocDispatch as *mut MallocDispatch, Ordering::Release);
+    PREVIOUS.store(
+        prev as *const MallocDispatch as *mut MallocDispatch,
+        Ordering::Release,
+    );
 }
 
 /// The table to forward to, if bionic gave one.

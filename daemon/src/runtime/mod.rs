@@ -55,6 +55,7 @@ pub mod status;
 pub mod summary;
 pub mod supervise;
 pub mod symbolize;
+pub mod triggers;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};

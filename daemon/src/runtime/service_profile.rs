@@ -327,15 +327,15 @@ fn take_running(
             continue;
         }
         service.hub.expect(id, pid);
-        match heapprofd_inject::signal_activate(pid, 0) {
+        match service.triggers.wake(pid) {
             Ok(()) => log::info!(
                 "profile {id}: woke pid {pid} ({}) with signal {}",
                 found.name,
                 heapprofd_inject::ACTIVATION_SIGNAL
             ),
             Err(e) => {
-                log::warn!("profile {id}: pid {pid} ({}): {e}", found.name);
-                notes.push(format!("pid {pid} ({}): {e}", found.name));
+                log::warn!("profile {id}: pid {pid} ({}): {e:#}", found.name);
+                notes.push(format!("pid {pid} ({}): {e:#}", found.name));
             }
         }
     }
