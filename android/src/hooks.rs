@@ -137,8 +137,8 @@ pub unsafe extern "C" fn heapprofd_posix_memalign(
     }
     // SAFETY: forwarding with the caller's arguments.
     let rc = unsafe { f(out, align, size) };
-    // SAFETY: on success the allocator stored the block through `out`.
     let p = if rc == 0 && !out.is_null() {
+        // SAFETY: on success the allocator stored the block through `out`.
         unsafe { *out }
     } else {
         core::ptr::null_mut()

@@ -13,7 +13,6 @@ use heapprofd_tests::client_harness::run;
 use heapprofd_tests::record_harness::{
     check_trace, heapprofd, record, record_programs, scratch_dir,
 };
-use serde_json::Value;
 
 const N: usize = 5;
 

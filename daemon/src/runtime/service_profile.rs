@@ -304,7 +304,7 @@ fn take_running(
             }
             Joined::NoSession => {}
         }
-        if !running::has_client(pid) {
+        if !service.triggers.can_wake(pid) {
             let why = format!(
                 "pid {pid} ({}) has no dormant client loaded; profile it with \
                  `record --pid {pid}`",

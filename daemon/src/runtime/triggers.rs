@@ -4,14 +4,16 @@
 //!
 //! * Linux ([`TriggerStore`]): the trigger store in the service directory
 //!   (`heapprofd_proto::triggers`, read by the client's constructor), and
-//!   `sigqueue(pid, 36, 0)` (signal value 0: "the service").
+//!   `sigqueue(pid, 36, 0)` (signal value 0: "the service") to processes
+//!   that have the client or the bionic front-end mapped.
 //! * Android ([`PropertyTriggers`] over [`SystemProperties`]): the system
 //!   properties bionic's libc reads at start-up, set and cleared by
 //!   reference count as Perfetto's heapprofd does: `heapprofd.enable.<name>`
 //!   = `1` while at least one profile wants the name, `heapprofd.enable` =
 //!   `all` while one wants every process, else `1` while any name is
 //!   wanted, else cleared; and `sigqueue(pid, __SIGRTMIN + 4, {sival_int =
-//!   0})`, which bionic's profiling handler takes for heapprofd.
+//!   0})`, which bionic's profiling handler takes for heapprofd, to any
+//!   process (bionic loads the client itself).
 //!   Only type-checked here (`cargo check --target aarch64-linux-android`);
 //!   the reference counting is tested on Linux with a recording setter.
 
@@ -40,6 +42,10 @@ pub trait Triggers: Send + Sync + std::fmt::Debug {
     /// Publishes what the profiles now want (called whenever one starts or
     /// ends; the last call, with nothing wanted, clears everything).
     fn publish(&self, wanted: &Wanted) -> Result<()>;
+    /// Whether running process `pid` would answer [`Self::wake`]: on Linux
+    /// only with the client (or the bionic front-end) mapped; on Android
+    /// every process, bionic's libc handles the signal itself.
+    fn can_wake(&self, pid: u32) -> bool;
     /// Wakes running process `pid`: it connects to the service.
     fn wake(&self, pid: u32) -> Result<()>;
 }
@@ -77,6 +83,10 @@ impl Triggers for TriggerStore {
             wanted.names.iter().map(|(n, c)| (n.as_str(), *c)),
         );
         write_triggers(&self.dir, &bytes)
+    }
+
+    fn can_wake(&self, pid: u32) -> bool {
+        crate::service::running::has_client(pid)
     }
 
     fn wake(&self, pid: u32) -> Result<()> {
@@ -151,6 +161,12 @@ impl<S: PropertySetter> Triggers for PropertyTriggers<S> {
         }
         *set = (enable.to_string(), names);
         Ok(())
+    }
+
+    fn can_wake(&self, _pid: u32) -> bool {
+        // bionic's libc takes the signal in every profileable process and
+        // loads heapprofd_client.so itself.
+        true
     }
 
     fn wake(&self, pid: u32) -> Result<()> {
