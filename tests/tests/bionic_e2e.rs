@@ -15,8 +15,11 @@
 //! * `alloc_truth.cpp` at `-i 1` through the table, recorded by `record`:
 //!   every function exact, stacks from `_start` or the thread start;
 //! * a second initialize after the session ended (the service's profile
-//!   ended, a new `record -p` wakes the process with signal 36, value 0):
-//!   a new session, exact again.
+//!   ended, a new `record -n NAME --no-startup` wakes the process with
+//!   signal 36, value 0): a new session, exact again;
+//! * an initialize while a session is still open (the signal sent during a
+//!   `record`): the open session is ended and a second one started, the
+//!   allocations of both in the trace.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,7 +29,7 @@ use std::time::Duration;
 use heapprofd_tests::alloc_truth::{ThreadStart, check_exact};
 use heapprofd_tests::client_harness::{compile, run, workspace_root};
 use heapprofd_tests::record_harness::{
-    Sample, TraceSummary, check_trace, frame_is, heapprofd, record_programs, release_bins,
+    Live, Sample, TraceSummary, check_trace, frame_is, heapprofd, record_programs, release_bins,
     scratch_dir,
 };
 use heapprofd_tests::service_harness::{Service, Stepper, signal, wait_exit, wait_for};
@@ -320,4 +323,87 @@ fn a_second_initialize_after_the_session_ended_starts_a_new_session() {
 
 fn stepper_pid(pid: &str) -> u32 {
     pid.parse().expect("a pid")
+}
+
+/// The first child of process `pid` (`/proc/PID/task/PID/children`).
+fn child_of(pid: i32) -> i32 {
+    let mut child = 0;
+    wait_for("record's child", || {
+        let path = format!("/proc/{pid}/task/{pid}/children");
+        child = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        child != 0
+    });
+    child
+}
+
+#[test]
+fn an_initialize_while_a_session_is_open_ends_it_and_starts_another() {
+    let dir = scratch_dir("bionic-resignal");
+    let trace = dir.join("t.pftrace");
+    let emu_log = dir.join("emu.log");
+    let client = format!("HEAPPROFD_EMU_CLIENT={}", bionic_lib().display());
+    let log = format!("HEAPPROFD_EMU_LOG={}", emu_log.display());
+    let stepper = record_programs().path("stepper");
+    // `env` (preloaded too, but not enabled) execs the stepper with the
+    // loader's variables: the start-up initialize connects to `record`.
+    let mut live = Live::start(
+        &[
+            "-i",
+            "1",
+            "--client-lib",
+            emulated_libc().to_str().unwrap(),
+            "-o",
+            trace.to_str().unwrap(),
+        ],
+        &[
+            "env",
+            &client,
+            "HEAPPROFD_EMU_ENABLE=1",
+            &log,
+            stepper.to_str().unwrap(),
+        ],
+    );
+    live.step("grow 2");
+    // The profiling signal while the first session is open (bionic then
+    // takes our table out and initializes again): the new initialize ends
+    // the open session and starts a second one.
+    let pid = child_of(live.pid);
+    // SAFETY: sigqueue with a plain integer value.
+    let rc = unsafe {
+        libc::sigqueue(
+            pid,
+            36,
+            libc::sigval {
+                sival_ptr: std::ptr::null_mut(),
+            },
+        )
+    };
+    assert_eq!(rc, 0, "sigqueue: {}", std::io::Error::last_os_error());
+    live.step("small");
+    wait_for("the second initialize", || {
+        std::fs::read_to_string(&emu_log).is_ok_and(|l| l.lines().count() == 2)
+    });
+    live.step("grow 3");
+    live.close_stdin();
+    let out = live.finish(TIMEOUT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&emu_log).unwrap(),
+        "initialize ok\ninitialize ok\n"
+    );
+    // Both sessions of the one process: "grow 2" in the first, "grow 3" in
+    // the second (the daemon keeps a pid's sessions in one process, as
+    // after an exec).
+    let t = check_trace(&trace);
+    assert_eq!(t.pids(), vec![pid as u64]);
+    let grow = t
+        .latest()
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| frame_is(f, "grow_site")))
+        .fold((0, 0), |(c, b), s| (c + s.alloc_count, b + s.allocated));
+    assert_eq!(grow, (5, 5000), "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
 }
