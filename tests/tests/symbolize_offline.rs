@@ -2,8 +2,9 @@
 //! with build ids and addresses only) gets `ModuleSymbols` from the
 //! binaries in `--symbols` directories, matched by build id and searched
 //! as `PERFETTO_BINARY_PATH` is (DIR/<mapping path>, DIR/<file name>,
-//! DIR/.build-id/xx/rest.debug); `check_trace.py` resolves every frame
-//! through them as trace_processor does.
+//! DIR/.build-id/xx/rest.debug), a stripped binary's split debug file
+//! found by build id; `check_trace.py` resolves every frame through them
+//! as trace_processor does.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -134,6 +135,51 @@ fn symbols_by_build_id_from_the_symbol_directories() {
         out_trace.to_str().unwrap(),
     ]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(
+        leaf_allocations(&program_samples(&out_trace, &prog)),
+        N as u64
+    );
+
+    // Split debug: the program stripped of every symbol, its debug file
+    // under `.build-id/` in the same directory (a debug directory too).
+    let split = dir.join("split");
+    std::fs::create_dir_all(split.join(".build-id").join(&build_id[..2])).unwrap();
+    let stripped = split.join("many_stacks");
+    let status = Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&prog)
+        .status()
+        .expect("run strip");
+    assert!(status.success());
+    let status = Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&prog)
+        .arg(
+            split
+                .join(".build-id")
+                .join(&build_id[..2])
+                .join(format!("{}.debug", &build_id[2..])),
+        )
+        .status()
+        .expect("run objcopy");
+    assert!(status.success());
+    let out_trace = dir.join("sym-split.pftrace");
+    let out = symbolize(&[
+        raw.to_str().unwrap(),
+        "--symbols",
+        split.to_str().unwrap(),
+        "-o",
+        out_trace.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        !out.stderr
+            .contains(&format!("not found: {}", prog.display())),
+        "{}",
+        out.stderr
+    );
     assert_eq!(
         leaf_allocations(&program_samples(&out_trace, &prog)),
         N as u64
