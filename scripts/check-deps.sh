@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Enforces the crate dependency rules (ARCHITECTURE.md, "Architecture invariants"):
-#  - the client library (its core and the glibc front-end) links only shmem,
+#  - the client library (its core, the glibc and the bionic front-end) links only shmem,
 #    proto and low-level crates (libc/nix); no tokio, no unwinder, no daemon,
 #    nothing heavy, not even at build time;
 #  - the daemon (and its model, report and inject crates) never links the
@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-allowed_client='^(heapprofd-client|heapprofd-client-core|heapprofd-proto|heapprofd-shmem|libc|nix|bitflags|cfg-if|cfg_aliases)$'
-for crate in heapprofd-client heapprofd-client-core; do
+allowed_client='^(heapprofd-client|heapprofd-client-core|heapprofd-android|heapprofd-proto|heapprofd-shmem|libc|nix|bitflags|cfg-if|cfg_aliases)$'
+for crate in heapprofd-client heapprofd-client-core heapprofd-android; do
   deps=$(cargo tree -p "$crate" -e normal,build --prefix none --no-dedupe --offline 2>/dev/null \
          || cargo tree -p "$crate" -e normal,build --prefix none --no-dedupe)
   bad=$(echo "$deps" | awk '{print $1}' | sort -u | grep -Ev "$allowed_client" || true)

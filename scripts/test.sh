@@ -35,11 +35,15 @@ cargo build --release --target aarch64-unknown-linux-gnu -p heapprofd-client
 
 # What ships to an Android device, type-checked for both Android ABIs (no
 # NDK linker here, so no link).
-step "android: cargo check of the client, shmem, proto and unwinder"
+step "android: cargo check of the client (both front-ends), shmem, proto, unwinder; the daemon for aarch64"
 for t in aarch64-linux-android x86_64-linux-android; do
   cargo check --target "$t" -p heapprofd-shmem -p heapprofd-proto \
-    -p heapprofd-client-core -p heapprofd-client -p heapprofd-unwinder
+    -p heapprofd-client-core -p heapprofd-client -p heapprofd-android -p heapprofd-unwinder
 done
+# The daemon (its Android triggers: the heapprofd.enable properties) for
+# aarch64 only: its x86_64 ptrace injection does not build against the
+# x86_64 Android libc (no PTRACE_GETSIGMASK, nix has no seize/getregs there).
+cargo check --target aarch64-linux-android -p heapprofd-daemon
 
 step "tests"
 cargo test --workspace

@@ -15,6 +15,8 @@
 //! * [`config`]: Perfetto's `HeapprofdConfig` in text format (`--config`).
 //! * [`install`]: `install` / `uninstall`, the client in every new process
 //!   (`/etc/ld.so.preload`).
+//! * [`offline_symbols`]: `symbolize`, symbols added to a trace afterwards
+//!   (`ModuleSymbols`, binaries found by build id).
 //! * [`cli`]: the subcommands and their arguments (clap, units).
 //! * [`env`](mod@env): the environment variables, read once.
 //! * [`logger`]: the stderr logger behind the `log` facade.
@@ -24,5 +26,6 @@ pub mod config;
 pub mod env;
 pub mod install;
 pub mod logger;
+pub mod offline_symbols;
 pub mod runtime;
 pub mod service;

@@ -41,6 +41,14 @@ pub const ACTIVATION_SIGNAL: i32 = 36;
 /// another copy of itself.
 pub const CLIENT_FILE_NAME: &str = "libheapprofd_client.so";
 
+/// The bionic front-end's file name as built (`android/`): named apart from
+/// [`CLIENT_FILE_NAME`] so both can sit in one directory.
+pub const BIONIC_CLIENT_FILE_NAME: &str = "libheapprofd_bionic.so";
+
+/// The name bionic `dlopen`s (`heapprofd_client.so`): what the bionic
+/// front-end is installed as on a device.
+pub const ANDROID_CLIENT_FILE_NAME: &str = "heapprofd_client.so";
+
 /// Substring of the (Rust-mangled) symbol name of the client's attach entry
 /// point, found in the library's `.symtab`; the client's function has
 /// exactly this name.

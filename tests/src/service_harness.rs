@@ -197,7 +197,13 @@ pub struct Stepper {
 impl Stepper {
     /// Starts it; returns after its own start-up allocations.
     pub fn start(svc: &Path, name: &str) -> Stepper {
-        let mut child = preloaded(svc, &record_programs().path("stepper"), name)
+        Stepper::start_command(preloaded(svc, &record_programs().path("stepper"), name))
+    }
+
+    /// Starts `cmd` (a stepper with its environment set by the caller);
+    /// returns after its own start-up allocations.
+    pub fn start_command(mut cmd: Command) -> Stepper {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

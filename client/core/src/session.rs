@@ -560,6 +560,25 @@ pub(crate) fn forget_in_child() {
     }
 }
 
+/// Ends the current session, if there is one: a front-end starting a new
+/// session in its place (bionic re-initializes heapprofd for a new profile
+/// while the old session may still be open). Its watcher releases it and
+/// exits on its next turn. True if a session was ended.
+pub fn end_current() -> bool {
+    let p = SESSION.load(Ordering::Acquire);
+    // SAFETY: sessions are never freed.
+    let Some(s) = (unsafe { p.as_ref() }) else {
+        return false;
+    };
+    s.writers.fetch_add(1, Ordering::SeqCst);
+    let current = SESSION.load(Ordering::SeqCst) == p;
+    if current {
+        s.teardown(None);
+    }
+    release(s);
+    current
+}
+
 /// Whether the session has been retired (the watcher's loop condition).
 pub(crate) fn is_retired(s: &Session) -> bool {
     s.retired.load(Ordering::SeqCst)

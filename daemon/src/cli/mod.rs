@@ -59,6 +59,9 @@ pub enum Command {
     Report(ReportArgs),
     /// Convert a trace to pprof, folded stacks or a flame graph SVG.
     Convert(ConvertArgs),
+    /// Add symbols to a trace recorded with --no-symbolize (or on a
+    /// device): binaries matched by build id in the --symbols directories.
+    Symbolize(crate::offline_symbols::SymbolizeArgs),
 }
 
 /// Parses the command line (exits on bad usage, with clap's message); a
@@ -144,6 +147,7 @@ pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
         Command::Uninstall(args) => Ran::Exit(install::uninstall(&args)?),
         Command::Report(args) => Ran::Exit(run_report(args).map(|()| 0)?),
         Command::Convert(args) => Ran::Wrote(convert(&args)?),
+        Command::Symbolize(args) => Ran::Exit(crate::offline_symbols::run(&args)?),
     })
 }
 

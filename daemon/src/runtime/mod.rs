@@ -61,6 +61,7 @@ pub mod status;
 pub mod summary;
 pub mod supervise;
 pub mod symbolize;
+pub mod triggers;
 pub mod worker;
 
 pub use book_msg::BookMsg;

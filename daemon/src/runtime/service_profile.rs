@@ -326,7 +326,7 @@ fn take_running(
             }
             Joined::NoSession => {}
         }
-        if !running::has_client(pid) {
+        if !service.triggers.can_wake(pid) {
             let why = format!(
                 "pid {pid} ({}) has no dormant client loaded; profile it with \
                  `record --pid {pid}`",
@@ -349,15 +349,15 @@ fn take_running(
             continue;
         }
         service.hub.expect(id, pid);
-        match heapprofd_inject::signal_activate(pid, 0) {
+        match service.triggers.wake(pid) {
             Ok(()) => log::info!(
                 "profile {id}: woke pid {pid} ({}) with signal {}",
                 found.name,
                 heapprofd_inject::ACTIVATION_SIGNAL
             ),
             Err(e) => {
-                log::warn!("profile {id}: pid {pid} ({}): {e}", found.name);
-                notes.push(format!("pid {pid} ({}): {e}", found.name));
+                log::warn!("profile {id}: pid {pid} ({}): {e:#}", found.name);
+                notes.push(format!("pid {pid} ({}): {e:#}", found.name));
             }
         }
     }

@@ -1,22 +1,20 @@
 //! What every profile task of the service shares ([`Service`]): its
 //! directory, the bookkeeping thread and session stopper of its one
-//! daemon, the [`Hub`], profile ids, and the startup-trigger store, which
-//! is rewritten (atomically: write, then rename; mode 0644, readable by the
-//! clients of every user, written only by the service) from the hub's
-//! profiles whenever one starts or ends, and removed with the last.
+//! daemon, the [`Hub`], profile ids, and the platform's [`Triggers`]: the
+//! startup triggers are published from the hub's profiles whenever one
+//! starts or ends (Linux: the trigger store, rewritten atomically; Android:
+//! the `heapprofd.enable` properties), and running processes are woken
+//! through them.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 
-use anyhow::{Context, Result};
-use heapprofd_proto::service::TRIGGERS_FILE;
-
 use super::BookMsg;
 use super::hub::Hub;
 use super::server::Stopper;
+use super::triggers::{self, Triggers, Wanted};
 
 /// What every profile task shares.
 #[derive(Debug)]
@@ -33,8 +31,10 @@ pub(super) struct Service {
     pub(super) default_dir: bool,
     /// Profile ids.
     next_profile: AtomicU64,
-    /// Serializes rewrites of the trigger store.
+    /// Serializes the publishing of triggers.
     store: std::sync::Mutex<()>,
+    /// Where triggers are published, how processes are woken.
+    pub(super) triggers: Box<dyn Triggers>,
 }
 
 impl Service {
@@ -47,6 +47,7 @@ impl Service {
     ) -> Service {
         Service {
             default_dir: is_default_dir(&dir),
+            triggers: triggers::for_platform(&dir),
             dir,
             book,
             stopper,
@@ -61,19 +62,22 @@ impl Service {
         self.next_profile.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Rewrites the trigger store from the hub's profiles (removed when
-    /// none runs).
+    /// Publishes the startup triggers from the hub's profiles (all
+    /// cleared when none runs).
     pub(super) fn update_store(&self) {
         let _g = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        let path = self.dir.join(TRIGGERS_FILE);
-        if self.hub.profile_ids().is_empty() {
-            let _ = std::fs::remove_file(&path);
-            return;
-        }
-        let (all, names) = self.hub.startup_triggers();
-        let bytes =
-            heapprofd_proto::triggers::encode(all, names.iter().map(|(n, c)| (n.as_str(), *c)));
-        if let Err(e) = write_triggers(&self.dir, &bytes) {
+        let any_profile = !self.hub.profile_ids().is_empty();
+        let wanted = if any_profile {
+            let (all, names) = self.hub.startup_triggers();
+            Wanted {
+                any_profile,
+                all,
+                names,
+            }
+        } else {
+            Wanted::default()
+        };
+        if let Err(e) = self.triggers.publish(&wanted) {
             log::warn!("{e:#}");
         }
     }
@@ -85,14 +89,4 @@ fn is_default_dir(dir: &Path) -> bool {
     let uid = nix::unistd::geteuid().as_raw();
     dir == Path::new(heapprofd_proto::service::SYSTEM_DIR)
         || dir == Path::new(heapprofd_proto::attach::runtime_dir_for_uid(uid).as_str())
-}
-
-/// Replaces the trigger store atomically (write, then rename), mode 0644
-/// (clients of every user read it; only we write it).
-fn write_triggers(dir: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = dir.join(format!("{TRIGGERS_FILE}.tmp"));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
-    std::fs::rename(&tmp, dir.join(TRIGGERS_FILE))
-        .with_context(|| format!("installing {}", dir.join(TRIGGERS_FILE).display()))
 }

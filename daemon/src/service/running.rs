@@ -56,10 +56,25 @@ pub fn effective_uid(pid: u32) -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
-/// Whether process `pid` has the client library mapped.
+/// The bionic front-end's file names (as built, as installed on a device):
+/// a process that has it mapped re-initializes it on the activation signal
+/// with value 0, as bionic does.
+pub const BIONIC_CLIENT_FILES: [&str; 2] = [
+    heapprofd_proto::attach::BIONIC_CLIENT_FILE_NAME,
+    heapprofd_proto::attach::ANDROID_CLIENT_FILE_NAME,
+];
+
+/// Whether process `pid` has the client library (or the bionic front-end)
+/// mapped.
 pub fn has_client(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .is_ok_and(|m| m.lines().any(|l| l.ends_with(CLIENT_FILE)))
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.lines().any(maps_client))
+}
+
+/// Whether a line of `/proc/PID/maps` maps the client or the bionic
+/// front-end (by file name, not a suffix of another name).
+fn maps_client(line: &str) -> bool {
+    let file = line.rsplit('/').next().unwrap_or("");
+    line.contains('/') && (file == CLIENT_FILE || BIONIC_CLIENT_FILES.contains(&file))
 }
 
 /// Whether a client in process `pid`, woken with signal value 0, would
@@ -166,6 +181,19 @@ pub fn find(targets: &Targets) -> Vec<Found> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_and_the_bionic_front_end_count_as_loaded() {
+        let line = |f: &str| format!("7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/{f}");
+        assert!(maps_client(&line("libheapprofd_client.so")));
+        assert!(maps_client(&line("libheapprofd_bionic.so")));
+        assert!(maps_client(&line("heapprofd_client.so")));
+        assert!(!maps_client(&line("libc.so.6")));
+        assert!(!maps_client(&line("notheapprofd_client.so")));
+        assert!(!maps_client(
+            "7f00-7f10 rw-p 00000000 00:00 0 heapprofd_client.so"
+        ));
+    }
 
     #[test]
     fn names_and_globs() {
