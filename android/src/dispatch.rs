@@ -80,7 +80,7 @@ pin!(memalign, 5);
 pin!(posix_memalign, 6);
 #[cfg(target_pointer_width = "64")]
 mod lp64 {
-    use super::{MallocDispatch, P};
+    use crate::dispatch::{MallocDispatch, P};
     pin!(realloc, 7);
     pin!(malloc_iterate, 8);
     pin!(malloc_disable, 9);
@@ -93,7 +93,7 @@ mod lp64 {
 }
 #[cfg(target_pointer_width = "32")]
 mod lp32 {
-    use super::{MallocDispatch, P};
+    use crate::dispatch::{MallocDispatch, P};
     pin!(pvalloc, 7);
     pin!(realloc, 8);
     pin!(valloc, 9);

@@ -266,6 +266,7 @@ mod tests {
             output_path: "t.pftrace".into(),
             interval: 1,
             dump_at_max: false,
+            symbolize: true,
         };
         let mut book = Book::open(shared, options).unwrap();
         let now = read_clocks().monotonic_coarse_ns;
@@ -294,6 +295,7 @@ mod tests {
                     tid: pid,
                     timestamp_ns: now - ago,
                     stack: 1,
+                    context: 0,
                 },
             ],
             stats: SessionStats::default(),
