@@ -149,6 +149,17 @@ impl SessionUnwinder {
         }
     }
 
+    /// The process unloaded an object since the last record (the ring's
+    /// unload epoch changed): the maps are re-read before the next record
+    /// is unwound, and if they changed, every stack and pc is forgotten
+    /// (an object loaded where the unloaded one was must not inherit its
+    /// frames).
+    pub fn objects_unloaded(&mut self) {
+        if self.process.objects_unloaded() {
+            self.stacks.clear();
+        }
+    }
+
     /// The unwinding part of the session's statistics (the ring buffer's
     /// are the worker's).
     pub fn stats(&self) -> SessionStats {
