@@ -166,12 +166,15 @@ pub fn release(s: &Session) {
 }
 
 impl Session {
-    /// How long a writer may wait for the reader: the ring's block timeout,
-    /// or `default` when a full buffer drops records.
+    /// How long a writer may wait for the reader: the ring's block timeout
+    /// (for ever when writers wait for ever: the watcher's teardown, which
+    /// sets the ring's shutdown flag, still ends the wait), or `default`
+    /// when a full buffer drops records.
     pub(crate) fn wait_limit(&self, default: core::time::Duration) -> core::time::Duration {
         match self.write_mode {
             WriteMode::Block { timeout: Some(t) } => t,
-            _ => default,
+            WriteMode::Block { timeout: None } => core::time::Duration::MAX,
+            WriteMode::Drop => default,
         }
     }
 

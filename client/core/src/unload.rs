@@ -10,8 +10,9 @@
 //!
 //! 1. *before*: wait until the daemon's reader has consumed, and so
 //!    unwound, every record written so far (the ring's write position as
-//!    of the call), at most the ring's block timeout (or [`UNLOAD_WAIT`]
-//!    when a full buffer drops records). Skipped without a session, in a
+//!    of the call), at most the ring's block timeout (`record`'s default
+//!    5 s; for ever if writers wait for ever, until the session ends), or
+//!    [`UNLOAD_WAIT`] when a full buffer drops records. Skipped without a session, in a
 //!    forked child that does not own it, or when the reader is already
 //!    there (an idle ring costs two loads). No lock is held and nothing is
 //!    allocated; the daemon is poked once, and again whenever its reader
