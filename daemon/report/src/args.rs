@@ -40,16 +40,18 @@ pub struct ReportArgs {
     #[arg(long, value_name = "BASE", conflicts_with_all = ["timeline", "peak", "pid"])]
     pub diff: Option<PathBuf>,
     /// Per dump of a --continuous-dump trace: unreleased bytes, allocation
-    /// rate, and the site that grew most since the previous dump.
+    /// rate, and the sites that grew most since the previous dump (--top,
+    /// 3 by default).
     #[arg(long, conflicts_with = "peak")]
     pub timeline: bool,
     /// Report the dump with the most unreleased memory (of each heap), as
     /// --dump-at-max would have.
     #[arg(long)]
     pub peak: bool,
-    /// Allocation sites to list per table.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    pub top: usize,
+    /// Allocation sites to list per table [default: 10]; with --timeline,
+    /// sites that grew to list per dump [default: 3].
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
     /// Callers shown per site.
     #[arg(long, default_value_t = 6, value_name = "N")]
     pub depth: usize,

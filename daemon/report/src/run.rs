@@ -23,7 +23,7 @@ use crate::output::{Output, check_outputs};
 use crate::pprof::{to_pprof, to_pprof_diff, write_pprof_gz};
 use crate::summary::{Report, ReportOptions, build_report, heap_report, truncated_of};
 use crate::text::{TextOptions, write_text};
-use crate::timeline::{at_peak, timelines, write_timelines};
+use crate::timeline::{GREW_MOST_SITES, at_peak, timelines, write_timelines};
 use crate::timeline_svg::write_timeline_svg;
 
 /// Reads a trace with errors that name the file and say what to do.
@@ -101,7 +101,7 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
         heap: args.heap.clone(),
     };
     let opts = ReportOptions {
-        top: args.top,
+        top: args.top.unwrap_or(10),
         short_lived: args.short_lived,
     };
     if let Some(base_path) = &args.diff {
@@ -119,7 +119,7 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
             &name,
             &n,
             args.heap.as_deref(),
-            args.top,
+            opts.top,
         );
         match args.format {
             Format::Text => write_diff(out, &d),
@@ -149,7 +149,7 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
         }
         .or_else(ignore_broken_pipe)?;
     } else if args.timeline {
-        let t = timelines(&data, &filter);
+        let t = timelines(&data, &filter, args.top.unwrap_or(GREW_MOST_SITES));
         match args.format {
             Format::Text => write_timelines(out, &name, &t),
             Format::Json => json(

@@ -147,7 +147,7 @@ fn pprof_labels_and_report_by_key() {
         diff: None,
         timeline: false,
         peak: false,
-        top: 10,
+        top: None,
         depth: 6,
         short_lived: 1023,
         format: Format::Json,
