@@ -24,6 +24,7 @@ use crate::pprof::{to_pprof, to_pprof_diff, write_pprof_gz};
 use crate::summary::{Report, ReportOptions, build_report, heap_report, truncated_of};
 use crate::text::{TextOptions, write_text};
 use crate::timeline::{GREW_MOST_SITES, at_peak, timelines, write_timelines};
+use crate::timeline_png::write_timeline_png;
 use crate::timeline_svg::write_timeline_svg;
 
 /// Reads a trace with errors that name the file and say what to do.
@@ -241,6 +242,7 @@ impl Outputs {
             (&args.svg, "flame graph"),
             (&args.html, "HTML report"),
             (&args.timeline_svg, "timeline plot"),
+            (&args.timeline_png, "timeline PNG"),
         ];
         let paths: Vec<&PathBuf> = wanted.iter().filter_map(|(p, _)| p.as_ref()).collect();
         check_outputs(&paths)?;
@@ -339,6 +341,9 @@ fn convert_one(
     if let Some(o) = outs.take("timeline plot") {
         let t = title(data, filter, "unreleased memory over time");
         write_output(o, |w| Ok(write_timeline_svg(data, filter, &t, w)?))?;
+    }
+    if let Some(o) = outs.take("timeline PNG") {
+        write_output(o, |w| Ok(write_timeline_png(data, filter, w)?))?;
     }
     Ok(())
 }

@@ -341,10 +341,13 @@ mod tests {
                         (0, kept(8000)),
                         (1, kept(1000)),
                         (2, kept(4000)),
-                        (3, Counters {
-                            freed: 5000,
-                            ..kept(5000)
-                        }),
+                        (
+                            3,
+                            Counters {
+                                freed: 5000,
+                                ..kept(5000)
+                            },
+                        ),
                     ],
                 ),
                 point(3, vec![(1, kept(3000))]),
@@ -383,7 +386,10 @@ mod tests {
         let text = String::from_utf8(text).unwrap();
         let row2 = text.lines().find(|l| l.contains("fast")).unwrap();
         let at = |s: &str| row2.find(s).unwrap_or_else(|| panic!("{s} in {row2}"));
-        assert!(at("fast") < at("medium") && at("medium") < at("slow"), "{row2}");
+        assert!(
+            at("fast") < at("medium") && at("medium") < at("slow"),
+            "{row2}"
+        );
         let v = serde_json::to_value(&t).unwrap();
         assert_eq!(v["rows"][1]["grew_most"][0], "fast");
         assert_eq!(v["rows"][1]["grew_most_sites"][1]["site"], "medium");

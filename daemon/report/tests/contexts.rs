@@ -106,6 +106,7 @@ fn pprof_labels_and_report_by_key() {
         svg: None,
         html: None,
         timeline_svg: None,
+        timeline_png: None,
         value: ValueKind::UnreleasedSpace,
         peak: false,
         depth: None,

@@ -77,6 +77,7 @@ fn convert_args(trace: &Path) -> ConvertArgs {
         svg: None,
         html: None,
         timeline_svg: None,
+        timeline_png: None,
         value: ValueKind::UnreleasedSpace,
         peak: false,
         depth: None,
