@@ -122,12 +122,21 @@ fn command_exiting_at_once_gives_a_valid_trace() {
     );
     let sum = check_trace(&trace);
     assert!(leaf(&sum.latest(), "alloc_before_crash").is_empty());
-    assert_eq!(
-        sum.json["summary"]["processes"].as_array().map(Vec::len),
-        Some(1),
-        "record's stderr: {}",
-        out.stderr
-    );
+    // The program, and its parent (`record` itself, named in the tree).
+    let procs = sum.json["summary"]["processes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(procs.len(), 2, "record's stderr: {}", out.stderr);
+    let program = procs
+        .iter()
+        .find(|p| p["cmdline"][1] == "exit7")
+        .unwrap_or_else(|| panic!("{procs:?}"));
+    let parent = procs
+        .iter()
+        .find(|p| p["pid"] == program["ppid"])
+        .unwrap_or_else(|| panic!("{procs:?}"));
+    assert_eq!(parent["cmdline"][1], "record", "{procs:?}");
     // A program that never allocates (coreutils `true`).
     let trace = dir.join("true.pftrace");
     let out = record(&["-o", &s(&trace)], &["true"], TIMEOUT);
