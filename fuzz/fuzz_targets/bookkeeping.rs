@@ -143,6 +143,8 @@ fuzz_target!(|data: &[u8]| {
                         cmdline: vec![format!("p{}", s.pid)],
                         from_startup: true,
                         started_ns: now,
+                        identity: Default::default(),
+                        memory: None,
                     });
                     continue;
                 }

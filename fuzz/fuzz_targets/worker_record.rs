@@ -68,6 +68,8 @@ fn new_book(interner: &Interner) -> Bookkeeping {
         cmdline: Vec::new(),
         from_startup: true,
         started_ns: 0,
+        identity: Default::default(),
+        memory: None,
     });
     book
 }

@@ -122,12 +122,21 @@ fn command_exiting_at_once_gives_a_valid_trace() {
     );
     let sum = check_trace(&trace);
     assert!(leaf(&sum.latest(), "alloc_before_crash").is_empty());
-    assert_eq!(
-        sum.json["summary"]["processes"].as_array().map(Vec::len),
-        Some(1),
-        "record's stderr: {}",
-        out.stderr
-    );
+    // The program, and its parent (`record` itself, named in the tree).
+    let procs = sum.json["summary"]["processes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(procs.len(), 2, "record's stderr: {}", out.stderr);
+    let program = procs
+        .iter()
+        .find(|p| p["cmdline"][1] == "exit7")
+        .unwrap_or_else(|| panic!("{procs:?}"));
+    let parent = procs
+        .iter()
+        .find(|p| p["pid"] == program["ppid"])
+        .unwrap_or_else(|| panic!("{procs:?}"));
+    assert_eq!(parent["cmdline"][1], "record", "{procs:?}");
     // A program that never allocates (coreutils `true`).
     let trace = dir.join("true.pftrace");
     let out = record(&["-o", &s(&trace)], &["true"], TIMEOUT);
@@ -486,5 +495,130 @@ fn report_and_convert_a_real_trace() {
     for needle in ["alloc_space", "inuse_space", "temp_malloc", "thread_alloc"] {
         assert!(raw.contains(needle), "pprof string table lacks {needle}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What the Perfetto UI (trace_processor) needs of the process tree and
+/// the time range, for processes that are gone before the daemon's
+/// bookkeeping hears of them: `exit_now` exits right after allocating,
+/// once run by sh and once from a subshell sh does not profile (a fork
+/// that never execs). Dumps every millisecond, so several are asked for
+/// within one tick of the coarse clock.
+#[test]
+fn short_lived_children_keep_their_parents_names_and_windows() {
+    let dir = scratch_dir("tree");
+    let trace = dir.join("t.pftrace");
+    let exit_now = prog("exit_now");
+    let script = format!("{exit_now} 4; ({exit_now} 4; true); sleep 0.2; true");
+    let out = record(
+        &["-i", "1", "-c", "1ms", "-o", &s(&trace)],
+        &["sh", "-c", &script],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let t = check_trace(&trace);
+    let summary = &t.json["summary"];
+    let procs = summary["processes"].as_array().cloned().unwrap_or_default();
+    let find = |pid: u64| procs.iter().find(|p| p["pid"].as_u64() == Some(pid));
+    let first_arg = |p: &serde_json::Value| p["cmdline"][0].as_str().unwrap_or("").to_owned();
+    let profiled: std::collections::BTreeSet<u64> =
+        t.dumps.iter().filter_map(|d| d["pid"].as_u64()).collect();
+    // Every profiled process has a parent, named in the tree.
+    for &pid in &profiled {
+        let p = find(pid).unwrap_or_else(|| panic!("pid {pid} not in the tree: {procs:?}"));
+        let ppid = p["ppid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("pid {pid} has no parent: {procs:?}"));
+        let parent = find(ppid).unwrap_or_else(|| panic!("{pid}'s parent {ppid}: {procs:?}"));
+        assert!(!first_arg(parent).is_empty(), "{ppid} unnamed: {procs:?}");
+    }
+    // Both exit_now processes, their main threads named.
+    let children: Vec<&serde_json::Value> = procs
+        .iter()
+        .filter(|p| first_arg(p).ends_with("exit_now"))
+        .collect();
+    assert_eq!(children.len(), 2, "{procs:?}");
+    let threads = summary["threads"].as_array().cloned().unwrap_or_default();
+    for c in &children {
+        let pid = c["pid"].as_u64().unwrap();
+        let main = threads.iter().find(|t| t["tid"].as_u64() == Some(pid));
+        assert_eq!(
+            main.and_then(|t| t["name"].as_str()),
+            Some("exit_now"),
+            "{pid}: {threads:?}"
+        );
+    }
+    // One's parent is sh, the other's the subshell (a child of sh, which
+    // is in the tree though not profiled).
+    let parents: Vec<u64> = children.iter().filter_map(|c| c["ppid"].as_u64()).collect();
+    let sh = parents
+        .iter()
+        .copied()
+        .find(|p| profiled.contains(p))
+        .expect("an exit_now run by sh");
+    let subshell = parents
+        .iter()
+        .copied()
+        .find(|p| !profiled.contains(p))
+        .expect("an exit_now run by the subshell");
+    assert_eq!(first_arg(find(sh).unwrap()), "sh");
+    assert_eq!(first_arg(find(subshell).unwrap()), "sh");
+    assert_eq!(find(subshell).unwrap()["ppid"].as_u64(), Some(sh));
+    // The time range: each process's first memory counter comes no later
+    // than its first window starts (trace_processor bounds the trace by
+    // counters and dumps, not by windows). Windows are MONOTONIC_COARSE,
+    // packets BOOTTIME: converted with the trace's clock snapshot.
+    let clocks = &summary["clock_snapshots"][0]["clocks"];
+    let offset = clocks["6"].as_u64().unwrap() - clocks["4"].as_u64().unwrap();
+    for &pid in &profiled {
+        let counter = summary["process_stats"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| {
+                p["pids"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|x| x.as_u64() == Some(pid)))
+            })
+            .filter_map(|p| p["timestamp"].as_u64())
+            .min()
+            .unwrap_or_else(|| panic!("no memory counter of {pid}"));
+        let window = t
+            .dumps
+            .iter()
+            .filter(|d| d["pid"].as_u64() == Some(pid))
+            .filter_map(|d| d["start_timestamp"].as_u64())
+            .min()
+            .unwrap();
+        assert!(
+            counter <= window + offset,
+            "pid {pid}: first counter {counter}, first window starts {}",
+            window + offset
+        );
+    }
+    // A process's dumps have strictly increasing timestamps (an entry with
+    // the previous one's window is the same dump, continued in the next
+    // packet).
+    let mut last: std::collections::HashMap<u64, (u64, u64)> = Default::default();
+    for d in &t.dumps {
+        let pid = d["pid"].as_u64().unwrap();
+        let window = (
+            d["timestamp"].as_u64().unwrap(),
+            d["start_timestamp"].as_u64().unwrap(),
+        );
+        if let Some(prev) = last.insert(pid, window)
+            && prev != window
+        {
+            assert!(
+                window.0 > prev.0,
+                "pid {pid}: a dump {window:?} after {prev:?}"
+            );
+        }
+    }
+    assert!(
+        t.dumps.len() > 3 * profiled.len(),
+        "{} dumps",
+        t.dumps.len()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

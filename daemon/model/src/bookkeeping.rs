@@ -100,6 +100,8 @@ impl Bookkeeping {
                 cmdline,
                 from_startup,
                 started_ns,
+                identity,
+                memory,
             } => {
                 if self.sessions.values().any(|(p, _)| *p == pid) {
                     let started = SessionEvent::Started {
@@ -108,6 +110,8 @@ impl Bookkeeping {
                         cmdline,
                         from_startup,
                         started_ns,
+                        identity,
+                        memory,
                     };
                     self.held.insert(id, vec![started]);
                     return false;
@@ -117,6 +121,7 @@ impl Bookkeeping {
                 self.profile.new_session(pid);
                 let p = self.profile.add_process(pid, cmdline, from_startup);
                 p.sessions += 1;
+                p.identity.update(identity);
                 if p.session_start_ns == 0 {
                     p.session_start_ns = started_ns;
                 }
@@ -139,6 +144,7 @@ impl Bookkeeping {
                 pid,
                 cmdline,
                 why,
+                identity,
             } => {
                 if self.profile.process(pid).is_none() {
                     self.profile.add_process(pid, cmdline, true);
@@ -152,6 +158,7 @@ impl Bookkeeping {
                 if let Some(p) = self.profile.process_mut(pid) {
                     p.flags.disconnected = true;
                     p.unprofilable = Some(why);
+                    p.identity.update(identity);
                 }
             }
             SessionEvent::Ended {

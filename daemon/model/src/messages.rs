@@ -11,7 +11,8 @@
 
 pub use heapprofd_proto::wire::Unprofilable;
 
-use crate::profile::{ClientError, FrameId, UnwindHistogram};
+use crate::profile::{ClientError, FrameId, ProcessIdentity, UnwindHistogram};
+use crate::trace::ProcessMemory;
 
 /// Identifies one client connection for its whole life (pids can be
 /// reused, and a process that calls exec connects again with the same pid).
@@ -146,6 +147,14 @@ pub enum SessionEvent {
         from_startup: bool,
         /// When the session started (MONOTONIC_COARSE ns, 0 if unknown).
         started_ns: u64,
+        /// Parent and thread names, read from `/proc` while the client
+        /// waited for the handshake's answer (so a process that exits at
+        /// once still has them).
+        identity: ProcessIdentity,
+        /// Its memory counters, read at `started_ns` (the bookkeeping does
+        /// not keep them: the runtime writes them into the trace, and they
+        /// bound its time range from the start of the process's window).
+        memory: Option<ProcessMemory>,
     },
     /// A batch of unwound records of one session, with its current stats.
     Ops {
@@ -168,6 +177,8 @@ pub enum SessionEvent {
         cmdline: Vec<String>,
         /// Why.
         why: Unprofilable,
+        /// Parent and thread names, if they could be read.
+        identity: ProcessIdentity,
     },
     /// A session is over and fully drained.
     Ended {

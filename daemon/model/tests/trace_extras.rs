@@ -185,3 +185,122 @@ fn varint(b: &[u8]) -> (u64, usize) {
     }
     (v, b.len())
 }
+
+/// Dumps asked for within one tick of the coarse clock: each gets its own
+/// timestamp (trace_processor, the Perfetto UI, keeps one dump per
+/// timestamp). Parents that are not profiled are named in the process
+/// tree; a parent's own parent only when the trace has it.
+#[test]
+fn dumps_of_one_tick_stay_apart_and_unprofiled_parents_are_named() {
+    use heapprofd_model::profile::ParentProcess;
+    let p = Program::new();
+    let mut prof = Profile::new(&p.interner);
+    let parent = |pid, ppid, cmd: &str| ParentProcess {
+        pid,
+        ppid,
+        cmdline: vec![cmd.into()],
+    };
+    // sh (100, child of `record` 50, whose parent 1 is not in the trace)
+    // runs 200 directly and 300 from a subshell (60, not profiled).
+    for (pid, pp) in [
+        (100, parent(50, Some(1), "record")),
+        (200, parent(100, Some(50), "sh")),
+        (300, parent(60, Some(100), "sh")),
+    ] {
+        let pr = prof.add_process(pid, vec![format!("p{pid}")], true);
+        pr.identity.ppid = Some(pp.pid);
+        pr.identity.parent = Some(pp);
+        pr.set_thread_name(pid, format!("p{pid}"));
+        prof.set_heap(pid, 0, Some("libc.malloc"), 1);
+    }
+    let mut w = TraceWriter::new(Vec::new(), CLOCKS).unwrap();
+    prof.malloc(100, alloc(1, 0x10, 100, 100, 2), &p.stack_a());
+    w.dump(&mut prof, &p.interner, at_ms(5)).unwrap();
+    prof.malloc(100, alloc(2, 0x20, 100, 100, 3), &p.stack_a());
+    w.dump(&mut prof, &p.interner, at_ms(5)).unwrap();
+    w.dump(&mut prof, &p.interner, at_ms(5)).unwrap();
+    let bytes = w.finish().unwrap();
+    let t = read_trace(bytes.as_slice()).unwrap();
+    for h in &t.heaps {
+        let ts: Vec<u64> = h.timeline.iter().map(|d| d.timestamp).collect();
+        assert_eq!(ts, [at_ms(5), at_ms(5) + 1, at_ms(5) + 2], "pid {}", h.pid);
+        assert_eq!(h.dumps, 3);
+    }
+    let sh = t.heaps.iter().find(|h| h.pid == 100).unwrap();
+    assert_eq!(sh.timeline[1].totals.allocated, 200);
+    let procs = &t.processes;
+    assert_eq!(procs[&50].cmdline, ["record"]);
+    assert_eq!(procs[&50].ppid, None, "pid 1 is not in the trace");
+    assert_eq!(procs[&60].cmdline, ["sh"]);
+    assert_eq!(procs[&60].ppid, Some(100));
+    assert_eq!(procs[&100].cmdline, ["p100"], "profiled: its own entry");
+    assert_eq!(
+        (procs[&100].ppid, procs[&200].ppid, procs[&300].ppid),
+        (Some(50), Some(100), Some(60))
+    );
+    assert_eq!(procs[&300].threads[&300], "p300");
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut f, &bytes).unwrap();
+    let (code, json) = check_trace(f.path());
+    assert_eq!(code, 0, "{json}");
+}
+
+/// A trace whose dumps share a timestamp (an older heapprofd-rs, or any
+/// writer): counted once, as trace_processor shows them, with the later
+/// values.
+#[test]
+fn dumps_sharing_a_timestamp_count_once() {
+    use heapprofd_proto::perfetto::{Message, ProfilePacket, Trace, TracePacket};
+    use heapprofd_proto::perfetto::{profile_packet, trace_packet};
+    let mut packets = Vec::new();
+    let mut first = TracePacket {
+        sequence_flags: Some(1),
+        ..Default::default()
+    };
+    first.set_trusted_packet_sequence_id(1);
+    packets.push(first);
+    let mut index = 0;
+    let mut group = |ts: u64, allocated: u64| {
+        for (dumps, continued) in [(1, false), (0, false)] {
+            let d = profile_packet::ProcessHeapSamples {
+                pid: Some(7),
+                heap_name: Some("libc.malloc".into()),
+                timestamp: Some(ts),
+                start_timestamp: Some(1),
+                samples: vec![profile_packet::HeapSample {
+                    callstack_id: Some(1),
+                    self_allocated: Some(allocated),
+                    alloc_count: Some(allocated),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let mut p = TracePacket {
+                data: Some(trace_packet::Data::ProfilePacket(ProfilePacket {
+                    process_dumps: if dumps == 1 { vec![d] } else { Vec::new() },
+                    continued: Some(continued),
+                    index: Some(index),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            };
+            p.set_trusted_packet_sequence_id(1);
+            packets.push(p);
+            index += 1;
+        }
+    };
+    group(100, 1);
+    group(100, 2);
+    group(200, 3);
+    let bytes = Trace { packet: packets }.encode_to_vec();
+    let t = read_trace(bytes.as_slice()).unwrap();
+    let h = &t.heaps[0];
+    assert_eq!(h.dumps, 2);
+    let points: Vec<(u64, u64, usize)> = h
+        .timeline
+        .iter()
+        .map(|d| (d.timestamp, d.totals.allocated, d.changes.len()))
+        .collect();
+    assert_eq!(points, [(100, 2, 1), (200, 3, 1)]);
+    assert_eq!(h.timeline[0].changes[0].1.allocated, 2);
+}

@@ -21,7 +21,7 @@ use anyhow::anyhow;
 use heapprofd_model::bookkeeping::Bookkeeping;
 use heapprofd_model::messages::SessionEvent;
 use heapprofd_model::profile::Interner;
-use heapprofd_model::trace::{TraceWriter, WriterConfig};
+use heapprofd_model::trace::{ProcessMemory, TraceWriter, WriterConfig};
 
 use super::clock::read_clocks;
 use super::counters::Counters;
@@ -101,7 +101,12 @@ impl Book {
     /// Applies one session event (see [`Bookkeeping::handle`]).
     pub fn handle(&mut self, event: SessionEvent) {
         let (force, started) = match &event {
-            SessionEvent::Started { pid, .. } => (None, Some(*pid)),
+            SessionEvent::Started {
+                pid,
+                started_ns,
+                memory,
+                ..
+            } => (None, Some((*pid, *started_ns, *memory))),
             SessionEvent::Ops { .. } => (Some(false), None),
             SessionEvent::Ended { .. } | SessionEvent::Unprofilable { .. } => (Some(true), None),
         };
@@ -110,8 +115,8 @@ impl Book {
                 self.name_new_threads();
                 self.refresh_counters(force);
             }
-            if let Some(pid) = started {
-                self.read_process(pid);
+            if let Some((pid, started_ns, memory)) = started {
+                self.read_process(pid, started_ns, memory);
             }
         }
     }
@@ -133,18 +138,26 @@ impl Book {
             .store(self.book.dropped_records(), Ordering::Relaxed);
     }
 
-    /// Parent, threads and memory of a process whose session just started
-    /// (the memory sample also marks the start of the trace's time range).
-    fn read_process(&mut self, pid: u32) {
-        let ppid = procinfo::read_ppid(pid);
+    /// Threads and memory of a process whose session just started (its
+    /// parent and first threads came with the event, read at the
+    /// handshake). The memory counters read at the handshake are written
+    /// at the session's start, which is the start of the process's first
+    /// window: the trace's time range (bounded by counters and dumps,
+    /// not by windows) then covers the window. Read now (a test's event
+    /// has none), they are still stamped with the start.
+    fn read_process(&mut self, pid: u32, started_ns: u64, memory: Option<ProcessMemory>) {
         let threads = procinfo::read_threads(pid);
         if let Some(p) = self.book.profile_mut().process_mut(pid) {
-            p.identity.ppid = ppid.or(p.identity.ppid);
             for (tid, name) in threads {
                 p.set_thread_name(tid, name);
             }
         }
-        self.write_memory(&[pid]);
+        let at = (started_ns > 0).then_some(started_ns);
+        let mem: Vec<_> = memory
+            .or_else(|| procinfo::read_memory(pid))
+            .into_iter()
+            .collect();
+        self.write_memory_at(at, &mem);
     }
 
     /// Names the threads that samples named first (while they still exist).
@@ -164,11 +177,17 @@ impl Book {
             .iter()
             .filter_map(|&p| procinfo::read_memory(p))
             .collect();
+        self.write_memory_at(None, &mem);
+    }
+
+    /// Memory counters into the trace, stamped `at` (MONOTONIC_COARSE ns;
+    /// `None`: now).
+    fn write_memory_at(&mut self, at: Option<u64>, mem: &[ProcessMemory]) {
         let Some(w) = self.writer.as_mut() else {
             return;
         };
-        let now = read_clocks().monotonic_coarse_ns;
-        if let Err(e) = w.write_memory(now, &mem) {
+        let at = at.unwrap_or_else(|| read_clocks().monotonic_coarse_ns);
+        if let Err(e) = w.write_memory(at, mem) {
             self.fail(e.to_string());
         }
     }
@@ -278,6 +297,8 @@ mod tests {
             cmdline: vec!["t".into()],
             from_startup: true,
             started_ns: now - 4 * s,
+            identity: Default::default(),
+            memory: None,
         });
         let malloc = |seq: u64, ago: u64| SessionEvent::Ops {
             id: 1,

@@ -35,6 +35,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use heapprofd_model::profile::ProcessIdentity;
+use heapprofd_model::trace::ProcessMemory;
 use heapprofd_proto::socket::{recv_some_with_fds, send_with_fds};
 use heapprofd_proto::wire::{ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::RingBuffer;
@@ -46,7 +48,9 @@ use nix::sys::stat::{FileStat, SFlag, fstat, stat};
 use nix::unistd::geteuid;
 use tokio::io::Interest;
 
+use super::clock::read_clocks;
 use super::emulation;
+use super::procinfo;
 
 /// How long a connection has to complete its handshake, from its accept.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -119,6 +123,13 @@ pub struct NewSession {
     pub stream: UnixStream,
     /// The process's command line (from /proc, best effort).
     pub cmdline: Vec<String>,
+    /// Its parent and threads (from /proc, before the reply).
+    pub identity: ProcessIdentity,
+    /// Its memory counters at `started_ns`.
+    pub memory: Option<ProcessMemory>,
+    /// When the session started: just before the reply
+    /// (MONOTONIC_COARSE ns).
+    pub started_ns: u64,
     /// A pidfd for the client process, to tell "exited" from "disconnected".
     pub pidfd: Option<OwnedFd>,
 }
@@ -159,14 +170,6 @@ pub enum Accepted {
         /// Its command line (from /proc, best effort).
         cmdline: Vec<String>,
     },
-}
-
-/// The parent of `pid` (from `/proc/PID/stat`).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Step 1 (see the module docs): checks the peer's credentials (its user
@@ -221,7 +224,7 @@ pub async fn receive(
         Handshake::decode(&buf).with_context(|| format!("handshake of pid {}", peer.pid))?;
     if handshake.unprofilable != Unprofilable::None {
         let pid = handshake.pid;
-        if pid != peer.pid && parent_of(pid) != Some(peer.pid) {
+        if pid != peer.pid && procinfo::read_ppid(pid) != Some(peer.pid) {
             bail!(
                 "pid {} said pid {pid} runs unprofiled, but that is neither itself nor its child",
                 peer.pid
@@ -230,7 +233,7 @@ pub async fn receive(
         return Ok(Accepted::Unprofilable {
             pid,
             why: handshake.unprofilable,
-            cmdline: read_cmdline(pid),
+            cmdline: procinfo::read_cmdline(pid),
         });
     }
     let [Some(maps), Some(mem)] = fds else {
@@ -304,12 +307,19 @@ pub fn establish(
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(100));
+    // What the trace says about the process besides its heap, read while
+    // it waits for our reply (a process that exits right after is gone by
+    // the time the bookkeeping thread hears of it): the session's start,
+    // its command line, parent and threads, its memory at the start.
+    let started_ns = read_clocks().monotonic_coarse_ns;
+    let cmdline = procinfo::read_cmdline(peer.pid);
+    let identity = procinfo::read_identity(peer.pid);
+    let memory = procinfo::read_memory(peer.pid);
     stream.set_write_timeout(Some(left))?;
     send_with_fds(stream.as_raw_fd(), &config.encode(), &[memfd.as_raw_fd()])
         .with_context(|| format!("sending the configuration to pid {}", peer.pid))?;
     drop(memfd);
     stream.set_write_timeout(None)?;
-    let cmdline = read_cmdline(peer.pid);
     let pidfd = pidfd_open(peer.pid);
     Ok(NewSession {
         peer,
@@ -318,6 +328,9 @@ pub fn establish(
         process,
         stream,
         cmdline,
+        identity,
+        memory,
+        started_ns,
         pidfd,
     })
 }
@@ -363,21 +376,6 @@ fn type_name(t: SFlag) -> &'static str {
         SFlag::S_IFLNK => "a symlink",
         _ => "an anonymous inode (eventfd, epoll, timerfd...)",
     }
-}
-
-/// `/proc/PID/cmdline` split at NULs (empty if the process is gone).
-pub fn read_cmdline(pid: u32) -> Vec<String> {
-    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return Vec::new();
-    };
-    let mut args: Vec<String> = bytes
-        .split(|&b| b == 0)
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    while args.last().is_some_and(|a| a.is_empty()) {
-        args.pop();
-    }
-    args
 }
 
 /// `pidfd_open(2)`; `None` on kernels without it or if the process is gone.

@@ -1,7 +1,9 @@
 //! What the trace says about a profiled process besides its heap: its
 //! parent, its threads' names and its memory counters, read from `/proc`
-//! by the bookkeeping thread (the model does no I/O) when its session
-//! starts, when samples name a new thread, and before every dump.
+//! (the model does no I/O): at the handshake, while the client waits for
+//! the answer ([`read_identity`], [`read_memory`]: a process that exits
+//! right after still has its parent and main thread named), then by the
+//! bookkeeping thread when samples name a new thread and before every dump.
 //!
 //! Only kernel-made files are read (`stat`, `status`, `task/*/comm`),
 //! each bounded in size, so a hostile peer cannot make these reads block
@@ -10,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
+use heapprofd_model::profile::{ParentProcess, ProcessIdentity};
 use heapprofd_model::trace::ProcessMemory;
 
 /// Most threads named per process and read (a runaway process is cut).
@@ -34,6 +37,38 @@ fn parse_ppid(stat: &str) -> Option<u32> {
     let mut fields = rest.split_ascii_whitespace();
     let _state = fields.next()?;
     fields.next()?.parse().ok()
+}
+
+/// The process's command line (`/proc/PID/cmdline`; empty if it is gone).
+pub fn read_cmdline(pid: u32) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return Vec::new();
+    };
+    let mut args: Vec<String> = bytes
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    while args.last().is_some_and(|a| a.is_empty()) {
+        args.pop();
+    }
+    args
+}
+
+/// The process's parent, its threads' names and its parent's pid, parent
+/// and command line, as of now (read while the process is certainly
+/// alive: its client waits in the handshake).
+pub fn read_identity(pid: u32) -> ProcessIdentity {
+    let ppid = read_ppid(pid);
+    let parent = ppid.filter(|&pp| pp != 0).map(|pp| ParentProcess {
+        pid: pp,
+        ppid: read_ppid(pp),
+        cmdline: read_cmdline(pp),
+    });
+    ProcessIdentity {
+        ppid,
+        threads: read_threads(pid),
+        parent,
+    }
 }
 
 /// A thread's name (`comm`), if it still exists.
@@ -124,5 +159,11 @@ mod tests {
         assert!(read_memory(me).is_some_and(|m| m.vm_rss_kb > 0));
         let threads = read_threads(me);
         assert!(threads.contains_key(&me), "{threads:?}");
+        let id = read_identity(me);
+        let parent = id.parent.expect("this process's parent");
+        assert_eq!(Some(parent.pid), id.ppid);
+        assert_eq!(parent.cmdline, read_cmdline(parent.pid));
+        assert!(!parent.cmdline.is_empty());
+        assert_eq!(id.threads.get(&me), threads.get(&me));
     }
 }

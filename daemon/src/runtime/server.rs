@@ -577,6 +577,7 @@ fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unpro
         pid,
         cmdline,
         why,
+        identity: super::procinfo::read_identity(pid),
     };
     let _ = shared.book.send(BookMsg::Session(Box::new(event)));
 }

@@ -137,6 +137,7 @@ impl Router {
                 }
             }
             ServiceMsg::Unprofilable(ids, pid, cmdline, why) => {
+                let identity = super::procinfo::read_identity(pid);
                 for id in ids {
                     if let Some(b) = self.books.get_mut(&id) {
                         b.handle(SessionEvent::Unprofilable {
@@ -144,6 +145,7 @@ impl Router {
                             pid,
                             cmdline: cmdline.clone(),
                             why,
+                            identity: identity.clone(),
                         });
                     }
                 }

@@ -229,7 +229,11 @@ async fn run_profile(
     let mut dumps = spec.dumps.continuous.map(|c| {
         let period = Duration::from_millis(u64::from(c.interval_ms));
         let first = tokio::time::Instant::now() + Duration::from_millis(u64::from(c.phase_ms));
-        tokio::time::interval_at(first, period)
+        let mut t = tokio::time::interval_at(first, period);
+        // A late tick is not made up for with a burst of ticks (dumps asked
+        // for within one tick of the coarse clock), as `record`'s own.
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
     });
     let mut byte = [0u8; 1];
     if !*stop.borrow() {
@@ -315,7 +319,7 @@ fn take_running(
                      other sampling: rejected_concurrent",
                     found.name
                 );
-                let cmdline = super::handshake::read_cmdline(pid);
+                let cmdline = super::procinfo::read_cmdline(pid);
                 let _ = book.send(BookMsg::Service(ServiceMsg::Rejected(id, pid, cmdline)));
                 notes.push(format!(
                     "pid {pid} ({}): another profile samples it differently; \

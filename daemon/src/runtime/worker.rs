@@ -130,7 +130,9 @@ pub fn run_worker(
                     from_startup: s.handshake.flags
                         & heapprofd_proto::wire::Handshake::FLAG_FROM_STARTUP
                         != 0,
-                    started_ns: super::clock::read_clocks().monotonic_coarse_ns,
+                    started_ns: s.started_ns,
+                    identity: s.identity,
+                    memory: s.memory,
                 })));
                 sessions.insert(
                     id,

@@ -20,6 +20,8 @@ fn started(id: SessionId, pid: u32, cmd: &str) -> SessionEvent {
         cmdline: vec![cmd.to_owned()],
         from_startup: true,
         started_ns: 0,
+        identity: Default::default(),
+        memory: None,
     }
 }
 

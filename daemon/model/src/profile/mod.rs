@@ -50,8 +50,8 @@ pub use interner::{
     FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
 };
 pub use process::{
-    ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ProcessFlags, ProcessIdentity, ProcessState,
-    ProcessStats,
+    ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ParentProcess, ProcessFlags, ProcessIdentity,
+    ProcessState, ProcessStats,
 };
 pub use tree::{CallsiteId, CallsiteTree};
 

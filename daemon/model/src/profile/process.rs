@@ -127,6 +127,34 @@ pub struct ProcessIdentity {
     pub ppid: Option<u32>,
     /// Thread names by thread id (empty name: not known yet).
     pub threads: BTreeMap<u32, String>,
+    /// The parent as it was when the process was first seen, so the
+    /// process tree names it even when it is not profiled (a shell's
+    /// subshell, `record` itself).
+    pub parent: Option<ParentProcess>,
+}
+
+impl ProcessIdentity {
+    /// Takes what `newer` knows (read from `/proc` at a later handshake,
+    /// e.g. after an exec): its parent pid and parent if it has them, its
+    /// thread names over ours.
+    pub fn update(&mut self, newer: ProcessIdentity) {
+        self.ppid = newer.ppid.or(self.ppid);
+        self.parent = newer.parent.or(self.parent.take());
+        self.threads.extend(newer.threads);
+    }
+}
+
+/// The parent of a profiled process, for the process tree: its pid, its
+/// own parent and its command line, read while its child was alive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParentProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Its parent, if known (written only when that process is in the
+    /// trace too).
+    pub ppid: Option<u32>,
+    /// Its command line.
+    pub cmdline: Vec<String>,
 }
 
 /// One profiled process.

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Read};
 
 use heapprofd_proto::perfetto::{self as pf, Message, TracePacket, profile_packet, trace_packet};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::TraceError;
 use super::data::{
@@ -211,8 +211,12 @@ impl Reader {
             warnings: &mut warnings,
         };
         // Heap samples of the group, merged per (pid, heap): a header is
-        // repeated in every continued packet.
+        // repeated in every continued packet. A dump with the timestamp of
+        // the heap's previous one is merged into it, as trace_processor
+        // (the Perfetto UI) keeps one dump per timestamp: its values are
+        // the later ones.
         let mut counted: Vec<(u32, String)> = Vec::new();
+        let mut merged: Vec<(u32, String)> = Vec::new();
         for d in group {
             let pid = d.pid() as u32;
             let name = d.heap_name.clone().unwrap_or_else(|| "unknown".to_owned());
@@ -220,14 +224,20 @@ impl Reader {
             let acc = self.heaps.entry(key.clone()).or_default();
             let hp = &mut acc.profile;
             if !counted.contains(&key) {
-                hp.dumps += 1;
-                counted.push(key);
+                counted.push(key.clone());
                 let end = d.timestamp.unwrap_or(0);
-                hp.timeline.push(DumpPoint {
-                    start: d.start_timestamp.unwrap_or(end),
-                    timestamp: end,
-                    ..Default::default()
-                });
+                let same =
+                    d.timestamp.is_some() && hp.timeline.last().is_some_and(|p| p.timestamp == end);
+                if same {
+                    merged.push(key);
+                } else {
+                    hp.dumps += 1;
+                    hp.timeline.push(DumpPoint {
+                        start: d.start_timestamp.unwrap_or(end),
+                        timestamp: end,
+                        ..Default::default()
+                    });
+                }
             }
             hp.pid = pid;
             hp.heap_name = name;
@@ -308,6 +318,21 @@ impl Reader {
                         point.changes.push((pos, new));
                     }
                     point.totals = acc.totals;
+                }
+            }
+        }
+        // A merged dump's changes: each callstack's last.
+        for key in merged {
+            if let Some(point) = self
+                .heaps
+                .get_mut(&key)
+                .and_then(|a| a.profile.timeline.last_mut())
+            {
+                let last: FxHashMap<u32, Counters> = point.changes.iter().copied().collect();
+                let mut seen = FxHashSet::default();
+                point.changes.retain(|(pos, _)| seen.insert(*pos));
+                for (pos, c) in &mut point.changes {
+                    *c = last[pos];
                 }
             }
         }

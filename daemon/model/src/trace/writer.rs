@@ -3,18 +3,18 @@
 use std::io::Write;
 
 use heapprofd_proto::perfetto::{
-    self as pf, Callstack, ClockSnapshot, InternedData, InternedString, Message, ProcessTree,
-    ProfilePacket, TracePacket, clock, clock_snapshot, process_tree, profile_packet, trace_packet,
+    self as pf, Callstack, ClockSnapshot, InternedData, InternedString, Message, ProfilePacket,
+    TracePacket, clock, clock_snapshot, profile_packet, trace_packet,
 };
-use rustc_hash::FxHashMap;
 
 use super::TraceError;
 use super::bits::Bits;
 use super::extension::{CallsiteStatsMsg, Extension, HeapStats, append_extension};
+use super::process_tree::WrittenProcesses;
 use crate::profile::histogram::{UNWIND_HISTOGRAM_BUCKETS, unwind_bucket_limit};
 use crate::profile::{
     CallsiteId, CallsiteTree, ClientError, FrameId, HeapState, Interner, InternerView, MappingId,
-    ProcessIdentity, ProcessState, Profile, StringId,
+    ProcessState, Profile, StringId,
 };
 
 /// `trusted_packet_sequence_id` of every packet we write.
@@ -252,7 +252,7 @@ pub struct TraceWriter<W: Write> {
     packets: u64,
     next_index: u64,
     emitted: Emitted,
-    processes_written: FxHashMap<u32, (Vec<String>, ProcessIdentity)>,
+    processes_written: WrittenProcesses,
     buf: Vec<u8>,
     stack: Vec<FrameId>,
 }
@@ -285,7 +285,7 @@ impl<W: Write> TraceWriter<W> {
                 symbolize,
                 ..Emitted::default()
             },
-            processes_written: FxHashMap::default(),
+            processes_written: WrittenProcesses::default(),
             buf: Vec::new(),
             stack: Vec::new(),
         };
@@ -377,43 +377,18 @@ impl<W: Write> TraceWriter<W> {
 
     /// Writes a `ProcessTree` with the processes of `profile` not written
     /// yet, or whose command line, parent or threads changed (pid, ppid,
-    /// cmdline; each thread's tid, tgid and name). [`TraceWriter::dump`]
-    /// calls it.
+    /// cmdline; each thread's tid, tgid and name), and the parents that
+    /// are not profiled (see [`super::process_tree`]).
+    /// [`TraceWriter::dump`] calls it.
     pub fn write_processes(&mut self, profile: &Profile) -> Result<(), TraceError> {
-        let mut tree = ProcessTree::default();
-        for p in profile.processes() {
-            let written = self.processes_written.get(&p.pid);
-            if written.is_some_and(|(c, i)| *c == p.cmdline && *i == p.identity) {
-                continue;
-            }
-            tree.processes.push(process_tree::Process {
-                pid: Some(p.pid as i32),
-                ppid: p.identity.ppid.map(|pp| pp as i32),
-                cmdline: p.cmdline.clone(),
-                ..Default::default()
-            });
-            for (&tid, name) in &p.identity.threads {
-                tree.threads.push(process_tree::Thread {
-                    tid: Some(tid as i32),
-                    name: (!name.is_empty()).then(|| name.clone()),
-                    tgid: Some(p.pid as i32),
-                    ..Default::default()
-                });
-            }
-        }
-        if tree.processes.is_empty() {
+        let Some(tree) = self.processes_written.update(profile) else {
             return Ok(());
-        }
+        };
         self.emit(TracePacket {
             timestamp: Some(self.clocks.boottime_ns),
             data: Some(trace_packet::Data::ProcessTree(tree)),
             ..Default::default()
-        })?;
-        for p in profile.processes() {
-            self.processes_written
-                .insert(p.pid, (p.cmdline.clone(), p.identity.clone()));
-        }
-        Ok(())
+        })
     }
 
     /// Writes the memory counters of processes read at `timestamp_ns`
@@ -471,6 +446,16 @@ impl<W: Write> TraceWriter<W> {
         let mut summary = DumpSummary::default();
         let (tree, processes) = profile.split_mut();
         for p in processes.values_mut() {
+            // A process's dumps have strictly increasing timestamps: two
+            // dumps asked for within one tick of the coarse clock would
+            // otherwise share one, and trace_processor (the Perfetto UI)
+            // keeps one dump per timestamp.
+            let at = p
+                .heaps
+                .values()
+                .filter_map(HeapState::last_dump_timestamp)
+                .max()
+                .map_or(timestamp_ns, |last| timestamp_ns.max(last + 1));
             let cx = DumpCx {
                 tree,
                 interner,
@@ -479,7 +464,7 @@ impl<W: Write> TraceWriter<W> {
                 base: heap_header_base(p),
             };
             for heap in p.heaps.values_mut() {
-                summary.samples += self.dump_heap(&cx, heap, timestamp_ns)?;
+                summary.samples += self.dump_heap(&cx, heap, at)?;
                 summary.heap_dumps += 1;
             }
         }
@@ -509,6 +494,9 @@ impl<W: Write> TraceWriter<W> {
             } else {
                 now
             };
+            // (The peak of a heap that did not move since its last dump:
+            // stamped just after it, see `dump`.)
+            let end = heap.last_dump_timestamp().map_or(end, |l| end.max(l + 1));
             (first.unwrap_or(end).min(end), end)
         } else {
             let start = heap.last_dump_timestamp().or(first).unwrap_or(now);
