@@ -32,10 +32,10 @@ unsafe extern "C" {
 pub(crate) static DLOPEN: Hook = Hook::new(
     c"dlopen",
     heapprofd_rs_dlopen_hook as *const (),
-    Kind::Dlopen,
+    Kind::Loader,
 );
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-pub(crate) static DLOPEN: Hook = Hook::new(c"dlopen", core::ptr::null(), Kind::Dlopen);
+pub(crate) static DLOPEN: Hook = Hook::new(c"dlopen", core::ptr::null(), Kind::Loader);
 
 /// Whether the hook should wrap this call (1) or tail-jump to glibc (0):
 /// only names that need no search and no substitution, while patched.

@@ -10,7 +10,7 @@
 //! GOT patching redirects only slots that hold it.
 //!
 //! The records are defined next to the hooks they describe (`hooks`,
-//! `cxxhooks`, `exechooks`, `dlhook`), so a hook can reach its own
+//! `cxxhooks`, `exechooks`, `dlhook`, `dlclosehook`), so a hook can reach its own
 //! original; `hooktable` lists them.
 
 use core::ffi::CStr;
@@ -33,9 +33,9 @@ pub(crate) enum Kind {
     /// Forwarded, never recorded, never patched (`malloc_usable_size`, the
     /// exec family).
     Forward,
-    /// `dlopen`: patched (objects it loads get patched too), never
-    /// exported.
-    Dlopen,
+    /// `dlopen` (objects it loads get patched too; never exported) and
+    /// `dlclose` (exported): patched, never recorded.
+    Loader,
 }
 
 /// One hooked function.
@@ -116,7 +116,7 @@ impl Hook {
     /// Whether GOT patching redirects slots of this name.
     pub(crate) fn patched(&self) -> bool {
         match self.kind {
-            Kind::Family | Kind::Dlopen => true,
+            Kind::Family | Kind::Loader => true,
             Kind::CxxNew | Kind::CxxDelete => self.recorded(),
             Kind::Forward => false,
         }

@@ -2,16 +2,16 @@
 //!
 //! [`HOOKS`] are the functions whose GOT slots a patched session redirects
 //! (the malloc family, C++ `operator new`/`delete` when they are recorded,
-//! and `dlopen`); [`FORWARDED`] are exported and forwarded but never
+//! `dlopen` and `dlclose`); [`FORWARDED`] are exported and forwarded but never
 //! patched (`malloc_usable_size`: a program that reaches the allocator's
 //! directly gets the same answer; the exec family, which matters only for
 //! a preloaded client). `originals` resolves both.
 
 use crate::hook::Hook;
-use crate::{cxxhooks as cxx, dlhook, exechooks as exec, hooks};
+use crate::{cxxhooks as cxx, dlclosehook, dlhook, exechooks as exec, hooks};
 
 /// Every function GOT patching may redirect.
-pub(crate) static HOOKS: [&Hook; 31] = [
+pub(crate) static HOOKS: [&Hook; 32] = [
     &hooks::MALLOC,
     &hooks::FREE,
     &hooks::CALLOC,
@@ -43,6 +43,7 @@ pub(crate) static HOOKS: [&Hook; 31] = [
     &cxx::DELETE_ALIGNED_NOTHROW,
     &cxx::DELETE_ARRAY_ALIGNED_NOTHROW,
     &dlhook::DLOPEN,
+    &dlclosehook::DLCLOSE,
 ];
 
 /// Exported, forwarded, never patched.

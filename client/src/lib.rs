@@ -35,7 +35,8 @@
 //! passes, and the allocator's own slots), `protections` (page
 //! protections, the store into a RELRO slot),
 //! `elfdyn` (reading loaded objects' dynamic sections), `newobjects` and
-//! `dlhook` (objects loaded later, the `dlopen` hook). `attach` has the
+//! `dlhook` (objects loaded later, the `dlopen` hook); `dlclosehook`
+//! (objects unloaded: the daemon catches up first). `attach` has the
 //! entry points the daemon calls in a running process. `heapapi` exports
 //! the custom allocator API (Perfetto's `AHeapInfo_*` / `AHeapProfile_*`)
 //! over the core's `heaps`.
@@ -50,6 +51,7 @@ mod attach;
 mod build_tag;
 mod contextapi;
 mod cxxhooks;
+mod dlclosehook;
 mod dlhook;
 mod dynsym;
 mod elfdyn;

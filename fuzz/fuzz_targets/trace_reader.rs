@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let _ = build_report("fuzz", &trace, &all, &opts);
     for h in &trace.heaps {
-        let _ = heapprofd_report::timeline::heap_timeline(&trace, h);
+        let _ = heapprofd_report::timeline::heap_timeline(&trace, h, 3);
     }
     let mut page = Vec::new();
     heapprofd_report::html::write_html(&trace, &all, std::path::Path::new("f"), &mut page)

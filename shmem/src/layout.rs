@@ -78,7 +78,17 @@ pub(crate) struct MetadataPage {
     /// Set by the writer that found the buffer over half full and woke the
     /// reader; cleared by the reader when it publishes progress.
     pub reader_kicked: AtomicU32,
-    _pad0: [u32; 8],
+    /// Writers waiting in [`RingBuffer::wait_consumed`](crate::RingBuffer)
+    /// (a count): while it is not 0 the reader publishes its position
+    /// before every read instead of every quarter of the buffer. Zero
+    /// (nobody waits) for a peer that predates it.
+    pub drain_waiters: AtomicU32,
+    /// Bumped by the client after the process unloaded an object
+    /// (`dlclose`): the reader's process must re-read its maps before
+    /// unwinding the records that follow. Never changes for a peer that
+    /// predates it.
+    pub unload_epoch: AtomicU32,
+    _pad0: [u32; 6],
     // --- line 1: writers (under the spinlock or relaxed RMWs) ---------------
     /// Spinlock word: [`LOCK_HELD`] | [`LOCK_POISONED`].
     pub lock: AtomicU32,

@@ -13,6 +13,9 @@
 //!    if that read is still empty, and never longer than a polling period:
 //!    the wake-up protocol has no fence on the writer's side, so a rare
 //!    race can leave a record unannounced until the next poll.
+//! 4. Before the process unloads an object, a writer waits for the reader to
+//!    consume what was written ([`RingBuffer::wait_consumed`]) and then bumps
+//!    the unload epoch ([`RingBuffer::note_unload`]); see `drain`.
 //!
 //! # Guarantees
 //! * Records are committed atomically: the header, written last with release
@@ -30,12 +33,14 @@
 
 #![warn(missing_docs)]
 
+mod drain;
 mod layout;
 mod mapping;
 mod reader;
 mod ring;
 mod writer;
 
+pub use drain::Drain;
 pub use layout::{ClientError, RECORD_HEADER_LEN, offsets, record_size, used_bytes};
 pub use mapping::{MAX_DATA_SIZE, SetupError, check_data_size, page_size};
 pub use reader::{Corruption, ReadOutcome, Reader};

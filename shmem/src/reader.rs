@@ -121,7 +121,9 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
     /// number of records in the buffer, never reads outside the mapping.
     ///
     /// The freed space is published to writers in batches (every quarter of
-    /// the buffer) and whenever the reader runs out of records.
+    /// the buffer), whenever the reader runs out of records, and before
+    /// every read while a writer waits in [`RingBuffer::wait_consumed`];
+    /// the published position never covers the record this call returns.
     pub fn read(&mut self, out: &mut Vec<u8>) -> ReadOutcome {
         if let Some(c) = self.corrupt {
             return self.count_corrupt(c);
@@ -130,6 +132,18 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
         // Each iteration either returns or skips a discarded record (>= 8
         // bytes), so this bound is never reached by a well-formed buffer.
         for _ in 0..=(size / 8) {
+            // Only records returned by earlier calls are published, never
+            // the one this call returns: a caller that is done with each
+            // record before its next read has handled everything below the
+            // published position (what `RingBuffer::wait_consumed` waits
+            // for).
+            let unpublished = self.read_pos - self.published_pos;
+            if unpublished != 0
+                && (unpublished >= size / 4
+                    || self.rb.meta().drain_waiters.load(Ordering::Relaxed) != 0)
+            {
+                self.publish();
+            }
             if self.write_pos == self.read_pos {
                 self.publish();
                 let write_pos = self.rb.meta().write_pos.load(Ordering::Acquire);
@@ -173,9 +187,6 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
                 copy_out(self.rb.data_ptr(), off, len as usize, out);
             }
             self.read_pos += total;
-            if self.read_pos - self.published_pos >= size / 4 {
-                self.publish();
-            }
             if !discarded {
                 self.reads_ok += 1;
                 self.prefetch_ahead();

@@ -219,17 +219,43 @@ fn proto_fields(mut b: &[u8]) -> Vec<(u64, u64, &[u8])> {
     out
 }
 
+/// Per row of the first heap of a `report --timeline --format json`, its
+/// `grew_most_sites` as (site, bytes).
+pub fn grown_sites(timeline: &Value) -> Vec<Vec<(String, i64)>> {
+    let list = |r: &Value| -> Vec<(String, i64)> {
+        let sites = r["grew_most_sites"].as_array().expect("grew_most_sites");
+        sites
+            .iter()
+            .map(|g| {
+                (
+                    g["site"].as_str().unwrap().into(),
+                    g["bytes"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let rows = timeline["heaps"][0]["rows"].as_array().expect("rows");
+    rows.iter().map(list).collect()
+}
+
 /// A `-c 100ms` recording of `analysis steps` into `dir/t.pftrace`: 100 MiB
 /// allocated by peak_site and freed, then 10 MiB kept by after_peak_site;
 /// each phase lasts until the trace has two dumps after it.
 pub fn peak_trace(dir: &Path) -> PathBuf {
-    let trace = dir.join("t.pftrace");
+    stepped_trace(dir, "t.pftrace", &["alloc100", "free100", "alloc10"])
+}
+
+/// A `-c 100ms` recording of `analysis steps` into `dir/NAME`, running
+/// `steps` (commands of `analysis steps`) one after the other; each lasts
+/// until the trace has two dumps after it.
+pub fn stepped_trace(dir: &Path, name: &str, steps: &[&str]) -> PathBuf {
+    let trace = dir.join(name);
     let mut live = Live::start(
         &["-i", "4096", "-c", "100ms", "-o", &s(&trace)],
         &[&prog("analysis"), "steps"],
     );
     let mut dumps = dumps_so_far(&trace);
-    for step in ["alloc100", "free100", "alloc10"] {
+    for &step in steps {
         live.step(step);
         wait_for_dumps(&trace, dumps + 2);
         dumps = dumps_so_far(&trace);

@@ -104,8 +104,8 @@ fn socket_env(r: &Receiver) -> String {
 
 /// The malloc family, every C++ `operator new`/`delete` (the allocator's
 /// own are recorded, libstdc++'s forwarded) and the exec family with
-/// `posix_spawn`, `system`, `popen` (children keep the profiler), nothing
-/// else.
+/// `posix_spawn`, `system`, `popen` (children keep the profiler),
+/// `dlclose` (samples unwound before an object goes), nothing else.
 #[test]
 fn exports_exactly_the_hooks() {
     let out = run(
@@ -168,6 +168,7 @@ fn exports_exactly_the_hooks() {
         "posix_spawnp",
         "system",
         "popen",
+        "dlclose",
         "AHeapInfo_create",
         "AHeapInfo_setEnabledCallback",
         "AHeapInfo_setDisabledCallback",

@@ -13,8 +13,8 @@ use std::path::Path;
 
 use heapprofd_tests::record_harness::{check_trace, heapprofd, heapprofd_ok, record, scratch_dir};
 use heapprofd_tests::report_harness::{
-    TIMEOUT, cli_json as json, peak_trace, pprof_main_file, pprof_samples, prog, recorded,
-    run_cli as run, s,
+    TIMEOUT, cli_json as json, grown_sites, peak_trace, pprof_main_file, pprof_samples, prog,
+    recorded, run_cli as run, s, stepped_trace,
 };
 
 #[test]
@@ -460,8 +460,61 @@ fn peak_and_timeline_of_a_continuous_dump_run() {
         "{un:?}"
     );
     assert!(rows.iter().any(|r| r["grew_most"][0] == "peak_site"), "{t}");
+    for r in rows {
+        // `grew_most` (kept for old readers) is the first of the list.
+        assert_eq!(r["grew_most"][0], r["grew_most_sites"][0]["site"], "{r}");
+    }
     let text = heapprofd_ok(&["report", "--timeline", &s(&trace)]).stdout;
     assert!(text.contains("* peak: dump"), "{text}");
+    // Two sites growing at different rates: each dump that saw both grow
+    // lists both, the faster first (fast_site's blocks are 4 times
+    // slow_site's and the two alternate, so between any two dumps it grew
+    // more); across the dumps they grew by 4 MiB and 1 MiB.
+    let two = stepped_trace(&dir, "two.pftrace", &["grow2"]);
+    let t = json(&["report", "--format", "json", "--timeline", &s(&two)]);
+    let rows = grown_sites(&t);
+    let both: Vec<_> = rows
+        .iter()
+        .filter(|l| l.iter().any(|g| g.0 == "slow_site") && l.iter().any(|g| g.0 == "fast_site"))
+        .collect();
+    assert!(!both.is_empty(), "no dump saw both grow: {t}");
+    for l in &both {
+        let at = |site: &str| l.iter().position(|g| g.0 == site).unwrap();
+        assert!(at("fast_site") < at("slow_site"), "{l:?}");
+        assert!(l[at("fast_site")].1 > l[at("slow_site")].1, "{l:?}");
+    }
+    let total = |site: &str| -> i64 {
+        rows.iter()
+            .flatten()
+            .filter(|g| g.0 == site)
+            .map(|g| g.1)
+            .sum()
+    };
+    assert_eq!(
+        (total("fast_site"), total("slow_site")),
+        (4 << 20, 1 << 20),
+        "{t}"
+    );
+    // --top 1 lists one.
+    let t1 = grown_sites(&json(&[
+        "report",
+        "--format",
+        "json",
+        "--timeline",
+        "--top",
+        "1",
+        &s(&two),
+    ]));
+    assert!(
+        t1.iter().all(|l| l.len() <= 1) && t1.iter().any(|l| l.len() == 1),
+        "{t1:?}"
+    );
+    let text = heapprofd_ok(&["report", "--timeline", &s(&two)]).stdout;
+    assert!(
+        text.lines()
+            .any(|l| l.contains("fast_site, +") && l.contains("slow_site")),
+        "{text}"
+    );
     let svg = dir.join("tl.svg");
     heapprofd_ok(&["convert", &s(&trace), "--timeline-svg", &s(&svg)]);
     let plot = std::fs::read_to_string(&svg).unwrap();
@@ -469,6 +522,16 @@ fn peak_and_timeline_of_a_continuous_dump_run() {
         plot.contains("<polyline") && plot.contains("analysis"),
         "plot"
     );
+    // The PNG: its signature and, in the IHDR chunk, 960 × 420 pixels.
+    let png = dir.join("tl.png");
+    heapprofd_ok(&["convert", &s(&trace), "--timeline-png", &s(&png)]);
+    let b = std::fs::read(&png).unwrap();
+    assert!(
+        b.starts_with(b"\x89PNG\r\n\x1a\n") && &b[12..16] == b"IHDR",
+        "png"
+    );
+    let be = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+    assert_eq!((be(16), be(20)), (960, 420));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

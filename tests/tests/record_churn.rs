@@ -7,10 +7,14 @@
 //! trace has every allocation and free heaptrack sees, and the kept blocks
 //! of every library.
 //!
-//! Stacks are not compared: the daemon unwinds a sample after the fact, and
-//! a library unloaded (or replaced at the same address) by then cuts the
-//! stack or names the wrong library, before and after eviction alike
-//! (docs/PERFORMANCE.md, "The daemon's memory over a long profile").
+//! And that the stacks are right: the daemon unwinds a sample after the
+//! fact, so without the client's `dlclose` barrier (the daemon catches up
+//! before a library goes, and re-reads the maps after) a library unloaded
+//! (or replaced at the same address) by then cut the stack or named the
+//! wrong library (docs/PERFORMANCE.md, "Unwinding samples of unloaded
+//! libraries"). Every allocation made by a library's own function must
+//! have a stack named after that library's functions, and no stack may end
+//! in an error frame.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,6 +29,60 @@ const LIBS: usize = 10;
 const ROUNDS: &str = "60";
 /// The block each library's first call keeps for good.
 const KEPT: u64 = 65536;
+
+/// The library number of a frame named after one of a library's own
+/// functions (`plugin_leaf_7`, `plugin_descend_7`: library 7).
+fn plugin_of(frame: &str) -> Option<usize> {
+    let k = frame
+        .strip_prefix("plugin_leaf_")
+        .or_else(|| frame.strip_prefix("plugin_descend_"))?;
+    k.parse().ok()
+}
+
+/// Every allocation of a library's `plugin_leaf` (each `churn_work` call
+/// makes 24, the first call of each library one more it keeps) is
+/// attributed to a stack whose innermost frame is that function and whose
+/// library frames all name the same library; no stack has an error frame.
+fn check_stacks(latest: &[heapprofd_tests::record_harness::Sample]) {
+    let (mut plugin_allocs, mut errors, mut shown) = (0u64, 0u64, 0);
+    for s in latest {
+        if s.frames.iter().any(|f| f.starts_with("ERROR")) {
+            errors += s.alloc_count;
+            if shown < 5 {
+                eprintln!("cut stack ({} allocations): {:?}", s.alloc_count, s.frames);
+                shown += 1;
+            }
+        }
+        let Some(k) = s.frames.last().and_then(|f| {
+            f.starts_with("plugin_leaf_")
+                .then(|| plugin_of(f))
+                .flatten()
+        }) else {
+            continue;
+        };
+        plugin_allocs += s.alloc_count;
+        for f in &s.frames {
+            if let Some(j) = plugin_of(f) {
+                assert_eq!(j, k, "a stack mixes libraries {k} and {j}: {:?}", s.frames);
+            }
+        }
+        // The leaf's caller: the descent of the same library, or (the kept
+        // block, a tail call from churn_work) churn's main.
+        let caller = &s.frames[s.frames.len().saturating_sub(2)];
+        assert!(
+            caller == &format!("plugin_descend_{k}") || caller == "main",
+            "plugin_leaf_{k} called from {caller}: {:?}",
+            s.frames
+        );
+    }
+    assert_eq!(errors, 0, "allocations with a cut stack");
+    let rounds: u64 = ROUNDS.parse().unwrap();
+    assert_eq!(
+        plugin_allocs,
+        rounds * 3 * 24 + LIBS as u64,
+        "allocations attributed to a library's plugin_leaf"
+    );
+}
 
 /// Builds the libraries and the program into `dir`; returns the program.
 fn build(dir: &Path) -> PathBuf {
@@ -84,6 +142,7 @@ fn every_allocation_of_a_churning_program_is_counted_at_interval_1() {
         }
     }
     let latest = summary.latest();
+    check_stacks(&latest);
     let allocs: u64 = latest.iter().map(|s| s.alloc_count).sum();
     let bytes: u64 = latest.iter().map(|s| s.allocated).sum();
     let frees: u64 = latest.iter().map(|s| s.free_count).sum();

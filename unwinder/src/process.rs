@@ -363,6 +363,15 @@ impl ProcessContext {
         changed
     }
 
+    /// The process unloaded an object (its client said so): re-reads the
+    /// maps now, whatever the rate limit, and lifts it. Returns whether the
+    /// mappings changed (then every cached meaning of a pc may be stale:
+    /// another object may be loaded where the unloaded one was).
+    pub fn objects_unloaded(&mut self) -> bool {
+        self.last_fruitless_reparse = None;
+        self.reparse()
+    }
+
     /// Whether the rate limit allows a re-read of the maps now: no re-read
     /// failed to find its address within the last
     /// [`ProcessOptions::reparse_interval`].

@@ -62,4 +62,5 @@ pub mod socket_path;
 pub mod state;
 pub mod tls;
 pub mod trigger;
+pub mod unload;
 pub mod watcher;

@@ -166,6 +166,18 @@ pub fn release(s: &Session) {
 }
 
 impl Session {
+    /// How long a writer may wait for the reader: the ring's block timeout
+    /// (for ever when writers wait for ever: the watcher's teardown, which
+    /// sets the ring's shutdown flag, still ends the wait), or `default`
+    /// when a full buffer drops records.
+    pub(crate) fn wait_limit(&self, default: core::time::Duration) -> core::time::Duration {
+        match self.write_mode {
+            WriteMode::Block { timeout: Some(t) } => t,
+            WriteMode::Block { timeout: None } => core::time::Duration::MAX,
+            WriteMode::Drop => default,
+        }
+    }
+
     /// The session's mode word (unique, even, >= 2).
     pub fn mode_word(&self) -> u64 {
         self.mode_word
@@ -187,7 +199,7 @@ impl Session {
     }
 
     #[inline(always)]
-    fn rb(&self) -> &RingBuffer {
+    pub(crate) fn rb(&self) -> &RingBuffer {
         // SAFETY: only `reclaim` drops it, once no writer (we are one) is inside.
         unsafe { &*self.rb.get() }
     }
@@ -246,7 +258,7 @@ impl Session {
 
     /// After a commit: wake the daemon if the commit said so (it sleeps, or
     /// the buffer is filling up). False = socket broken.
-    fn wake_if(&self, needed: bool) -> bool {
+    pub(crate) fn wake_if(&self, needed: bool) -> bool {
         if !needed {
             return true;
         }

@@ -40,16 +40,18 @@ pub struct ReportArgs {
     #[arg(long, value_name = "BASE", conflicts_with_all = ["timeline", "peak", "pid"])]
     pub diff: Option<PathBuf>,
     /// Per dump of a --continuous-dump trace: unreleased bytes, allocation
-    /// rate, and the site that grew most since the previous dump.
+    /// rate, and the sites that grew most since the previous dump (--top,
+    /// 3 by default).
     #[arg(long, conflicts_with = "peak")]
     pub timeline: bool,
     /// Report the dump with the most unreleased memory (of each heap), as
     /// --dump-at-max would have.
     #[arg(long)]
     pub peak: bool,
-    /// Allocation sites to list per table.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    pub top: usize,
+    /// Allocation sites to list per table [default: 10]; with --timeline,
+    /// sites that grew to list per dump [default: 3].
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
     /// Callers shown per site.
     #[arg(long, default_value_t = 6, value_name = "N")]
     pub depth: usize,
@@ -87,6 +89,7 @@ EXAMPLES:
   heapprofd-rs convert trace.pftrace --collapsed - | flamegraph.pl > flame.svg
   heapprofd-rs convert --diff before.pftrace after.pftrace --svg diff.svg
   heapprofd-rs convert continuous.pftrace --timeline-svg heap.svg
+  heapprofd-rs convert continuous.pftrace --timeline-png heap.png
 
 Every output takes `-` for stdout."
 )]
@@ -97,7 +100,7 @@ pub struct ConvertArgs {
     pub trace: PathBuf,
     /// Convert the difference from BASE to TRACE (folded stacks with both
     /// values, a differential flame graph, a pprof profile of the growth).
-    #[arg(long, value_name = "BASE", conflicts_with_all = ["html", "timeline_svg", "pid", "peak"])]
+    #[arg(long, value_name = "BASE", conflicts_with_all = ["html", "timeline_svg", "timeline_png", "pid", "peak"])]
     pub diff: Option<PathBuf>,
     /// Write a gzipped pprof profile (for `pprof`, speedscope…).
     #[arg(long, value_name = "OUT.pb.gz", group = "output")]
@@ -115,6 +118,9 @@ pub struct ConvertArgs {
     /// Write an SVG plot of unreleased memory over time per process.
     #[arg(long, value_name = "OUT.svg", group = "output")]
     pub timeline_svg: Option<PathBuf>,
+    /// Write the same plot as a PNG (lines and ticks, no labels).
+    #[arg(long, value_name = "OUT.png", group = "output")]
+    pub timeline_png: Option<PathBuf>,
     /// Value of the folded stacks and the flame graph. The default,
     /// allocated bytes, shows where a finished run allocated (as heaptrack's
     /// flame graph does); unreleased-space shows what was never freed (or

@@ -120,7 +120,8 @@ fn heap_data(data: &TraceData, h: &HeapProfile) -> HeapData {
         interval: h.sampling_interval_bytes,
         frames,
         stacks,
-        timeline: heap_timeline(data, h)
+        // The page plots the totals only, no grown sites.
+        timeline: heap_timeline(data, h, 0)
             .rows
             .iter()
             .map(|r| (r.seconds, r.unreleased, r.allocated))

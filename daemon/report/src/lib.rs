@@ -32,6 +32,7 @@ pub mod stackopts;
 pub mod summary;
 pub mod text;
 pub mod timeline;
+pub mod timeline_png;
 pub mod timeline_svg;
 pub mod units;
 

@@ -23,7 +23,8 @@ use crate::output::{Output, check_outputs};
 use crate::pprof::{to_pprof, to_pprof_diff, write_pprof_gz};
 use crate::summary::{Report, ReportOptions, build_report, heap_report, truncated_of};
 use crate::text::{TextOptions, write_text};
-use crate::timeline::{at_peak, timelines, write_timelines};
+use crate::timeline::{GREW_MOST_SITES, at_peak, timelines, write_timelines};
+use crate::timeline_png::write_timeline_png;
 use crate::timeline_svg::write_timeline_svg;
 
 /// Reads a trace with errors that name the file and say what to do.
@@ -101,7 +102,7 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
         heap: args.heap.clone(),
     };
     let opts = ReportOptions {
-        top: args.top,
+        top: args.top.unwrap_or(10),
         short_lived: args.short_lived,
     };
     if let Some(base_path) = &args.diff {
@@ -119,7 +120,7 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
             &name,
             &n,
             args.heap.as_deref(),
-            args.top,
+            opts.top,
         );
         match args.format {
             Format::Text => write_diff(out, &d),
@@ -149,7 +150,7 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
         }
         .or_else(ignore_broken_pipe)?;
     } else if args.timeline {
-        let t = timelines(&data, &filter);
+        let t = timelines(&data, &filter, args.top.unwrap_or(GREW_MOST_SITES));
         match args.format {
             Format::Text => write_timelines(out, &name, &t),
             Format::Json => json(
@@ -241,6 +242,7 @@ impl Outputs {
             (&args.svg, "flame graph"),
             (&args.html, "HTML report"),
             (&args.timeline_svg, "timeline plot"),
+            (&args.timeline_png, "timeline PNG"),
         ];
         let paths: Vec<&PathBuf> = wanted.iter().filter_map(|(p, _)| p.as_ref()).collect();
         check_outputs(&paths)?;
@@ -339,6 +341,9 @@ fn convert_one(
     if let Some(o) = outs.take("timeline plot") {
         let t = title(data, filter, "unreleased memory over time");
         write_output(o, |w| Ok(write_timeline_svg(data, filter, &t, w)?))?;
+    }
+    if let Some(o) = outs.take("timeline PNG") {
+        write_output(o, |w| Ok(write_timeline_png(data, filter, w)?))?;
     }
     Ok(())
 }

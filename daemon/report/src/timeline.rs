@@ -1,6 +1,6 @@
 //! A heap over time, from the dumps of a `--continuous-dump` trace:
 //! `report --timeline` (per dump: unreleased bytes, allocation rate, the
-//! site that grew most since the dump before), `report --peak` /
+//! sites that grew most since the dump before), `report --peak` /
 //! `convert --peak` (the values as of the dump with the most unreleased
 //! memory), and the points of `convert --timeline-svg`.
 
@@ -15,6 +15,18 @@ use crate::filter::Filter;
 use crate::plumbing::allocating_frame;
 use crate::summary::AsOf;
 use crate::units::{human_bytes, human_count, human_delta};
+
+/// Sites listed per dump as having grown most, unless `--top` says.
+pub const GREW_MOST_SITES: usize = 3;
+
+/// A site whose unreleased bytes grew between two dumps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SiteGrowth {
+    /// The self site (its allocating function).
+    pub site: String,
+    /// Growth of its unreleased bytes since the dump before.
+    pub bytes: i128,
+}
 
 /// One dump of a heap.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -33,8 +45,12 @@ pub struct TimelineRow {
     pub allocations_per_s: f64,
     /// The self site whose unreleased bytes grew most since the dump
     /// before, and by how much.
+    /// (Kept for readers of older output: the first of `grew_most_sites`.)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grew_most: Option<(String, i128)>,
+    /// The self sites whose unreleased bytes grew since the dump before,
+    /// most first (ties by name), at most `--top` of them.
+    pub grew_most_sites: Vec<SiteGrowth>,
 }
 
 /// The timeline of one heap.
@@ -69,8 +85,21 @@ fn site_name(c: &CallstackValues) -> String {
         .map_or_else(|| "[no frames]".to_owned(), |i| c.frames[i].display_name())
 }
 
-/// The rows of one heap's timeline.
-pub fn heap_timeline(data: &TraceData, h: &HeapProfile) -> HeapTimeline {
+/// The sites of `growth` that grew, most first (ties by name), `top` of them.
+fn grew_most(growth: FxHashMap<String, i128>, top: usize) -> Vec<SiteGrowth> {
+    let mut grew: Vec<SiteGrowth> = growth
+        .into_iter()
+        .filter(|(_, d)| *d > 0)
+        .map(|(site, bytes)| SiteGrowth { site, bytes })
+        .collect();
+    grew.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    grew.truncate(top);
+    grew
+}
+
+/// The rows of one heap's timeline, with the `top` sites that grew most
+/// between consecutive dumps.
+pub fn heap_timeline(data: &TraceData, h: &HeapProfile, top: usize) -> HeapTimeline {
     let t0 = h.timeline.first().map_or(0, |p| p.start.min(p.timestamp));
     let mut latest: FxHashMap<u32, Counters> = FxHashMap::default();
     let mut prev: Option<(u64, Counters)> = None;
@@ -84,10 +113,7 @@ pub fn heap_timeline(data: &TraceData, h: &HeapProfile) -> HeapTimeline {
                 *growth.entry(site_name(cs)).or_default() += d;
             }
         }
-        let grew_most = growth
-            .into_iter()
-            .filter(|(_, d)| *d > 0)
-            .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
+        let grew_most_sites = grew_most(growth, top);
         let (since, before) = prev.unwrap_or((p.start, Counters::default()));
         let secs = p.timestamp.saturating_sub(since) as f64 / 1e9;
         let rate = |now: u64, then: u64| {
@@ -104,7 +130,8 @@ pub fn heap_timeline(data: &TraceData, h: &HeapProfile) -> HeapTimeline {
             allocated: p.totals.allocated,
             allocated_per_s: rate(p.totals.allocated, before.allocated),
             allocations_per_s: rate(p.totals.alloc_count, before.alloc_count),
-            grew_most,
+            grew_most: grew_most_sites.first().map(|g| (g.site.clone(), g.bytes)),
+            grew_most_sites,
         });
         prev = Some((p.timestamp, p.totals));
     }
@@ -121,12 +148,12 @@ pub fn heap_timeline(data: &TraceData, h: &HeapProfile) -> HeapTimeline {
     }
 }
 
-/// The timelines of the heaps `filter` selects.
-pub fn timelines(data: &TraceData, filter: &Filter) -> Vec<HeapTimeline> {
+/// The timelines of the heaps `filter` selects, `top` grown sites per dump.
+pub fn timelines(data: &TraceData, filter: &Filter, top: usize) -> Vec<HeapTimeline> {
     data.heaps
         .iter()
         .filter(|h| filter.matches(h))
-        .map(|h| heap_timeline(data, h))
+        .map(|h| heap_timeline(data, h, top))
         .collect()
 }
 
@@ -246,8 +273,9 @@ pub fn write_timelines(out: &mut impl Write, trace: &str, t: &[HeapTimeline]) ->
                 human_bytes(r.allocated_per_s as u64),
                 human_count(r.allocations_per_s.round() as u64),
             )?;
-            if let Some((site, d)) = &r.grew_most {
-                write!(out, "  {} {site}", human_delta(*d))?;
+            for (i, g) in r.grew_most_sites.iter().enumerate() {
+                let sep = if i == 0 { "  " } else { ", " };
+                write!(out, "{sep}{} {}", human_delta(g.bytes), g.site)?;
             }
             writeln!(out)?;
         }
@@ -259,4 +287,112 @@ pub fn write_timelines(out: &mut impl Write, trace: &str, t: &[HeapTimeline]) ->
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use heapprofd_model::trace::{DumpPoint, ResolvedFrame};
+
+    use super::*;
+
+    fn site(name: &str) -> CallstackValues {
+        CallstackValues {
+            frames: vec![
+                ResolvedFrame {
+                    function: Some("main".into()),
+                    ..Default::default()
+                },
+                ResolvedFrame {
+                    function: Some(name.into()),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn kept(bytes: u64) -> Counters {
+        Counters {
+            allocated: bytes,
+            alloc_count: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Four sites; between dumps 1 and 2 three grow at different rates and
+    /// one shrinks, between dumps 2 and 3 only one grows.
+    fn heap() -> HeapProfile {
+        let sites = ["fast", "slow", "medium", "shrinks"].map(site).to_vec();
+        let point = |t: u64, changes: Vec<(u32, Counters)>| DumpPoint {
+            start: 0,
+            timestamp: t * 1_000_000_000,
+            totals: Counters::default(),
+            changes,
+        };
+        HeapProfile {
+            pid: 7,
+            heap_name: "libc.malloc".into(),
+            callstacks: sites,
+            timeline: vec![
+                point(1, vec![(3, kept(5000))]),
+                point(
+                    2,
+                    vec![
+                        (0, kept(8000)),
+                        (1, kept(1000)),
+                        (2, kept(4000)),
+                        (
+                            3,
+                            Counters {
+                                freed: 5000,
+                                ..kept(5000)
+                            },
+                        ),
+                    ],
+                ),
+                point(3, vec![(1, kept(3000))]),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn sites(r: &TimelineRow) -> Vec<(&str, i128)> {
+        r.grew_most_sites
+            .iter()
+            .map(|g| (g.site.as_str(), g.bytes))
+            .collect()
+    }
+
+    #[test]
+    fn lists_the_sites_that_grew_most_between_dumps_in_order() {
+        let t = heap_timeline(&TraceData::default(), &heap(), GREW_MOST_SITES);
+        assert_eq!(sites(&t.rows[0]), [("shrinks", 5000)]);
+        assert_eq!(
+            sites(&t.rows[1]),
+            [("fast", 8000), ("medium", 4000), ("slow", 1000)]
+        );
+        assert_eq!(sites(&t.rows[2]), [("slow", 2000)]);
+        // The old field names the first of them.
+        assert_eq!(t.rows[1].grew_most, Some(("fast".into(), 8000)));
+        let two = heap_timeline(&TraceData::default(), &heap(), 2);
+        assert_eq!(sites(&two.rows[1]), [("fast", 8000), ("medium", 4000)]);
+    }
+
+    #[test]
+    fn text_and_json_show_the_list() {
+        let t = heap_timeline(&TraceData::default(), &heap(), GREW_MOST_SITES);
+        let mut text = Vec::new();
+        write_timelines(&mut text, "t", std::slice::from_ref(&t)).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let row2 = text.lines().find(|l| l.contains("fast")).unwrap();
+        let at = |s: &str| row2.find(s).unwrap_or_else(|| panic!("{s} in {row2}"));
+        assert!(
+            at("fast") < at("medium") && at("medium") < at("slow"),
+            "{row2}"
+        );
+        let v = serde_json::to_value(&t).unwrap();
+        assert_eq!(v["rows"][1]["grew_most"][0], "fast");
+        assert_eq!(v["rows"][1]["grew_most_sites"][1]["site"], "medium");
+        assert_eq!(v["rows"][1]["grew_most_sites"][1]["bytes"], 4000);
+    }
 }

@@ -18,7 +18,7 @@ const LEFT: f64 = 90.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 60.0;
-const COLORS: [&str; 8] = [
+pub(crate) const COLORS: [&str; 8] = [
     "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 
@@ -88,7 +88,7 @@ pub fn series(data: &TraceData, filter: &Filter) -> Vec<Series> {
 }
 
 /// A "nice" step for about `n` ticks over `max`.
-fn nice_step(max: f64, n: f64) -> f64 {
+pub(crate) fn nice_step(max: f64, n: f64) -> f64 {
     if max <= 0.0 {
         return 1.0;
     }

@@ -57,7 +57,7 @@ fn report_args(trace: &Path) -> ReportArgs {
         diff: None,
         timeline: false,
         peak: false,
-        top: 10,
+        top: None,
         depth: 6,
         short_lived: 1023,
         format: Format::Text,
@@ -77,6 +77,7 @@ fn convert_args(trace: &Path) -> ConvertArgs {
         svg: None,
         html: None,
         timeline_svg: None,
+        timeline_png: None,
         value: ValueKind::UnreleasedSpace,
         peak: false,
         depth: None,
@@ -142,7 +143,7 @@ fn json_report_and_filters() {
     let mut args = report_args(&trace);
     args.format = Format::Json;
     args.pid = Some(100);
-    args.top = 2;
+    args.top = Some(2);
     let json: Value = serde_json::from_str(&report(args.clone()).unwrap()).unwrap();
     let heaps = json["heaps"].as_array().unwrap();
     assert_eq!(heaps.len(), 2);

@@ -133,7 +133,7 @@ fn digest(bytes: &[u8]) {
             ..Default::default()
         }
         .apply(&t, Some(2));
-        heapprofd_report::timeline::timelines(&folded, &f);
+        heapprofd_report::timeline::timelines(&folded, &f, 3);
         let (peak, _) = heapprofd_report::timeline::at_peak(&t);
         build_report("x", &peak, &f, &o);
         heapprofd_report::diff::diff("a", &t, "b", &folded, None, 3);

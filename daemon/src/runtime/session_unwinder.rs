@@ -149,6 +149,17 @@ impl SessionUnwinder {
         }
     }
 
+    /// The process unloaded an object since the last record (the ring's
+    /// unload epoch changed): the maps are re-read before the next record
+    /// is unwound, and if they changed, every stack and pc is forgotten
+    /// (an object loaded where the unloaded one was must not inherit its
+    /// frames).
+    pub fn objects_unloaded(&mut self) {
+        if self.process.objects_unloaded() {
+            self.stacks.clear();
+        }
+    }
+
     /// The unwinding part of the session's statistics (the ring buffer's
     /// are the worker's).
     pub fn stats(&self) -> SessionStats {
@@ -292,5 +303,121 @@ mod tests {
             timed == 2 || timed == 1 || timed == 1 + HIT_TIMING,
             "{timed}"
         );
+    }
+}
+
+#[cfg(test)]
+mod unload_tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use heapprofd_model::messages::Op;
+    use heapprofd_model::profile::Interner;
+    use heapprofd_proto::wire::{Arch, MallocHeader, Record, RegisterFile, x86_64};
+    use heapprofd_unwinder::{MapsSource, ModuleCache, NoMemory, ProcessOptions};
+
+    use super::*;
+    use crate::runtime::symbolize::Symbolizer;
+
+    /// Maps the test changes under the process context.
+    struct SharedMaps(Arc<Mutex<String>>);
+
+    impl MapsSource for SharedMaps {
+        fn read_maps(&mut self) -> std::io::Result<String> {
+            Ok(self.0.lock().unwrap().clone())
+        }
+    }
+
+    fn malloc(seq: u64, pc: u64) -> Vec<u8> {
+        let mut regs = RegisterFile::default();
+        regs.0[x86_64::RIP] = pc;
+        regs.0[x86_64::RSP] = 0x7000_0000;
+        let h = MallocHeader {
+            flags: 0,
+            sequence: seq,
+            alloc_size: 8,
+            sample_size: 4096,
+            address: 0x1000 * seq,
+            timestamp_ns: 7,
+            context_id: 0,
+            tid: 1,
+            heap_id: 0,
+            arch: Arch::X86_64,
+            stack_pointer: 0x7000_0000,
+            stack_len: 0,
+            regs,
+        };
+        Record::Malloc(h, &[]).encode_to_vec()
+    }
+
+    /// The stacks `ops` define.
+    fn defined(ops: &[Op]) -> usize {
+        ops.iter().filter(|o| matches!(o, Op::Stack { .. })).count()
+    }
+
+    /// `text` with the file of the mapping that holds `pc` renamed: another
+    /// object loaded where that one was.
+    fn replaced_at(text: &str, pc: u64) -> String {
+        let mut out = String::new();
+        for line in text.lines() {
+            let range = line.split_whitespace().next().unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            let (a, b) = (
+                u64::from_str_radix(a, 16).unwrap(),
+                u64::from_str_radix(b, 16).unwrap(),
+            );
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if (a..b).contains(&pc) && fields.len() >= 6 {
+                out.push_str(&format!("{} /another/library.so\n", fields[..5].join(" ")));
+            } else {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// An unload (the ring's epoch changed) re-reads the maps even while
+    /// the rate limit would hold a re-read back; maps that did not change
+    /// keep the cached stacks, maps that did drop them, so a pc is named
+    /// after what is mapped there now.
+    #[test]
+    fn an_unload_rereads_the_maps_and_forgets_stacks_only_if_they_changed() {
+        let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let maps = Arc::new(Mutex::new(text.clone()));
+        let process = ProcessContext::with_options(
+            std::process::id(),
+            Box::new(SharedMaps(Arc::clone(&maps))),
+            Box::new(NoMemory),
+            Arc::new(ModuleCache::default()),
+            ProcessOptions {
+                reparse_interval: Duration::from_secs(3600),
+                ..Default::default()
+            },
+        );
+        let mut u = SessionUnwinder::new(process, 0..0, 1);
+        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
+        let cx = InternCtx {
+            interner: &interner,
+            symbolizer: &symbolizer,
+            symbolize: false,
+        };
+        let pc = malloc as *const () as usize as u64 + 4;
+        let mut ops = Vec::new();
+        u.handle_record(&malloc(1, pc), &mut ops, &cx);
+        assert_eq!(defined(&ops), 1, "{ops:?}");
+
+        u.objects_unloaded();
+        assert_eq!(u.stats().map_reparses, 1);
+        ops.clear();
+        u.handle_record(&malloc(2, pc), &mut ops, &cx);
+        assert_eq!(defined(&ops), 0, "same maps: the stack is still known");
+
+        *maps.lock().unwrap() = replaced_at(&text, pc);
+        u.objects_unloaded();
+        assert_eq!(u.stats().map_reparses, 2);
+        ops.clear();
+        u.handle_record(&malloc(3, pc), &mut ops, &cx);
+        assert_eq!(defined(&ops), 1, "new maps: the stack is walked again");
     }
 }

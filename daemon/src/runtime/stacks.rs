@@ -292,7 +292,7 @@ impl StackCache {
     }
 
     /// Forgets every stack and pc (the process's mappings changed).
-    fn clear(&mut self) {
+    pub fn clear(&mut self) {
         self.generation += 1;
         self.memo.clear();
         self.stacks.clear();

@@ -79,6 +79,9 @@ struct Session {
     /// When the daemon asked this session to stop.
     stopped_at: Option<Instant>,
     ring_corrupt: bool,
+    /// The ring's unload epoch when the maps were last brought up to date
+    /// for it (see `heapprofd_shmem`'s `drain`).
+    unload_epoch: u32,
 }
 
 /// Options that shape how samples are turned into stacks.
@@ -141,6 +144,7 @@ pub fn run_worker(
                         closed_at: None,
                         stopping: false,
                         stopped_at: None,
+                        unload_epoch: 0,
                         ring_corrupt: false,
                     },
                 );
@@ -259,6 +263,13 @@ fn drain_records(
                 if reader_paused {
                     s.reader.ring().unpause_reader();
                     reader_paused = false;
+                }
+                // Loaded after the record: an unload that happened before
+                // it was written is seen (the record's commit publishes it).
+                let epoch = s.reader.ring().unload_epoch();
+                if epoch != s.unload_epoch {
+                    s.unload_epoch = epoch;
+                    s.unwinder.objects_unloaded();
                 }
                 s.unwinder.handle_record(buf, ops, cx);
             }

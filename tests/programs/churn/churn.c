@@ -9,7 +9,8 @@
  * round: dlopen the next library, call its churn_work on this thread and
  * on two new threads (joined), dlclose the oldest. The first call of each
  * library keeps a 64 KiB block for good (NLIBS blocks in all). Prints the
- * rounds done. PAUSE_US: sleep that long after each round (default 0).
+ * rounds done, and on stderr the latency of its dlclose calls. PAUSE_US:
+ * sleep that long after each round (default 0).
  * `fresh`: every round loads a new copy of the library, written to LIBDIR
  * with its build id changed (and removed once loaded), so the stream of
  * distinct modules never ends (a program that generates code as shared
@@ -70,6 +71,19 @@ static double now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+/* dlclose's latency (a profiler may make it wait), reported on stderr. */
+static unsigned long dlclose_calls;
+static double dlclose_total, dlclose_max;
+
+static void timed_dlclose(void *h) {
+    double t = now();
+    dlclose(h);
+    double d = now() - t;
+    dlclose_calls++;
+    dlclose_total += d;
+    if (d > dlclose_max) dlclose_max = d;
+}
+
 int main(int argc, char **argv) {
     if (argc < 4 || argc > 6) {
         fprintf(stderr, "usage: churn LIBDIR NLIBS ROUNDS|Ns [PAUSE_US [fresh]]\n");
@@ -128,7 +142,7 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
         int slot = (int)(round % WINDOW);
-        if (loaded[slot]) dlclose(loaded[slot]);
+        if (loaded[slot]) timed_dlclose(loaded[slot]);
         loaded[slot] = h;
         if (pause_us > 0) {
             struct timespec p = {pause_us / 1000000, (pause_us % 1000000) * 1000};
@@ -136,7 +150,9 @@ int main(int argc, char **argv) {
         }
     }
     for (int i = 0; i < WINDOW; i++)
-        if (loaded[i]) dlclose(loaded[i]);
+        if (loaded[i]) timed_dlclose(loaded[i]);
     printf("rounds %lu\n", round);
+    fprintf(stderr, "churn: dlclose %lu calls, mean %.1f us, max %.1f us\n", dlclose_calls,
+            dlclose_calls ? dlclose_total / (double)dlclose_calls * 1e6 : 0.0, dlclose_max * 1e6);
     return 0;
 }

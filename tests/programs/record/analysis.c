@@ -10,6 +10,9 @@
 //                         alloc100  peak_site allocates 100 MiB (1 MiB blocks)
 //                         free100   frees them
 //                         alloc10   after_peak_site allocates 10 MiB, kept
+//                         grow2     16 times: fast_site keeps 256 KiB, then
+//                                   slow_site keeps 64 KiB (between any two
+//                                   dumps fast_site grows more, if both grow)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +54,10 @@ __attribute__((noinline)) void after_peak_site(void) {
     for (int i = 0; i < 10; i++) sink += (unsigned long)malloc(1 << 20);
 }
 
+__attribute__((noinline)) void fast_site(void) { sink += (unsigned long)malloc(256 << 10); }
+
+__attribute__((noinline)) void slow_site(void) { sink += (unsigned long)malloc(64 << 10); }
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "diff")) {
         steady_site();
@@ -73,6 +80,12 @@ int main(int argc, char **argv) {
             if (!strcmp(line, "alloc100")) peak_site();
             else if (!strcmp(line, "free100")) for (int i = 0; i < 100; i++) free(blocks[i]);
             else if (!strcmp(line, "alloc10")) after_peak_site();
+            else if (!strcmp(line, "grow2")) {
+                for (int i = 0; i < 16; i++) {
+                    fast_site();
+                    slow_site();
+                }
+            }
             printf("ok %s\n", line);
             fflush(stdout);
         }

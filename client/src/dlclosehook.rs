@@ -1,0 +1,48 @@
+//! The `dlclose` hook: the daemon unwinds the samples taken in an object
+//! before the object goes, and learns afterwards that the maps changed
+//! (`heapprofd_client_core::unload`).
+//!
+//! Exported (a preloaded client interposes it: the program's `dlclose`
+//! calls reach it) and patched (an attached client redirects the GOT
+//! slots that hold glibc's). Unlike `dlopen`, glibc's `dlclose` does not
+//! depend on its caller, so the hook is a plain function that forwards to
+//! the original ([`DLCLOSE`]: glibc's, libc's since 2.34, libdl's before).
+
+use core::ffi::{c_int, c_void};
+
+use crate::hook::{Hook, Kind};
+use crate::originals;
+
+/// The record of the `dlclose` hook.
+pub(crate) static DLCLOSE: Hook = Hook::new(c"dlclose", dlclose as *const (), Kind::Loader);
+
+/// `dlclose`, with the daemon caught up first.
+///
+/// # Safety
+/// Same contract as glibc's `dlclose`.
+#[cfg_attr(not(test), unsafe(export_name = "dlclose"))]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+    type F = unsafe extern "C" fn(*mut c_void) -> c_int;
+    // SAFETY: the original is glibc's dlclose.
+    let real: F = unsafe { originals::real::<F>(&DLCLOSE) };
+    // SAFETY: the caller's handle, forwarded.
+    heapprofd_client_core::unload::unloading(|| unsafe { real(handle) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwards_to_glibc() {
+        let lib = c"libm.so.6";
+        // SAFETY: loading and unloading a system library by name.
+        unsafe {
+            let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            assert!(!h.is_null());
+            assert_eq!(dlclose(h), 0);
+        }
+        assert_ne!(DLCLOSE.original(), dlclose as *const () as usize);
+        assert_ne!(DLCLOSE.original(), 0);
+    }
+}
