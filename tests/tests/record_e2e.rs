@@ -374,7 +374,49 @@ fn dump_at_max_shows_the_peak() {
     let heap = &v["heaps"][0];
     assert_eq!(heap["dump_at_max"], true);
     assert_eq!(heap["top_self"][0]["function"], "peak_site", "{heap}");
+    // The closing summary says what the trace holds: the peak (the sum of
+    // self_max), besides the end-of-run totals, labeled as such.
+    let at_peak: u64 = samples.iter().map(|x| x.self_max.unwrap_or(0)).sum();
+    assert!(at_peak >= 1_000_000, "{samples:?}");
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("the trace holds the heap at its peak"))
+        .unwrap_or_else(|| panic!("no peak line in the summary:\n{}", out.stderr));
+    let shown = line
+        .split_once("): ")
+        .and_then(|(_, rest)| rest.split_once(" unreleased"))
+        .map(|(v, _)| parse_human_bytes(v))
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        shown.abs_diff(at_peak) * 100 <= at_peak,
+        "summary peak {shown} vs the trace's {at_peak}: {line}"
+    );
+    assert!(
+        out.stderr.contains(" at the end\n"),
+        "the end-of-run totals are labeled: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("peak (in the trace): "),
+        "{}",
+        out.stderr
+    );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bytes of `human_bytes`'s `976.56 KiB` / `512 B`.
+fn parse_human_bytes(s: &str) -> u64 {
+    let (v, unit) = s.trim().split_once(' ').expect("a value and a unit");
+    let v: f64 = v.parse().expect("a number");
+    let scale = match unit {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        u => panic!("unit {u}"),
+    };
+    (v * scale).round() as u64
 }
 
 #[test]

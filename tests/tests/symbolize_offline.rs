@@ -4,7 +4,8 @@
 //! as `PERFETTO_BINARY_PATH` is (DIR/<mapping path>, DIR/<file name>,
 //! DIR/.build-id/xx/rest.debug), a stripped binary's split debug file
 //! found by build id; `check_trace.py` resolves every frame through them
-//! as trace_processor does.
+//! as trace_processor does, and heapprofd-rs's own `report` and `convert`
+//! show the names.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use heapprofd_tests::client_harness::run;
 use heapprofd_tests::record_harness::{
-    check_trace, heapprofd, record, record_programs, scratch_dir,
+    check_trace, heapprofd, heapprofd_ok, record, record_programs, scratch_dir,
 };
 
 const N: usize = 5;
@@ -79,6 +80,35 @@ fn leaf_allocations(samples: &[(Vec<String>, u64)]) -> u64 {
         .sum()
 }
 
+/// heapprofd-rs's own `report` and `convert --collapsed` read the offline
+/// symbols too: the symbolized trace names `stack_leaf`, the input does
+/// not (its frames are `many_stacks+0x...`).
+fn names_in_report_and_convert(raw: &Path, symbolized: &Path) {
+    for (trace, named) in [(raw, false), (symbolized, true)] {
+        let t = trace.to_str().unwrap();
+        let report = heapprofd_ok(&["report", t]).stdout;
+        let folded = heapprofd_ok(&["convert", t, "--collapsed", "-"]).stdout;
+        assert_eq!(report.contains("stack_leaf"), named, "{t}:\n{report}");
+        assert_eq!(folded.contains("stack_leaf"), named, "{t}:\n{folded}");
+        assert_eq!(
+            folded.contains("many_stacks+0x"),
+            !named,
+            "{t}: unnamed program frames:\n{folded}"
+        );
+        if named {
+            // An inline chain or not, the program's stacks go through main.
+            let leaf_lines: Vec<&str> = folded
+                .lines()
+                .filter(|l| l.contains("stack_leaf"))
+                .collect();
+            assert!(!leaf_lines.is_empty());
+            for l in leaf_lines {
+                assert!(l.contains(";main;"), "{l}");
+            }
+        }
+    }
+}
+
 #[test]
 fn symbols_by_build_id_from_the_symbol_directories() {
     let dir = scratch_dir("symbolize");
@@ -107,6 +137,7 @@ fn symbols_by_build_id_from_the_symbol_directories() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let after = program_samples(&out_trace, &prog);
     assert_eq!(leaf_allocations(&after), N as u64, "{after:?}");
+    names_in_report_and_convert(&raw, &out_trace);
 
     // Only `.build-id/xx/rest.debug` (the program under its build id).
     let by_id = dir.join("by-id");

@@ -57,6 +57,12 @@ pub struct ProcessSummary {
     pub allocated: u64,
     /// Estimated bytes freed.
     pub freed: u64,
+    /// Sum over its heaps of each heap's peak of unreleased (live sampled)
+    /// bytes: what a dump_at_max trace holds for the process.
+    pub peak_unreleased: u64,
+    /// Time of the highest heap peak after the process's first allocation
+    /// (ns), if it allocated.
+    pub peak_after_ns: Option<u64>,
     /// Unwinds that ended in an error.
     pub unwind_errors: u64,
     /// Records the client dropped (buffer full).
@@ -81,7 +87,16 @@ pub(crate) fn summarize<'a>(
         .processes()
         .map(|p| {
             let (mut allocated, mut freed, mut estimated) = (0, 0, 0.0);
+            let (mut peak_unreleased, mut highest) = (0u64, (0u64, 0u64));
+            let mut first: Option<u64> = None;
             for h in p.heaps() {
+                peak_unreleased += h.max_live_bytes();
+                if h.max_live_bytes() > highest.0 {
+                    highest = (h.max_live_bytes(), h.max_timestamp());
+                }
+                if let Some(t) = h.first_timestamp() {
+                    first = Some(first.map_or(t, |f| f.min(t)));
+                }
                 for c in h.callsites() {
                     allocated += c.allocated;
                     freed += c.freed;
@@ -131,6 +146,10 @@ pub(crate) fn summarize<'a>(
                 exact,
                 allocated,
                 freed,
+                peak_unreleased,
+                peak_after_ns: first
+                    .filter(|_| highest.0 > 0)
+                    .map(|f| highest.1.saturating_sub(f)),
                 unwind_errors: p.stats.unwinding_errors,
                 dropped,
                 warnings,

@@ -304,3 +304,74 @@ fn dumps_sharing_a_timestamp_count_once() {
     assert_eq!(points, [(100, 2, 1), (200, 3, 1)]);
     assert_eq!(h.timeline[0].changes[0].1.allocated, 2);
 }
+
+/// Offline symbols appended to a trace written without names (what
+/// `heapprofd-rs symbolize` does): the reader names the frames through
+/// them, an inline chain as the writer writes one (outermost first, the
+/// innermost function last), and leaves other frames bare.
+#[test]
+fn module_symbols_name_the_bare_frames() {
+    use heapprofd_model::trace::WriterConfig;
+    use heapprofd_proto::perfetto::{
+        AddressSymbols, Line, Message, ModuleSymbols, TracePacket, trace_packet,
+    };
+    let p = Program::new();
+    let mut prof = core_support::sample_profile(&p);
+    let cfg = WriterConfig {
+        symbolize: false,
+        ..Default::default()
+    };
+    let mut bytes = core_support::write_trace(cfg, |w| {
+        w.dump(&mut prof, &p.interner, at_ms(10)).map(|_| ())
+    });
+    let bare = read_trace(bytes.as_slice()).unwrap();
+    let leaf = bare.heaps[0].callstacks[0].frames.last().unwrap().clone();
+    assert_eq!(leaf.function, None);
+    let depth = bare.heaps[0].callstacks[0].frames.len();
+    let line = |f: &str, n| Line {
+        function_name: Some(f.into()),
+        source_file_name: Some("lib.c".into()),
+        line_number: Some(n),
+    };
+    let packet = TracePacket {
+        data: Some(trace_packet::Data::ModuleSymbols(ModuleSymbols {
+            path: leaf.mapping.clone(),
+            build_id: Some(leaf.build_id.clone()),
+            address_symbols: vec![AddressSymbols {
+                address: Some(leaf.rel_pc),
+                lines: vec![line("inner_fn", 5), line("outer_fn", 50)],
+            }],
+        })),
+        ..Default::default()
+    };
+    // One more `Trace.packet` (field 1, length-delimited).
+    let body = packet.encode_to_vec();
+    bytes.push(0x0a);
+    heapprofd_proto::perfetto::prost::encoding::encode_varint(body.len() as u64, &mut bytes);
+    bytes.extend_from_slice(&body);
+
+    let t = read_trace(bytes.as_slice()).unwrap();
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    let frames = &t.heaps[0].callstacks[0].frames;
+    assert_eq!(frames.len(), depth + 1, "{frames:?}");
+    let names: Vec<String> = frames[depth - 1..]
+        .iter()
+        .map(|f| f.display_name())
+        .collect();
+    assert_eq!(names, ["outer_fn", "inner_fn"]);
+    let inner = &frames[depth];
+    assert_eq!(
+        (inner.source_file.as_deref(), inner.line, inner.rel_pc),
+        (Some("lib.c"), Some(5), leaf.rel_pc)
+    );
+    assert_eq!(inner.mapping, leaf.mapping);
+    // Frames of other addresses stay bare; the values do not change.
+    assert!(frames[..depth - 1].iter().all(|f| f.function.is_none()));
+    assert_eq!(t.heaps.len(), bare.heaps.len());
+    for (a, b) in t.heaps.iter().zip(&bare.heaps) {
+        let total = |h: &heapprofd_model::trace::HeapProfile| {
+            h.callstacks.iter().map(|c| c.self_allocated).sum::<u64>()
+        };
+        assert_eq!(total(a), total(b));
+    }
+}

@@ -258,6 +258,7 @@ impl Book {
             trace_bytes,
             processes: self.book.summary(),
             interval: self.options.interval,
+            dump_at_max: self.options.dump_at_max,
             already_printed: false,
         })
     }

@@ -20,6 +20,9 @@ pub struct Summary {
     pub processes: Vec<ProcessSummary>,
     /// Sampling interval.
     pub interval: u64,
+    /// The trace holds each heap at its peak (`--dump-at-max`), not at
+    /// the end: the summary says both.
+    pub dump_at_max: bool,
     /// The summary was already shown (record keeps waiting for CMD).
     pub already_printed: bool,
 }
@@ -106,13 +109,21 @@ impl Summary {
             )
         };
         s.push_str(&format!(
-            "{} process{}, {counted}: allocated {}, freed {}, unreleased {}\n",
+            "{} process{}, {counted}: allocated {}, freed {}, unreleased {}{}\n",
             profiled.len(),
             if profiled.len() == 1 { "" } else { "es" },
             human_bytes(alloc),
             human_bytes(freed),
             human_bytes(alloc.saturating_sub(freed)),
+            if self.dump_at_max { " at the end" } else { "" },
         ));
+        if self.dump_at_max {
+            s.push_str(&format!(
+                "the trace holds the heap at its peak (--dump-at-max): {} unreleased at the \
+                 peak, what `report` shows\n",
+                human_bytes(total(|p| p.peak_unreleased)),
+            ));
+        }
         for p in &self.processes {
             let cmd = if p.cmdline.is_empty() {
                 "?".to_string()
@@ -136,6 +147,15 @@ impl Summary {
                 human_bytes(p.allocated),
                 human_bytes(p.allocated.saturating_sub(p.freed)),
             ));
+            if self.dump_at_max {
+                let when = p.peak_after_ns.map_or(String::new(), |ns| {
+                    format!(", {:.2} s after its first allocation", ns as f64 / 1e9)
+                });
+                s.push_str(&format!(
+                    "    peak (in the trace): {} unreleased{when}\n",
+                    human_bytes(p.peak_unreleased)
+                ));
+            }
             for w in &p.warnings {
                 s.push_str(&format!("    warning: {}\n", warning_text(w)));
             }

@@ -74,6 +74,7 @@ mod bits;
 mod data;
 pub mod extension;
 mod interned;
+mod module_symbols;
 mod process_tree;
 mod reader;
 mod writer;

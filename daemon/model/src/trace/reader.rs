@@ -12,8 +12,10 @@
 //! changed ([`DumpPoint`]), for timelines. heapprofd-rs's extension packets
 //! ([`super::extension`]) add per-callsite statistics; `ProcessTree` and
 //! `ProcessStats` packets name processes and threads and give their memory
-//! over time. A trace that ends inside a packet or inside a dump is
-//! [`TraceData::truncated`].
+//! over time. `ModuleSymbols` packets (offline symbols, see
+//! [`super::module_symbols`]) name the frames that have no name, wherever
+//! in the trace they are. A trace that ends inside a packet or inside a
+//! dump is [`TraceData::truncated`].
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
@@ -27,6 +29,7 @@ use super::data::{
 };
 use super::extension::{Extension, find_extension};
 use super::interned::{Resolver, Tables};
+use super::module_symbols::ModuleSymbolTable;
 use crate::profile::{CallsiteStats, ClientError, ProcessStats, UNWIND_HISTOGRAM_BUCKETS, context};
 
 #[derive(Debug, Default)]
@@ -60,6 +63,8 @@ struct Reader {
     data: TraceData,
     /// (BOOTTIME, MONOTONIC_COARSE) of the first clock snapshot.
     clocks: Option<(u64, u64)>,
+    /// Offline symbols (`ModuleSymbols` packets), applied at the end.
+    symbols: ModuleSymbolTable,
 }
 
 fn add_counters(t: &mut Counters, new: Counters, old: Counters) {
@@ -141,6 +146,7 @@ impl Reader {
                 }
             }
             Some(trace_packet::Data::ProfilePacket(pp)) => self.profile_packet(offset, seq_id, pp),
+            Some(trace_packet::Data::ModuleSymbols(m)) => self.symbols.add(m),
             _ => {}
         }
         if let Some(e) = ext.and_then(|e| e.heap_stats) {
@@ -380,6 +386,11 @@ impl Reader {
                     continue;
                 };
                 v.stats = stats.remove(&key);
+                if !self.symbols.is_empty()
+                    && let Some(frames) = self.symbols.apply(&v.frames)
+                {
+                    v.frames = frames;
+                }
                 match by_stack.get(&v.frames) {
                     Some(&i) => {
                         index[pos] = i as u32;
