@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use heapprofd_model::trace::TraceData;
 
 use crate::filter::Filter;
-use crate::timeline_svg::{COLORS, Series, nice_step, series};
+use crate::timeline_svg::{COLORS, Series, extent, nice_step, series};
 
 /// Width of the image, pixels.
 pub const WIDTH: u32 = 960;
@@ -90,16 +90,7 @@ fn rgb(hex: &str) -> [u8; 3] {
 
 /// The RGB pixels (row by row, `WIDTH` × `HEIGHT`) of `series`.
 pub fn pixels(series: &[Series]) -> Vec<u8> {
-    let max_t = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.0))
-        .fold(0.0, f64::max)
-        .max(1e-3);
-    let max_y = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
-        .fold(0.0, f64::max)
-        .max(1.0);
+    let (max_t, max_y) = extent(series);
     let (w, h) = (f64::from(WIDTH), f64::from(HEIGHT));
     let (pw, ph) = (w - LEFT - RIGHT, h - TOP - BOTTOM);
     let (x, y) = (

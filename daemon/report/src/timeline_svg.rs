@@ -114,8 +114,9 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The SVG text of `series`.
-pub fn svg(title: &str, series: &[Series]) -> String {
+/// The largest time (s, at least 1 ms) and value (at least 1) of `series`:
+/// the plot's axes end there.
+pub fn extent(series: &[Series]) -> (f64, f64) {
     let max_t = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.0))
@@ -126,6 +127,12 @@ pub fn svg(title: &str, series: &[Series]) -> String {
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(0.0, f64::max)
         .max(1.0);
+    (max_t, max_y)
+}
+
+/// The SVG text of `series`.
+pub fn svg(title: &str, series: &[Series]) -> String {
+    let (max_t, max_y) = extent(series);
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let x = |t: f64| LEFT + t / max_t * pw;
     let y = |v: f64| TOP + ph - v / max_y * ph;

@@ -188,7 +188,8 @@ mod tests {
     use super::*;
     use crate::runtime::symbolize::Symbolizer;
 
-    fn malloc(seq: u64, pc: u64) -> Vec<u8> {
+    /// A malloc record of one frame at `pc` (no stack bytes).
+    pub(super) fn malloc(seq: u64, pc: u64) -> Vec<u8> {
         let mut regs = RegisterFile::default();
         regs.0[x86_64::RIP] = pc;
         regs.0[x86_64::RSP] = 0x7000_0000;
@@ -313,9 +314,9 @@ mod unload_tests {
 
     use heapprofd_model::messages::Op;
     use heapprofd_model::profile::Interner;
-    use heapprofd_proto::wire::{Arch, MallocHeader, Record, RegisterFile, x86_64};
     use heapprofd_unwinder::{MapsSource, ModuleCache, NoMemory, ProcessOptions};
 
+    use super::tests::malloc;
     use super::*;
     use crate::runtime::symbolize::Symbolizer;
 
@@ -328,29 +329,6 @@ mod unload_tests {
         }
     }
 
-    fn malloc(seq: u64, pc: u64) -> Vec<u8> {
-        let mut regs = RegisterFile::default();
-        regs.0[x86_64::RIP] = pc;
-        regs.0[x86_64::RSP] = 0x7000_0000;
-        let h = MallocHeader {
-            flags: 0,
-            sequence: seq,
-            alloc_size: 8,
-            sample_size: 4096,
-            address: 0x1000 * seq,
-            timestamp_ns: 7,
-            context_id: 0,
-            tid: 1,
-            heap_id: 0,
-            arch: Arch::X86_64,
-            stack_pointer: 0x7000_0000,
-            stack_len: 0,
-            regs,
-        };
-        Record::Malloc(h, &[]).encode_to_vec()
-    }
-
-    /// The stacks `ops` define.
     fn defined(ops: &[Op]) -> usize {
         ops.iter().filter(|o| matches!(o, Op::Stack { .. })).count()
     }
