@@ -180,33 +180,21 @@ mod tests {
     use std::sync::Arc;
 
     use heapprofd_model::profile::Interner;
-    use heapprofd_proto::wire::{
-        Arch, FreeRecord, HeapNameRecord, MallocHeader, RegisterFile, heap_name_field, x86_64,
-    };
+    use heapprofd_proto::wire::{FreeRecord, HeapNameRecord, MallocHeader, heap_name_field};
     use heapprofd_unwinder::{ModuleCache, NoMemory, StaticMaps};
 
     use super::*;
+    use crate::runtime::stacks::tests::header;
     use crate::runtime::symbolize::Symbolizer;
 
     /// A malloc record of one frame at `pc` (no stack bytes).
     pub(super) fn malloc(seq: u64, pc: u64) -> Vec<u8> {
-        let mut regs = RegisterFile::default();
-        regs.0[x86_64::RIP] = pc;
-        regs.0[x86_64::RSP] = 0x7000_0000;
         let h = MallocHeader {
-            flags: 0,
             sequence: seq,
-            alloc_size: 8,
             sample_size: 4096,
             address: 0x1000 * seq,
             timestamp_ns: 7,
-            context_id: 0,
-            tid: 1,
-            heap_id: 0,
-            arch: Arch::X86_64,
-            stack_pointer: 0x7000_0000,
-            stack_len: 0,
-            regs,
+            ..header(pc)
         };
         Record::Malloc(h, &[]).encode_to_vec()
     }

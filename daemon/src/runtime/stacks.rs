@@ -363,7 +363,7 @@ fn intern_pc(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use heapprofd_proto::wire::{Arch, RegisterFile};
@@ -388,7 +388,7 @@ mod tests {
 
     /// A sample whose only frame is `pc` (an empty stack: the walk keeps
     /// the first frame and stops with MEMORY_INVALID or UNWIND_INFO).
-    fn header(pc: u64) -> MallocHeader {
+    pub(crate) fn header(pc: u64) -> MallocHeader {
         let mut regs = RegisterFile::default();
         regs.0[heapprofd_proto::wire::x86_64::RIP] = pc;
         regs.0[heapprofd_proto::wire::x86_64::RSP] = 0x7000_0000;

@@ -162,35 +162,13 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use heapprofd_model::messages::Op;
-    use heapprofd_proto::wire::{Arch, MallocHeader, RegisterFile, x86_64};
     use heapprofd_unwinder::{
         CacheBudget, ModuleCache, NoMemory, ProcessContext, StaticMaps, SymbolizeOptions,
     };
 
     use super::*;
+    use crate::runtime::stacks::tests::header;
     use crate::runtime::stacks::{InternCtx, StackCache};
-
-    /// A sample whose only frame is `pc` (an empty stack copy).
-    fn header(pc: u64) -> MallocHeader {
-        let mut regs = RegisterFile::default();
-        regs.0[x86_64::RIP] = pc;
-        regs.0[x86_64::RSP] = 0x7000_0000;
-        MallocHeader {
-            flags: 0,
-            sequence: 1,
-            alloc_size: 8,
-            sample_size: 8,
-            address: 0x10,
-            timestamp_ns: 0,
-            context_id: 0,
-            tid: 1,
-            heap_id: 0,
-            arch: Arch::X86_64,
-            stack_pointer: 0x7000_0000,
-            stack_len: 0,
-            regs,
-        }
-    }
 
     /// The process ends and its module leaves the cache, yet the frame it
     /// was unwound into keeps its name: the module stays while the frame
