@@ -345,29 +345,12 @@ fn a_malloc_in_a_context_is_charged_under_the_contexts_root_frame() {
     let main_a = frames(&i, &["main", "a"]);
     let a = vec![("endpoint".to_owned(), "/a".to_owned())];
     let ctx = intern_context_frame(&i, &a);
-    let in_context = |seq, address, size, context| match malloc(seq, address, size, 1) {
-        Op::Malloc {
-            heap,
-            seq,
-            address,
-            sample_size,
-            size,
-            tid,
-            timestamp_ns,
-            stack,
-            ..
-        } => Op::Malloc {
-            heap,
-            seq,
-            address,
-            sample_size,
-            size,
-            tid,
-            timestamp_ns,
-            stack,
-            context,
-        },
-        other => other,
+    let in_context = |seq, address, size, context| {
+        let mut op = malloc(seq, address, size, 1);
+        if let Op::Malloc { context: c, .. } = &mut op {
+            *c = context;
+        }
+        op
     };
     b.handle(started(1, 10, "app"));
     b.handle(ops(
