@@ -501,3 +501,29 @@ fn bad_usage() {
     let (code, err) = android_run(android(&h, &["-n", "x", "-i", "0"]));
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn print_config_needs_no_device() {
+    let h = home("print");
+    let mut c = android(
+        &h,
+        &["-n", "x,y", "-i", "1", "-c", "500ms", "--print-config"],
+    );
+    c.env("PATH", "/nonexistent");
+    let out = c.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "name: \"android.heapprofd\"",
+        "process_cmdline: \"x\"",
+        "process_cmdline: \"y\"",
+        "sampling_interval_bytes: 1",
+        "dump_interval_ms: 500",
+    ] {
+        assert!(text.contains(want), "{want} not in\n{text}");
+    }
+}

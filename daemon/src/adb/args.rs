@@ -45,7 +45,7 @@ pub struct AndroidArgs {
     #[arg(short = 'i', long, default_value = "4096", value_parser = parse_interval)]
     pub interval: u64,
 
-    /// Stop after this long (500ms, 10s, 2m) [default: until Ctrl-C].
+    /// Stop after this long (500ms, 10s, 2m; 0: until Ctrl-C) [default: until Ctrl-C].
     #[arg(short = 'd', long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
 

@@ -44,7 +44,7 @@ pub fn trace_config(args: &AndroidArgs) -> String {
         "buffers {{\n  size_kb: 63488\n}}\n\ndata_sources {{\n  config {{\n    \
          name: \"android.heapprofd\"\n    heapprofd_config {{\n{hp}    }}\n  }}\n}}\n\n"
     );
-    if let Some(d) = args.duration {
+    if let Some(d) = args.duration.filter(|d| !d.is_zero()) {
         let _ = writeln!(out, "duration_ms: {}", d.as_millis().max(1));
     }
     out.push_str("write_into_file: true\nflush_timeout_ms: 30000\nflush_period_ms: 604800000\n");
@@ -117,7 +117,7 @@ mod tests {
 
     #[test]
     fn all_dump_at_max_and_no_duration() {
-        let text = trace_config(&args(&["--all", "--dump-at-max", "--all-heaps"]));
+        let text = trace_config(&args(&["--all", "--dump-at-max", "--all-heaps", "-d", "0"]));
         assert!(!text.contains("duration_ms"), "{text}");
         let got = crate::config::parse_config(&text).expect("valid");
         assert!(got.spec.targets.all && got.spec.dumps.dump_at_max);

@@ -77,11 +77,12 @@ pub fn run(args: &AndroidArgs, env: &Env) -> Result<i32> {
         .with_context(|| format!("writing {}", config_file.display()))?;
     let raw = run_dir.join("raw.pftrace");
     let partial = run_dir.join("trace.partial.pftrace");
-    stop::install()?;
     let outcome = match &build {
         Some(build) => {
             let run = DeviceRun::new(&stamp);
             pushed::push(&dev, build, &run, &config_file)?;
+            // From here on Ctrl-C ends the profile and keeps its trace.
+            stop::install()?;
             let mut p =
                 progress::Progress::start(&dev.serial, &progress::what(args), args.duration);
             pushed::record(&dev, &run, &mut p, &raw, &partial)?

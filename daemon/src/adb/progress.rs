@@ -17,6 +17,7 @@ pub struct Progress {
 impl Progress {
     /// Says that the profile started.
     pub fn start(serial: &str, what: &str, duration: Option<Duration>) -> Progress {
+        let duration = duration.filter(|d| !d.is_zero());
         let until = match duration {
             Some(d) => format!("for {:?} (Ctrl-C ends it sooner)", d),
             None => "until Ctrl-C".into(),

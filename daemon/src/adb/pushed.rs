@@ -77,17 +77,19 @@ pub fn record(
         }
         lines
     });
-    let mut stop_sent = false;
+    // Ctrl-C: SIGINT to `record` on the device, retried until it is
+    // delivered (before `record` has started there is no pid to send it to).
+    let (mut stopping, mut stopped) = (false, false);
     let status = loop {
         if let Some(st) = child.try_wait().context("waiting for adb shell")? {
             break st;
         }
-        if stop::requested() && !stop_sent {
-            stop_sent = true;
-            progress.stopping();
-            if let Err(e) = dev.shell(&run.stop_command()) {
-                eprintln!("could not stop the profile on the device: {e:#}");
+        if stop::requested() && !stopped {
+            if !stopping {
+                stopping = true;
+                progress.stopping();
             }
+            stopped = dev.shell(&run.stop_command()).is_ok();
         }
         progress.tick();
         std::thread::sleep(Duration::from_millis(100));
