@@ -30,15 +30,33 @@ fn standins() -> PathBuf {
     workspace_root().join("tests/programs/android")
 }
 
-/// A fresh stand-in home, with a short path (the device's socket paths
-/// live under it and must fit a `sun_path`).
-fn home(tag: &str) -> PathBuf {
+/// A stand-in home, removed at the end of a test that passed.
+struct Home(PathBuf);
+
+impl std::ops::Deref for Home {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A fresh stand-in home, with a short path under /tmp (the device's
+/// socket paths live under it and must fit a `sun_path`).
+fn home(tag: &str) -> Home {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let h = PathBuf::from(format!("/tmp/hadb{}-{n}{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&h);
     std::fs::create_dir_all(h.join("devices")).expect("mkdir");
-    h
+    Home(h)
 }
 
 /// Adds a device to the stand-in; its directory.
@@ -252,7 +270,6 @@ fn profiles_a_program_on_the_device_and_writes_the_run() {
         log.contains("heapprofd-rs daemon") && log.contains("record --config"),
         "{log}"
     );
-    let _ = std::fs::remove_dir_all(&h);
 }
 
 #[test]
@@ -320,7 +337,6 @@ fn use_the_devices_perfetto() {
         (7, 7 * 32)
     );
     assert!(run_dir.join("report").is_file());
-    let _ = std::fs::remove_dir_all(&h);
 }
 
 /// Runs `android -n x` against `home`; asserts exit 1 and that stderr
@@ -526,4 +542,40 @@ fn print_config_needs_no_device() {
     ] {
         assert!(text.contains(want), "{want} not in\n{text}");
     }
+}
+
+/// A pushed binary that fails on the device (here `/bin/false` as
+/// `heapprofd-rs`): the device's own failure, not a lost device; exit 1,
+/// nothing partial.
+#[test]
+fn the_service_fails_on_the_device() {
+    let h = home("false");
+    add_device(&h, SERIAL, 33, "x86_64");
+    let build = h.join("build");
+    std::fs::create_dir_all(&build).unwrap();
+    std::fs::copy("/bin/false", build.join("heapprofd-rs")).unwrap();
+    let client = &heapprofd_tests::record_harness::release_bins().client_so;
+    std::fs::copy(client, build.join("libheapprofd_client.so")).unwrap();
+    let c = android(
+        &h,
+        &[
+            "-n",
+            "x",
+            "-o",
+            h.join("out").to_str().unwrap(),
+            "--device-build",
+            build.to_str().unwrap(),
+        ],
+    );
+    let (code, err) = android_run(c);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("device: heapprofd-rs: the profiling service did not start on the device"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the profile failed on the device (exit 1)"),
+        "{err}"
+    );
+    assert!(!err.contains("went away"), "{err}");
 }

@@ -5,7 +5,7 @@
 //! directory in `HEAPPROFD_SERVICE_DIR`), runs `heapprofd-rs record
 //! --config` (the profile as a Perfetto config, no symbolization: that is
 //! done on the host), then stops the service and prints a last line with
-//! `record`'s exit code, so the host can tell a finished run from a lost
+//! the exit code, so the host can tell a finished run from a lost
 //! connection.
 
 /// Where the pushed files live.
@@ -22,8 +22,10 @@ pub fn client_lib() -> String {
     format!("{DEVICE_DIR}/libheapprofd_client.so")
 }
 
-/// The last line of a finished run's output: this, then `record`'s exit code.
-pub const DONE: &str = "heapprofd-rs-android: record exited";
+/// The last line of a run's output whenever the script reaches an end
+/// (so not when the connection is lost): this, then the exit code
+/// (`record`'s, or 1 when the service could not be started).
+pub const DONE: &str = "heapprofd-rs-android: exit";
 
 /// One run's files on the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +63,7 @@ impl DeviceRun {
         let (d, r, s) = (DEVICE_DIR, &self.dir, service_dir());
         [
             format!("export HEAPPROFD_SERVICE_DIR={s}"),
-            format!("mkdir -p {s} {r} || exit 1"),
+            format!("mkdir -p {s} {r} || {{ echo \"{DONE} 1\"; exit 1; }}"),
             format!("rm -f {s}/control.sock"),
             format!("{d}/heapprofd-rs daemon </dev/null >{r}/daemon.log 2>&1 &"),
             "DPID=$!".into(),
@@ -70,7 +72,7 @@ impl DeviceRun {
                 "while [ ! -S {s}/control.sock ]; do \
                  if ! kill -0 $DPID 2>/dev/null || [ $n -gt 600 ]; then \
                  echo 'heapprofd-rs: the profiling service did not start on the device; its log:' >&2; \
-                 cat {r}/daemon.log >&2; kill $DPID 2>/dev/null; exit 1; fi; \
+                 cat {r}/daemon.log >&2; kill $DPID 2>/dev/null; echo \"{DONE} 1\"; exit 1; fi; \
                  n=$((n+1)); sleep 0.1; done"
             ),
             format!(

@@ -110,8 +110,8 @@ pub fn record(
             Ok(Outcome::Finished(raw.to_path_buf()))
         }
         Some(rc) => bail!(
-            "heapprofd-rs record failed on the device (exit {rc}; its messages are above, \
-             the service's log is {}/daemon.log there)",
+            "the profile failed on the device (exit {rc}): its messages are above \
+             (`device: ...`), the service's log is {}/daemon.log there",
             run.dir
         ),
         None => {
