@@ -2,7 +2,9 @@
 //! `adb` stand-in (`tests/programs/android/adb`) on `PATH` plays devices
 //! whose filesystems are local directories and runs `adb shell` commands
 //! on this host with `/data/...` mapped into them, so the "device" runs
-//! the host's x86_64 binaries (ABI `x86_64`). The profiled program is
+//! the host's x86_64 binaries (ABI `x86_64`), or, for an `arm64-v8a`
+//! device, the aarch64 build under `qemu-aarch64-static` (the stand-in
+//! wraps pushed aarch64 executables). The profiled program is
 //! pushed there and started through `adb shell` with the pushed client
 //! preloaded once the profile wants its name; Ctrl-C (SIGINT) ends the
 //! profile. Then the host's run directory is checked: the symbolized
@@ -167,62 +169,84 @@ fn pprof_names(file: &Path, name: &str) -> bool {
     bytes.windows(name.len()).any(|w| w == name.as_bytes())
 }
 
-#[test]
-fn profiles_a_program_on_the_device_and_writes_the_run() {
-    let h = home("e2e");
-    let dev = add_device(&h, SERIAL, 33, "x86_64");
-    let prog = record_programs().path("many_stacks");
+/// Pushes `prog` to the device as /data/local/tmp/many_stacks, runs
+/// `android TARGET... -i 1 -o OUT --symbols DIR`, starts the program
+/// (`many_stacks N`, the pushed client preloaded) once the device's
+/// service's trigger store holds the line `wanted` (the profile is live),
+/// then Ctrl-C; asserts exit 0. Its stderr and OUT.
+fn profile_on_device(
+    h: &Home,
+    dev: &Path,
+    prog: &Path,
+    target: &[&str],
+    wanted: &str,
+    n: u32,
+) -> (String, PathBuf) {
     adb(
-        &h,
+        h,
         &[
             "push",
             prog.to_str().unwrap(),
             "/data/local/tmp/many_stacks",
         ],
     );
-    adb(&h, &["shell", "chmod 755 /data/local/tmp/many_stacks"]);
+    adb(h, &["shell", "chmod 755 /data/local/tmp/many_stacks"]);
     let out = h.join("out");
-    let symbols = record_programs().dir.to_str().unwrap().to_owned();
-    let mut c = android(
-        &h,
-        &[
-            "-n",
-            "many_stacks",
-            "-i",
-            "1",
-            "-o",
-            out.to_str().unwrap(),
-            "--symbols",
-            &symbols,
-        ],
-    );
+    let symbols = prog.parent().unwrap().to_str().unwrap().to_owned();
+    let mut args = target.to_vec();
+    args.extend([
+        "-i",
+        "1",
+        "-o",
+        out.to_str().unwrap(),
+        "--symbols",
+        &symbols,
+    ]);
+    let mut c = android(h, &args);
     let mut run = Reaped(c.spawn().expect("start heapprofd-rs android"));
-    // The profile is live on the device once the service's trigger store wants the name.
+    // The profile is live on the device once the service's trigger store wants it.
     let store = dev
         .join("fs")
         .join(DEVICE_DIR)
         .join("service")
         .join(TRIGGERS_FILE);
     wait_for("the profile on the device", || {
-        std::fs::read_to_string(&store).is_ok_and(|s| s.lines().any(|l| l == "name 1 many_stacks"))
+        std::fs::read_to_string(&store).is_ok_and(|s| s.lines().any(|l| l == wanted))
             || run.0.try_wait().ok().flatten().is_some()
     });
-    assert!(
-        run.0.try_wait().ok().flatten().is_none(),
-        "android ended early"
-    );
+    if run.0.try_wait().ok().flatten().is_some() {
+        let (code, err) = wait_exit(&mut run.0, "heapprofd-rs android");
+        panic!("android ended early (exit {code}):\n{err}");
+    }
     adb(
-        &h,
+        h,
         &[
             "shell",
-            "LD_PRELOAD=/data/local/tmp/heapprofd-rs/libheapprofd_client.so \
-             HEAPPROFD_SERVICE_DIR=/data/local/tmp/heapprofd-rs/service \
-             /data/local/tmp/many_stacks 40",
+            &format!(
+                "LD_PRELOAD=/data/local/tmp/heapprofd-rs/libheapprofd_client.so \
+                 HEAPPROFD_SERVICE_DIR=/data/local/tmp/heapprofd-rs/service \
+                 /data/local/tmp/many_stacks {n}"
+            ),
         ],
     );
     signal(&run.0, libc::SIGINT);
     let (code, err) = wait_exit(&mut run.0, "heapprofd-rs android");
     assert_eq!(code, 0, "{err}");
+    (err, out)
+}
+
+#[test]
+fn profiles_a_program_on_the_device_and_writes_the_run() {
+    let h = home("e2e");
+    let dev = add_device(&h, SERIAL, 33, "x86_64");
+    let (err, out) = profile_on_device(
+        &h,
+        &dev,
+        &record_programs().path("many_stacks"),
+        &["-n", "many_stacks"],
+        "name 1 many_stacks",
+        40,
+    );
     assert!(
         err.contains("device emulator-5554: Android SDK 33, ABI x86_64"),
         "{err}"
@@ -269,6 +293,57 @@ fn profiles_a_program_on_the_device_and_writes_the_run() {
     assert!(
         log.contains("heapprofd-rs daemon") && log.contains("record --config"),
         "{log}"
+    );
+}
+
+/// An `arm64-v8a` device: the aarch64 build (found in the target
+/// directory) pushed, and everything on the device (the pushed service,
+/// `record`, the profiled aarch64 program) run by `qemu-aarch64-static`
+/// (the stand-in wraps pushed aarch64 executables).
+#[test]
+fn profiles_on_an_arm64_device_under_qemu() {
+    let build =
+        heapprofd_tests::client_harness::target_dir().join("aarch64-unknown-linux-gnu/release");
+    assert!(
+        build.join("heapprofd-rs").is_file() && build.join("libheapprofd_client.so").is_file(),
+        "{} lacks the aarch64 build: run `cargo build --release --target \
+         aarch64-unknown-linux-gnu -p heapprofd-daemon -p heapprofd-client` (scripts/test.sh does)",
+        build.display()
+    );
+    let h = home("arm64");
+    let dev = add_device(&h, SERIAL, 34, "arm64-v8a");
+    std::fs::write(
+        dev.join("qemu"),
+        "qemu-aarch64-static -L /usr/aarch64-linux-gnu",
+    )
+    .unwrap();
+    let dir = h.join("prog");
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = dir.join("many_stacks");
+    let src = workspace_root().join("tests/programs/record/many_stacks.c");
+    heapprofd_tests::client_harness::compile(&[
+        "aarch64-linux-gnu-gcc",
+        "-O2",
+        "-g",
+        "-o",
+        prog.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    // On the device the stand-in keeps it as many_stacks.elf (behind its
+    // qemu wrapper): the symbol directory has it under that name too.
+    std::fs::copy(&prog, dir.join("many_stacks.elf")).unwrap();
+    // --all: the service under qemu reads a process's name from the
+    // host's /proc/PID/cmdline, which for an emulated one is qemu's
+    // command line, so `-n NAME` does not find emulated programs (said in
+    // README); every process with the client does.
+    let (err, out) = profile_on_device(&h, &dev, &prog, &["--all"], "all 1", 25);
+    assert!(err.contains("ABI arm64-v8a"), "{err}");
+    assert!(err.contains("pushing the aarch64 build"), "{err}");
+    let run_dir = latest(&out);
+    assert_eq!(
+        totals(&run_dir.join("trace.pftrace"), "stack_leaf"),
+        (25, 25 * 32),
+        "{err}"
     );
 }
 
