@@ -15,11 +15,13 @@
 //! keep the trace what the official schema accepts; heapprofd-rs's own
 //! `report` then names the frames.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use heapprofd_tests::client_harness::workspace_root;
-use heapprofd_tests::record_harness::{check_trace, heapprofd_ok, record_programs, scratch_dir};
+use heapprofd_tests::record_harness::{
+    check_trace, check_trace_script, heapprofd_ok, record_programs, scratch_dir,
+};
 use heapprofd_tests::symbolize_harness::{
     has_line, module_samples, module_symbol_lines, symbolize_ok,
 };
@@ -91,9 +93,9 @@ fn mapping(path: &str, file: &Path, base: u64, start_offset: u64) -> serde_json:
     })
 }
 
-#[test]
-fn perfetto_heapprofd_trace_symbolized_and_reported() {
-    let dir = scratch_dir("symbolize-perfetto");
+/// The symbol directory (the program and the library) and the trace
+/// `android_heapprofd_trace.py` writes (`--android-q` with `q`).
+fn android_trace(dir: &Path, q: bool) -> (PathBuf, PathBuf) {
     let prog = record_programs().path("many_stacks");
     let lib = record_programs().path("libdl_alloc.so");
     let syms = dir.join("symbols");
@@ -133,13 +135,42 @@ fn perfetto_heapprofd_trace_symbolized_and_reported() {
     std::fs::write(&spec_file, spec.to_string()).unwrap();
     let raw = dir.join("android.pftrace");
     let script = workspace_root().join("tests/programs/perfetto/android_heapprofd_trace.py");
-    let status = Command::new("python3")
-        .arg(&script)
+    let mut c = Command::new("python3");
+    c.arg(&script);
+    if q {
+        c.arg("--android-q");
+    }
+    let status = c
         .arg(&spec_file)
         .arg(&raw)
         .status()
         .expect("run android_heapprofd_trace.py");
     assert!(status.success());
+    (syms, raw)
+}
+
+/// `report` of a trace: the frames of the two modules as module+offset
+/// before `symbolize`, named after it.
+fn assert_report_names(trace: &Path, named: bool) {
+    let report = heapprofd_ok(&["report", trace.to_str().unwrap()]).stdout;
+    for unnamed in ["many_stacks+0x", "base.apk!libdl_alloc.so+0x"] {
+        assert_eq!(report.contains(unnamed), !named, "{unnamed}:\n{report}");
+    }
+    for f in ["stack_leaf", "stack_recurse", "samples  dl_alloc"] {
+        assert_eq!(report.contains(f), named, "{f}:\n{report}");
+    }
+}
+
+/// `symbolize`'s account: two modules of three found, libc named missing.
+fn assert_found_two(stderr: &str) {
+    assert!(stderr.contains("2 of 3 modules"), "{stderr}");
+    assert!(stderr.contains(&format!("not found: {LIBC}")), "{stderr}");
+}
+
+#[test]
+fn perfetto_heapprofd_trace_symbolized_and_reported() {
+    let dir = scratch_dir("symbolize-perfetto");
+    let (syms, raw) = android_trace(&dir, false);
 
     // As written: the official schema accepts it, nothing is named.
     check_trace(&raw);
@@ -151,25 +182,10 @@ fn perfetto_heapprofd_trace_symbolized_and_reported() {
             "{m}: {s:?}"
         );
     }
-    // `report` shows the frames as module+offset.
-    let report = heapprofd_ok(&["report", raw.to_str().unwrap()]).stdout;
-    for unnamed in ["many_stacks+0x", "base.apk!libdl_alloc.so+0x"] {
-        assert!(report.contains(unnamed), "{unnamed}:\n{report}");
-    }
-    assert!(!report.contains("stack_leaf"), "{report}");
+    assert_report_names(&raw, false);
 
     let out = dir.join("symbolized.pftrace");
-    let o = symbolize_ok(&raw, &[&syms], &out);
-    assert!(
-        o.stderr.contains("symbolized") && o.stderr.contains("2 of 3 modules"),
-        "{}",
-        o.stderr
-    );
-    assert!(
-        o.stderr.contains(&format!("not found: {LIBC}")),
-        "{}",
-        o.stderr
-    );
+    assert_found_two(&symbolize_ok(&raw, &[&syms], &out).stderr);
 
     // Every frame of the two modules named, outermost first, as
     // trace_processor resolves them (mapping path + raw build id, rel_pc).
@@ -193,14 +209,34 @@ fn perfetto_heapprofd_trace_symbolized_and_reported() {
     let lines = module_symbol_lines(&out, APK_LIB);
     assert!(has_line(&lines, "dl_alloc", "libdl_alloc.c"), "{lines:?}");
 
-    // heapprofd-rs's own report names them too: no module+offset left
-    // but libc's.
-    let report = heapprofd_ok(&["report", out.to_str().unwrap()]).stdout;
-    for f in ["stack_leaf", "stack_recurse", "samples  dl_alloc"] {
-        assert!(report.contains(f), "{f}:\n{report}");
-    }
-    for unnamed in ["many_stacks+0x", "libdl_alloc.so+0x"] {
-        assert!(!report.contains(unnamed), "{unnamed}:\n{report}");
-    }
+    // heapprofd-rs's own report names them too.
+    assert_report_names(&out, true);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Android 10's shape (the tables in the ProfilePacket): check_trace.py
+/// does not resolve those, so the official schema is checked without its
+/// frame summary, and heapprofd-rs's `report` (which reads them) shows
+/// the names.
+#[test]
+fn android_10_trace_symbolized_and_reported() {
+    let dir = scratch_dir("symbolize-perfetto-q");
+    let (syms, raw) = android_trace(&dir, true);
+    let schema = |t: &Path| {
+        let out = Command::new("python3")
+            .arg(check_trace_script())
+            .arg(t)
+            .output()
+            .expect("run check_trace.py");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(out.status.success() && json["ok"] == true, "{json}");
+        assert_eq!(json["summary"]["profile_packets"][0]["continued"], false);
+    };
+    schema(&raw);
+    assert_report_names(&raw, false);
+    let out = dir.join("symbolized.pftrace");
+    assert_found_two(&symbolize_ok(&raw, &[&syms], &out).stderr);
+    schema(&out);
+    assert_report_names(&out, true);
     let _ = std::fs::remove_dir_all(&dir);
 }

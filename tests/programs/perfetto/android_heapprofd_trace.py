@@ -3,7 +3,7 @@
 with the official schema (the `perfetto` Python package), for the tests of
 `heapprofd-rs symbolize` and `report` on traces from Perfetto's own heapprofd.
 
-    android_heapprofd_trace.py SPEC.json OUT
+    android_heapprofd_trace.py [--android-q] SPEC.json OUT
 
 SPEC (JSON): {"pid": N, "cmdline": "...", "heap": "libc.malloc",
   "interval": BYTES, "mappings": [{"path", "build_id" (hex), "start", "end",
@@ -29,6 +29,10 @@ bookkeeping_dump.cc) and src/profiling/common/interning_output.cc write it:
   interned empty string; mappings and frames are numbered by interners of
   their own, callstack ids are trie node ids (the root, 1, is
   never emitted); no symbols anywhere.
+
+--android-q: as Android 10 (Q) wrote it: the strings (one table for every
+kind), mappings, frames and callstacks in the ProfilePacket itself, which
+ends the dump (`continued` unset); no InternedData.
 """
 
 import json
@@ -56,6 +60,9 @@ class Interner:
 
 
 def main(argv):
+    q = argv[1:2] == ["--android-q"]
+    if q:
+        argv = argv[:1] + argv[2:]
     spec = json.load(open(argv[1]))
     trace = pb.Trace()
 
@@ -82,7 +89,7 @@ def main(argv):
     proc.cmdline.append(spec["cmdline"])
 
     # The fixed internings packet.
-    p = trace.packet.add()
+    p = trace.packet.add() if not q else pb.TracePacket()
     p.trusted_packet_sequence_id = HEAPPROFD_SEQ
     p.trusted_uid = 1067
     p.sequence_flags = CLEARED
@@ -98,7 +105,7 @@ def main(argv):
     p.timestamp = T0
     pp = p.profile_packet
     pp.index = 0
-    pp.continued = True
+    pp.continued = not q
     d = pp.process_dumps.add()
     d.pid = spec["pid"]
     d.from_startup = False
@@ -117,10 +124,11 @@ def main(argv):
     d.stats.total_unwinding_time_us = 300 * d.stats.heap_samples
 
     strings = Interner()
-    interned = p.interned_data
-    dumped = {"build_ids": set(), "mapping_paths": set(), "function_names": set()}
+    interned = pp if q else p.interned_data
+    dumped = {"build_ids": set(), "mapping_paths": set(), "function_names": set(), "strings": set()}
 
     def write_string(kind, s):
+        kind = "strings" if q else kind
         iid = strings.id(s)
         if iid not in dumped[kind]:
             e = getattr(interned, kind).add()
@@ -190,7 +198,7 @@ def main(argv):
         c.frame_ids.extend(fids)
 
     # The empty ProfilePacket that closes the dump.
-    p = trace.packet.add()
+    p = trace.packet.add() if not q else pb.TracePacket()
     p.trusted_packet_sequence_id = HEAPPROFD_SEQ
     p.trusted_uid = 1067
     p.timestamp = T0
