@@ -140,12 +140,17 @@ fn android_trace(dir: &Path, q: bool) -> (PathBuf, PathBuf) {
     if q {
         c.arg("--android-q");
     }
-    let status = c
+    let out = c
         .arg(&spec_file)
         .arg(&raw)
-        .status()
+        .output()
         .expect("run android_heapprofd_trace.py");
-    assert!(status.success());
+    assert!(
+        out.status.success(),
+        "android_heapprofd_trace.py (needs the `perfetto` Python package: \
+         scripts/install-deps.sh): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (syms, raw)
 }
 
