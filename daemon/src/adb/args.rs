@@ -78,8 +78,8 @@ pub struct AndroidArgs {
 
     /// More directories with unstripped binaries (or their debug files) of
     /// the device's programs, matched by build id (like
-    /// PERFETTO_BINARY_PATH); the pushed heapprofd-rs build is always
-    /// searched. Several: `DIR:DIR` or the option repeated.
+    /// PERFETTO_BINARY_PATH); the directory of the heapprofd-rs build
+    /// pushed is searched too. Several: `DIR:DIR` or the option repeated.
     #[arg(long, value_name = "DIR[:DIR...]", value_delimiter = ':')]
     pub symbols: Vec<PathBuf>,
 
