@@ -29,9 +29,11 @@ python3 scripts/check-layout.py --self-test && python3 scripts/check-layout.py
 step "release build (the end-to-end tests run these binaries)"
 cargo build --release --workspace
 
-step "aarch64: lint, and the client built for the end-to-end tests under qemu"
+step "aarch64: lint, and the client and daemon built for the end-to-end tests under qemu"
 cargo clippy --target aarch64-unknown-linux-gnu --workspace --all-targets -- -D warnings
-cargo build --release --target aarch64-unknown-linux-gnu -p heapprofd-client
+# The client for aarch64_e2e; with the daemon, the build `heapprofd-rs
+# android` pushes to an arm64-v8a device (android_adb's device under qemu).
+cargo build --release --target aarch64-unknown-linux-gnu -p heapprofd-client -p heapprofd-daemon
 
 # What ships to an Android device, type-checked for both Android ABIs (no
 # NDK linker here, so no link).

@@ -18,7 +18,9 @@
 //! * `HEAPPROFD_SERVICE_DIR`: the profiling service's directory, for
 //!   `heapprofd-rs daemon` and `record -n` alike (see
 //!   `service::control::service_dir`).
-//! * `PATH`: where `record -- CMD` looks for CMD, to tell whether it can
+//! * `ANDROID_SERIAL`: the device `android` uses when adb lists several
+//!   (as adb itself reads it).
+//! * `PATH`: where `android` looks for `adb`, and where `record -- CMD` looks for CMD, to tell whether it can
 //!   load the client (`runtime::program`; the spawn itself searches `PATH`
 //!   as exec does).
 
@@ -61,6 +63,8 @@ pub struct Env {
     pub service_dir: Option<PathBuf>,
     /// `PATH`, if set.
     pub path: Option<OsString>,
+    /// `ANDROID_SERIAL`, if set and not empty.
+    pub android_serial: Option<String>,
 }
 
 impl Env {
@@ -95,6 +99,9 @@ impl Env {
                 .filter(|v| !v.is_empty()),
             service_dir: get(DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
             path: get("PATH"),
+            android_serial: get("ANDROID_SERIAL")
+                .map(|v| v.to_string_lossy().into_owned())
+                .filter(|v| !v.is_empty()),
         }
     }
 }

@@ -17,10 +17,13 @@
 //!   (`/etc/ld.so.preload`).
 //! * [`offline_symbols`]: `symbolize`, symbols added to a trace afterwards
 //!   (`ModuleSymbols`, binaries found by build id).
+//! * [`adb`]: `android`, the adb host workflow (a device's processes
+//!   profiled, results on the host).
 //! * [`cli`]: the subcommands and their arguments (clap, units).
 //! * [`env`](mod@env): the environment variables, read once.
 //! * [`logger`]: the stderr logger behind the `log` facade.
 
+pub mod adb;
 pub mod cli;
 pub mod config;
 pub mod env;

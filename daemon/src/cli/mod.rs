@@ -63,6 +63,14 @@ pub enum Command {
     /// by Perfetto's own heapprofd: binaries matched by build id in the
     /// --symbols directories.
     Symbolize(crate::offline_symbols::SymbolizeArgs),
+    /// Profile processes on an Android device over adb (as Perfetto's
+    /// tools/heap_profile): checks the device (one, or ANDROID_SERIAL;
+    /// Android 10+), pushes heapprofd-rs for its ABI to /data/local/tmp
+    /// (or, with --perfetto, uses the device's own heapprofd), profiles,
+    /// pulls the trace, symbolizes it on the host and writes the trace, a
+    /// report and pprof files into DIR/heapprofd-<time>, DIR/latest
+    /// pointing at it.
+    Android(crate::adb::AndroidArgs),
 }
 
 /// Parses the command line (exits on bad usage, with clap's message); a
@@ -149,6 +157,7 @@ pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
         Command::Report(args) => Ran::Exit(run_report(args).map(|()| 0)?),
         Command::Convert(args) => Ran::Wrote(convert(&args)?),
         Command::Symbolize(args) => Ran::Exit(crate::offline_symbols::run(&args)?),
+        Command::Android(args) => Ran::Exit(crate::adb::run(&args, env)?),
     })
 }
 

@@ -138,7 +138,7 @@ pub(super) fn default_output(program: &str) -> PathBuf {
 }
 
 /// Local time as `YYYYmmdd-HHMMSS` (nix has no `localtime_r`).
-fn local_timestamp() -> String {
+pub(crate) fn local_timestamp() -> String {
     // SAFETY: time/localtime_r write into the zeroed struct we pass.
     unsafe {
         let t = libc::time(std::ptr::null_mut());
