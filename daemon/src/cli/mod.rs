@@ -138,7 +138,12 @@ pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
         {
             Ran::Exit(service_record::run(args, env)?)
         }
-        Command::Record(args) if !args.pid.is_empty() => Ran::Exit(attach::run(args, env)?),
+        Command::Record(args) if !args.pid.is_empty() => {
+            match service_record::try_pid(args.clone(), env)? {
+                Some(code) => Ran::Exit(code),
+                None => Ran::Exit(attach::run(args, env)?),
+            }
+        }
         Command::Record(args) => match service_command::try_run(&args, env)? {
             Some(code) => Ran::Exit(code),
             None => Ran::Exit(record::run(args, env)?),

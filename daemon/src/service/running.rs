@@ -56,6 +56,41 @@ pub fn effective_uid(pid: u32) -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
+/// What decides whether the client may be loaded into process `pid` for a
+/// user ([`super::access::may_inject`]), if it still exists.
+pub fn ptrace_identity(pid: u32) -> Option<super::access::PtraceIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = |key: &str| -> Option<[u32; 4]> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        let v: Vec<u32> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        v.try_into().ok()
+    };
+    Some(super::access::PtraceIdentity {
+        uids: ids("Uid:")?,
+        gids: ids("Gid:")?,
+        proc_owner: std::fs::metadata(format!("/proc/{pid}")).ok()?.uid(),
+    })
+}
+
+/// Whether process `pid` catches the activation signal (`SigCgt` of its
+/// status): a preloaded client does; a client loaded with ptrace does not,
+/// and the signal's default action would end the process.
+pub fn catches_activation_signal(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|m| m & (1 << (heapprofd_proto::attach::ACTIVATION_SIGNAL - 1)) != 0)
+}
+
 /// The bionic front-end's file names (as built, as installed on a device):
 /// a process that has it mapped re-initializes it on the activation signal
 /// with value 0, as bionic does.
@@ -213,5 +248,16 @@ mod tests {
             ..Targets::default()
         };
         assert!(find(&t).iter().all(|f| f.pid != me));
+    }
+
+    #[test]
+    fn our_own_identity_is_read() {
+        let me = std::process::id();
+        let id = ptrace_identity(me).expect("our status");
+        let uid = nix::unistd::geteuid().as_raw();
+        assert_eq!(id.uids[1], uid);
+        assert_eq!(id.proc_owner, uid);
+        // The test binary does not handle the activation signal.
+        assert!(!catches_activation_signal(me));
     }
 }
