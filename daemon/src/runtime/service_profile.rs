@@ -364,8 +364,9 @@ fn take_running(
         }
         if !running::directed_here(pid, &service.dir, service.default_dir) {
             let why = format!(
-                "pid {pid} ({}) would connect to another service \
-                 (HEAPPROFD_SERVICE_DIR or HEAPPROFD_SOCKET in its environment); not woken",
+                "pid {pid} ({}) would not connect to this service (its environment's \
+                 HEAPPROFD_SOCKET or HEAPPROFD_SERVICE_DIR, or their absence, leads its \
+                 client elsewhere); not profiled",
                 found.name
             );
             log::info!("profile {id}: {why}");

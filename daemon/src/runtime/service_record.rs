@@ -188,13 +188,16 @@ pub fn try_pid(args: RecordArgs, env: &Env) -> Result<Option<i32>> {
     let Ok(sock) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
         return Ok(None);
     };
+    let spec = spec_from(&args)?;
     log::info!("profiling through the service in {}", dir.display());
-    run_with(args, sock).map(Some)
+    run_with(args, spec, sock).map(Some)
 }
 
 /// Runs `record -n` / `record --all` / `record -p PID,PID` /
 /// `record --config`; returns the exit code.
 pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
+    // Bad usage is said before looking for a service.
+    let spec = spec_from(&args)?;
     let dir = service_dir_to_ask(env.service_dir.as_deref());
     let control = dir.join(CONTROL_SOCKET);
     let sock = UnixStream::connect(&control).with_context(|| {
@@ -204,14 +207,13 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
             control.display()
         )
     })?;
-    run_with(args, sock)
+    run_with(args, spec, sock)
 }
 
-/// Sends the profile `args` ask for on `sock` (connected to the control
+/// Sends `spec` (what `args` ask for) on `sock` (connected to the control
 /// socket) and waits for its end; the exit code: 1 when pids were asked
 /// for and none of them could be profiled.
-fn run_with(args: RecordArgs, sock: UnixStream) -> Result<i32> {
-    let spec = spec_from(&args)?;
+fn run_with(args: RecordArgs, spec: ProfileSpec, sock: UnixStream) -> Result<i32> {
     let what = what(&spec);
     let output = args.output.clone().unwrap_or_else(|| {
         let t = &spec.targets;
