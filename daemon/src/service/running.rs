@@ -257,7 +257,44 @@ mod tests {
         let uid = nix::unistd::geteuid().as_raw();
         assert_eq!(id.uids[1], uid);
         assert_eq!(id.proc_owner, uid);
-        // The test binary does not handle the activation signal.
-        assert!(!catches_activation_signal(me));
+    }
+
+    #[test]
+    fn a_process_that_ignores_the_activation_signal_does_not_catch_it() {
+        // Ignored stays ignored across exec (a client installed
+        // system-wide leaves it so); a shell trap catches it.
+        let spawn = |script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("sh")
+        };
+        let mut ignores = spawn("trap '' 36; exec cat");
+        let mut catches = spawn("trap ':' 36; read x");
+        // Each shell has run its trap once its status says so.
+        let bit = 1u64 << (heapprofd_proto::attach::ACTIVATION_SIGNAL - 1);
+        let mask = |pid: u32, key: &str| -> u64 {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix(key))
+                        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                })
+                .unwrap_or(0)
+        };
+        let start = std::time::Instant::now();
+        while (mask(ignores.id(), "SigIgn:") & bit == 0 || mask(catches.id(), "SigCgt:") & bit == 0)
+            && start.elapsed() < std::time::Duration::from_secs(60)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!catches_activation_signal(ignores.id()));
+        assert!(catches_activation_signal(catches.id()));
+        for c in [&mut ignores, &mut catches] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
