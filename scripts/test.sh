@@ -50,6 +50,12 @@ done
 step "tests"
 cargo test --workspace
 
+# The same test binaries again (no rebuild) with the dormant client in
+# every process through /etc/ld.so.preload; a trap uninstalls on every exit
+# and checks the file is restored exactly. Root only, else skipped.
+step "tests again with the client installed system-wide (scripts/test-installed.sh)"
+scripts/test-installed.sh
+
 # Unit and integration tests of what runs in a profiled process (and the
 # unwinder), built for aarch64 and run by qemu-user (.cargo/config.toml).
 # The two ring stress tests with 8 writer threads in a child process are

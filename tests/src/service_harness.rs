@@ -80,10 +80,16 @@ impl Service {
     /// Starts `heapprofd-rs daemon` in `dir`; returns once its control
     /// socket exists.
     pub fn start(dir: &Path) -> Service {
+        Service::start_with_env(dir, &[])
+    }
+
+    /// [`Service::start`] with more variables in its environment.
+    pub fn start_with_env(dir: &Path, vars: &[(&str, &str)]) -> Service {
         let control = dir.join(CONTROL_SOCKET);
         let _ = std::fs::remove_file(&control);
         let mut child = heapprofd()
             .arg("daemon")
+            .envs(vars.iter().copied())
             .env(DIR_ENV, dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -294,7 +294,10 @@ fn pid_shorthand_and_pid_lists() {
     let mut one = Stepper::start(&svc.dir, "pid_one");
     let mut two = Stepper::start(&svc.dir, "pid_two");
     let trace = dir.join("pids.pftrace");
-    // A process without the client: named in record's output, not profiled.
+    // A process without the client whose environment does not lead to
+    // this service (a client loaded into it would look in the default
+    // directory): named in record's output, not profiled. (One that does
+    // is given the client: tests/tests/service_inject.rs.)
     let bare = Reaped(
         std::process::Command::new("sleep")
             .arg("60")
@@ -314,7 +317,7 @@ fn pid_shorthand_and_pid_lists() {
     let err = end_record(rec, "record -p PID,PID");
     assert!(
         err.contains(&format!(
-            "pid {} (sleep) has no dormant client",
+            "pid {} (sleep) would not connect to this service",
             bare.0.id()
         )),
         "{err}"

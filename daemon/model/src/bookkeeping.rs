@@ -217,6 +217,26 @@ impl Bookkeeping {
         }
     }
 
+    /// Process `pid` was wanted, but the client could not be loaded into
+    /// it (`why`): it is in the trace with an empty default heap and the
+    /// `disconnected` flag (Perfetto has no field for "could not be
+    /// profiled"), and the summary names it with the reason.
+    pub fn not_attached(&mut self, pid: u32, cmdline: Vec<String>, why: String) {
+        if self.profile.process(pid).is_none() {
+            self.profile.add_process(pid, cmdline, false);
+            self.profile.set_heap(
+                pid,
+                heapprofd_proto::wire::HEAP_LIBC_MALLOC,
+                Some(heapprofd_proto::wire::HEAP_LIBC_MALLOC_NAME),
+                self.interval,
+            );
+        }
+        if let Some(p) = self.profile.process_mut(pid).filter(|p| p.sessions == 0) {
+            p.flags.disconnected = true;
+            p.not_attached = Some(why);
+        }
+    }
+
     fn apply(&mut self, id: SessionId, pid: u32, ops: Vec<Op>) {
         let stacks = self.stacks.entry(id).or_default();
         let contexts = self.contexts.entry(id).or_default();

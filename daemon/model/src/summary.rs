@@ -71,6 +71,16 @@ pub struct ProcessSummary {
     pub warnings: Vec<ProcessWarning>,
     /// Never profiled: why (it is in the trace, flagged, with no samples).
     pub not_profiled: Option<Unprofilable>,
+    /// Never profiled: the client could not be loaded into it, and why.
+    pub not_attached: Option<String>,
+}
+
+impl ProcessSummary {
+    /// Whether it was profiled at all (not named as unprofilable or as
+    /// one the client could not be loaded into).
+    pub fn profiled(&self) -> bool {
+        self.not_profiled.is_none() && self.not_attached.is_none()
+    }
 }
 
 /// The summary of every process of `profile`; `sessions` are the (pid,
@@ -154,6 +164,7 @@ pub(crate) fn summarize<'a>(
                 dropped,
                 warnings,
                 not_profiled,
+                not_attached: p.not_attached.clone().filter(|_| p.sessions == 0),
             }
         })
         .collect()

@@ -43,7 +43,9 @@ pub enum Command {
     /// Run the profiling service in the foreground (control socket
     /// `control.sock` in $HEAPPROFD_SERVICE_DIR, else /run/heapprofd-rs for
     /// root, else /tmp/heapprofd-rs-<uid>), for `record -n NAME`, `record
-    /// --all` and `record -p PID,PID`; several profiles run at once. Run by
+    /// --all`, `record --pid PID[,PID]` and `record -- CMD`; several
+    /// profiles run at once. Running processes without a dormant client
+    /// are given one with ptrace (not under --all). Run by
     /// root it serves every user, each profile seeing only its requester's
     /// processes (all of them for root); scripts/heapprofd-rs.service runs it
     /// under systemd.
@@ -147,7 +149,12 @@ pub fn run(command: Command, env: &Env) -> anyhow::Result<Ran> {
         {
             Ran::Exit(service_record::run(args, env)?)
         }
-        Command::Record(args) if !args.pid.is_empty() => Ran::Exit(attach::run(args, env)?),
+        Command::Record(args) if !args.pid.is_empty() => {
+            match service_record::try_pid(args.clone(), env)? {
+                Some(code) => Ran::Exit(code),
+                None => Ran::Exit(attach::run(args, env)?),
+            }
+        }
         Command::Record(args) => match service_command::try_run(&args, env)? {
             Some(code) => Ran::Exit(code),
             None => Ran::Exit(record::run(args, env)?),

@@ -95,10 +95,10 @@ pub struct RecordArgs {
     #[arg(long, value_name = "PATH")]
     pub client_lib: Option<PathBuf>,
 
-    /// With `-- CMD`: run a daemon of its own even when the profiling
-    /// service (`heapprofd-rs daemon`) runs. By default `record -- CMD`
-    /// profiles through a running service the user can reach, else with a
-    /// daemon of its own.
+    /// With `-- CMD` or `--pid PID`: run a daemon of its own even when the
+    /// profiling service (`heapprofd-rs daemon`) runs. By default they
+    /// profile through a running service the user can reach, else with a
+    /// daemon of their own.
     #[arg(long)]
     pub no_service: bool,
 
@@ -112,8 +112,11 @@ pub struct RecordArgs {
     pub seed: u64,
 
     /// Profile running processes instead of starting one (a comma list:
-    /// several processes into one trace; more than one goes through the
-    /// running service, `heapprofd-rs daemon`).
+    /// several into one trace). Through the running service
+    /// (`heapprofd-rs daemon`) when one answers: it wakes a dormant
+    /// client or loads the client with ptrace, for root or the process's
+    /// owner. One pid without a service (or with --no-service, --workers,
+    /// --client-lib): a daemon of record's own does the same.
     #[arg(
         short = 'p',
         long,
@@ -125,9 +128,9 @@ pub struct RecordArgs {
 
     /// Profile the programs of these names, through the running service
     /// (`heapprofd-rs daemon`): those already running (a preloaded dormant
-    /// client is woken with signal 36) and those that start while the
-    /// profile runs, from their first allocation (they need the client
-    /// preloaded). Names are bionic's: the first argument of the command
+    /// client is woken with signal 36, else the client is loaded with
+    /// ptrace as --pid does) and those that start while the profile runs,
+    /// from their first allocation (they need the client preloaded). Names are bionic's: the first argument of the command
     /// line, cut at `@`, its basename; `*` `?` globs with --no-startup.
     /// (Not yet with --continuous-dump, --client-lib, --workers.)
     #[arg(short = 'n', long, value_name = "NAME[,NAME...]", value_delimiter = ',',
@@ -136,7 +139,8 @@ pub struct RecordArgs {
 
     /// Profile every process that has the client loaded (preloaded,
     /// dormant), running ones and those that start, into one trace, through
-    /// the running service.
+    /// the running service (none is given the client with ptrace: the
+    /// others are named as not profiled).
     #[arg(long, conflicts_with_all = ["command", "continuous_dump", "client_lib", "workers"])]
     pub all: bool,
 

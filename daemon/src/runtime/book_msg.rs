@@ -41,6 +41,10 @@ pub enum ServiceMsg {
     /// A process these profiles want runs unprofiled (it cannot load the
     /// client: [`super::service_scan`]); named and flagged in their traces.
     Unprofilable(Vec<ProfileId>, u32, Vec<String>, Unprofilable),
+    /// The service could not load the client into process `pid`
+    /// (`super::service_inject`): named in the profile's trace, flagged,
+    /// with the reason for the summary.
+    NotAttached(ProfileId, u32, Vec<String>, String),
     /// The profile ends (already out of the hub): its summary, once written.
     End(ProfileId, Sender<anyhow::Result<Summary>>),
 }

@@ -50,6 +50,7 @@ pub mod server;
 pub mod service;
 pub mod service_book;
 pub mod service_command;
+pub mod service_inject;
 pub mod service_profile;
 pub mod service_record;
 pub mod service_scan;

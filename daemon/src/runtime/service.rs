@@ -41,6 +41,7 @@ use super::Counters;
 use super::hub::Hub;
 use super::hub_admit::HubAdmit;
 use super::server::{BookRunner, Daemon, ServerOptions};
+use super::service_inject::Injector;
 use super::service_profile::serve_request;
 use super::service_state::Service;
 use super::supervise::{Signals, block_on, finish};
@@ -52,7 +53,7 @@ use crate::service::control::service_dir;
 pub fn run(env: &Env) -> Result<i32> {
     let dir = service_dir(env.service_dir.as_deref());
     prepare_dir(&dir)?;
-    block_on(serve(dir))??;
+    block_on(serve(dir, env))??;
     Ok(0)
 }
 
@@ -92,7 +93,7 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-async fn serve(dir: PathBuf) -> Result<()> {
+async fn serve(dir: PathBuf, env: &Env) -> Result<()> {
     let mut signals = Signals::install()?;
     // Stale store of a killed service: nothing wants anything now (removed
     // before the control socket appears).
@@ -119,11 +120,17 @@ async fn serve(dir: PathBuf) -> Result<()> {
     }
     let _ = stopper.set(daemon.stopper());
     daemon.serve();
+    let injector = Injector::new(
+        daemon.module_cache(),
+        env.attach_test_stall.clone(),
+        env.attach_timeout,
+    );
     let service = Arc::new(Service::new(
         dir.clone(),
         daemon.book(),
         daemon.stopper(),
         hub,
+        injector,
     ));
     let control = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control);

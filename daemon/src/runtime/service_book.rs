@@ -131,6 +131,11 @@ impl Router {
                     b.bookkeeping_mut().reject_concurrent(pid, cmdline);
                 }
             }
+            ServiceMsg::NotAttached(id, pid, cmdline, why) => {
+                if let Some(b) = self.books.get_mut(&id) {
+                    b.bookkeeping_mut().not_attached(pid, cmdline, why);
+                }
+            }
             ServiceMsg::Dump(id, asked) => {
                 if let Some(b) = self.books.get_mut(&id) {
                     b.dump_at(asked);

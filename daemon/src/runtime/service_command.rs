@@ -37,7 +37,7 @@ use super::supervise::{Signals, block_on};
 use crate::cli::record_args::RecordArgs;
 use crate::env::Env;
 use crate::service::control::{Reply, Request, read_message, service_dir_to_ask};
-use crate::service::spec::{Continuous, Dumps, PROFILE_ENV, ProfileSpec, Targets};
+use crate::service::spec::{Dumps, PROFILE_ENV, ProfileSpec, Targets};
 
 /// How long `record` waits for the service to take the profile.
 const START_WAIT: Duration = Duration::from_secs(10);
@@ -108,13 +108,7 @@ pub fn try_run(args: &RecordArgs, env: &Env) -> Result<Option<i32>> {
 
 /// The profile of a command: its token's processes, from their start.
 fn spec_for(args: &RecordArgs, token: &str) -> ProfileSpec {
-    let continuous = args.continuous_dump.map(|p| {
-        let ms = u32::try_from(p.as_millis()).unwrap_or(u32::MAX);
-        Continuous {
-            phase_ms: ms,
-            interval_ms: ms,
-        }
-    });
+    let continuous = super::service_record::continuous(args);
     ProfileSpec {
         targets: Targets {
             command: Some(token.to_owned()),

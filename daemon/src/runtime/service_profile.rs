@@ -2,7 +2,8 @@
 //! check the request, give the profile its trace (the service's
 //! bookkeeping thread) and its place in the [`Hub`](super::hub::Hub), take
 //! in the running processes it wants (sharing a session another profile
-//! already has, or waking a dormant preloaded client with the signal),
+//! already has, waking a dormant preloaded client with the signal, or
+//! loading the client with ptrace, [`super::service_inject`]),
 //! then run until its duration, the command line closing its side, or the
 //! service stopping; at the end stop the sessions no other profile wants,
 //! write the trace and answer with the summary.
@@ -25,6 +26,7 @@ use super::BookMsg;
 use super::book_msg::ServiceMsg;
 use super::bookkeeper::BookkeeperOptions;
 use super::hub::{Joined, ProfileId, Wanted};
+use super::service_inject::InjectRequest;
 use super::service_state::Service;
 use crate::service::access;
 use crate::service::contexts::apply_context_filters;
@@ -218,11 +220,16 @@ async fn run_profile(
             log::warn!("profile {id}: telling record that its profile started: {e}");
         }
     }
-    let notes = if spec.targets.running {
+    let (mut notes, to_inject) = if spec.targets.running {
         take_running(service, id, spec, requester)
     } else {
-        Vec::new()
+        Default::default()
     };
+    // Each on a blocking thread: the service keeps serving meanwhile.
+    let mut injections = tokio::task::JoinSet::new();
+    for req in to_inject {
+        injections.spawn(Arc::clone(&service.injector).inject(req, book.clone()));
+    }
     let deadline = spec
         .duration_ms
         .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
@@ -243,6 +250,9 @@ async fn run_profile(
                 // EOF or anything else from the command line: stop.
                 _ = stream.read(&mut byte) => break,
                 _ = stop.changed() => break,
+                Some(r) = injections.join_next(), if !injections.is_empty() => {
+                    notes.extend(r.ok().flatten());
+                }
                 _ = async { match dumps.as_mut() {
                     Some(t) => { t.tick().await; }
                     None => std::future::pending().await,
@@ -253,8 +263,15 @@ async fn run_profile(
             }
         }
     }
-    // New processes stop connecting for it before its sessions are drained.
+    // An injection still running ends first (bounded by its timeouts).
+    while let Some(r) = injections.join_next().await {
+        notes.extend(r.ok().flatten());
+    }
+    // New processes stop connecting for it before its sessions are drained;
+    // a synchronous session the service started is ended inside the
+    // process first.
     for (session, pid) in service.hub.end_profile(id) {
+        service.injector.end_sync(pid).await;
         service.stopper.stop_session(session, pid);
     }
     service.update_store();
@@ -264,7 +281,7 @@ async fn run_profile(
         .await
         .context("waiting for the trace")?
         .context("the bookkeeping thread stopped")??;
-    let processes = summary.processes.len();
+    let processes = summary.processes.iter().filter(|p| p.profiled()).count();
     let plural = if processes == 1 { "" } else { "es" };
     log::info!("profile {id} ({what}) ended: {processes} process{plural}");
     let mut text = String::new();
@@ -282,16 +299,18 @@ async fn run_profile(
 /// Takes in the running processes profile `id` wants: shares a session
 /// another profile has (or is flagged `rejected_concurrent` when that one
 /// samples differently), else wakes a preloaded dormant client with the
-/// activation signal. A process without one is said to need `record --pid`.
-/// Returns what `record` should be told about processes it did not get.
+/// activation signal, else (not for `--all`) returns it to be given the
+/// client with ptrace. Returns what `record` should be told about
+/// processes it did not get, and the injections to run.
 fn take_running(
     service: &Service,
     id: ProfileId,
     spec: &ProfileSpec,
     requester: u32,
-) -> Vec<String> {
+) -> (Vec<String>, Vec<InjectRequest>) {
     let book = service.book.clone();
     let mut notes = Vec::new();
+    let mut inject = Vec::new();
     for found in running::find(&spec.targets) {
         let pid = found.pid;
         // Only what the requester may profile is woken (root's service
@@ -330,10 +349,13 @@ fn take_running(
             }
             Joined::NoSession => {}
         }
-        if !service.triggers.can_wake(pid) {
+        let wakes = service.triggers.can_wake(pid);
+        if !wakes && spec.targets.all && !spec.targets.pids.contains(&pid) {
+            // --all takes the processes that have the client, as
+            // heapprofd: none is given one.
             let why = format!(
-                "pid {pid} ({}) has no dormant client loaded; profile it with \
-                 `record --pid {pid}`",
+                "pid {pid} ({}) has no dormant client that takes the wake-up signal \
+                 (--all loads none); profile it with `record --pid {pid}`",
                 found.name
             );
             log::info!("profile {id}: {why}");
@@ -342,8 +364,9 @@ fn take_running(
         }
         if !running::directed_here(pid, &service.dir, service.default_dir) {
             let why = format!(
-                "pid {pid} ({}) would connect to another service \
-                 (HEAPPROFD_SERVICE_DIR or HEAPPROFD_SOCKET in its environment); not woken",
+                "pid {pid} ({}) would not connect to this service (its environment's \
+                 HEAPPROFD_SOCKET or HEAPPROFD_SERVICE_DIR, or their absence, leads its \
+                 client elsewhere); not profiled",
                 found.name
             );
             log::info!("profile {id}: {why}");
@@ -353,6 +376,25 @@ fn take_running(
             continue;
         }
         service.hub.expect(id, pid);
+        if !wakes {
+            // Loaded with ptrace ([`super::service_inject`]), unless another
+            // profile is doing so now: the session is then shared.
+            if service.injector.claim(pid) {
+                inject.push(InjectRequest {
+                    profile: id,
+                    pid,
+                    name: found.name,
+                    requester,
+                });
+            } else {
+                log::info!(
+                    "profile {id}: pid {pid} ({}) is being given the profiler for \
+                     another profile",
+                    found.name
+                );
+            }
+            continue;
+        }
         match service.triggers.wake(pid) {
             Ok(()) => log::info!(
                 "profile {id}: woke pid {pid} ({}) with signal {}",
@@ -365,7 +407,7 @@ fn take_running(
             }
         }
     }
-    notes
+    (notes, inject)
 }
 
 /// Sleeps until `deadline` (an instant, so making the future anew on each

@@ -14,7 +14,11 @@
 //! user's processes for them). Without a running service this is an error
 //! that says to start one.
 //! `record --config FILE` sends the profile a Perfetto HeapprofdConfig
-//! describes ([`crate::config`]) the same way.
+//! describes ([`crate::config`]) the same way. `record --pid PID` of one
+//! process goes through the service too when one answers ([`try_pid`];
+//! else `record`'s own daemon, [`super::attach`]): the service wakes its
+//! dormant client or loads the client with ptrace
+//! ([`super::service_inject`]), for root or the process's owner only.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -32,7 +36,7 @@ use crate::cli::usage_error::UsageError;
 use crate::env::Env;
 use crate::service::control::{Reply, Request, frame_header, read_message, service_dir_to_ask};
 use crate::service::spec::{
-    DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets,
+    Continuous, DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets,
 };
 
 /// The profile `record -n NAME` or `record --config FILE` asks for.
@@ -58,7 +62,7 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
             },
             sampling: sampling(args),
             dumps: Dumps {
-                continuous: None,
+                continuous: continuous(args),
                 dump_at_max: args.dump_at_max,
             },
             symbolize: !args.no_symbolize,
@@ -73,6 +77,18 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
     }
     spec.check().map_err(UsageError)?;
     Ok(spec)
+}
+
+/// `--continuous-dump`, as the service takes it (`-n`/`--all` refuse it
+/// on the command line; pids and commands take it).
+pub(super) fn continuous(args: &RecordArgs) -> Option<Continuous> {
+    args.continuous_dump.map(|p| {
+        let ms = u32::try_from(p.as_millis()).unwrap_or(u32::MAX);
+        Continuous {
+            phase_ms: ms,
+            interval_ms: ms,
+        }
+    })
 }
 
 /// How `record`'s options sample.
@@ -149,10 +165,55 @@ fn what(spec: &ProfileSpec) -> String {
     format!("{}{when}", what.join(" and "))
 }
 
+/// `record --pid PID` through a running service, if one answers; `None`:
+/// run it with a daemon of `record`'s own ([`super::attach`]), as with
+/// `--no-service`, `--workers`, `--client-lib`, or `HEAPPROFD_ATTACH*`
+/// (the ways of attaching that only `record`'s own daemon has).
+pub fn try_pid(args: RecordArgs, env: &Env) -> Result<Option<i32>> {
+    let own = args.no_service
+        || args.workers.is_some()
+        || args.client_lib.is_some()
+        || env.attach != crate::env::AttachChoice::Auto
+        || env.attach_timeout.is_some()
+        || env.attach_test_stall.is_some();
+    // A pid that is not a process: `record`'s own probe says so best.
+    let missing = args
+        .pid
+        .iter()
+        .any(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+    if own || missing {
+        return Ok(None);
+    }
+    let dir = service_dir_to_ask(env.service_dir.as_deref());
+    let Ok(sock) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
+        return Ok(None);
+    };
+    let spec = spec_from(&args)?;
+    log::info!("profiling through the service in {}", dir.display());
+    run_with(args, spec, sock).map(Some)
+}
+
 /// Runs `record -n` / `record --all` / `record -p PID,PID` /
 /// `record --config`; returns the exit code.
 pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
+    // Bad usage is said before looking for a service.
     let spec = spec_from(&args)?;
+    let dir = service_dir_to_ask(env.service_dir.as_deref());
+    let control = dir.join(CONTROL_SOCKET);
+    let sock = UnixStream::connect(&control).with_context(|| {
+        format!(
+            "no profiling service at {}; start one with `heapprofd-rs daemon` \
+             (with the same HEAPPROFD_SERVICE_DIR)",
+            control.display()
+        )
+    })?;
+    run_with(args, spec, sock)
+}
+
+/// Sends `spec` (what `args` ask for) on `sock` (connected to the control
+/// socket) and waits for its end; the exit code: 1 when pids were asked
+/// for and none of them could be profiled.
+fn run_with(args: RecordArgs, spec: ProfileSpec, sock: UnixStream) -> Result<i32> {
     let what = what(&spec);
     let output = args.output.clone().unwrap_or_else(|| {
         let t = &spec.targets;
@@ -164,17 +225,9 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         };
         super::setup::default_output(&stem)
     });
-    let dir = service_dir_to_ask(env.service_dir.as_deref());
-    let control = dir.join(CONTROL_SOCKET);
-    let sock = UnixStream::connect(&control).with_context(|| {
-        format!(
-            "no profiling service at {}; start one with `heapprofd-rs daemon` \
-             (with the same HEAPPROFD_SERVICE_DIR)",
-            control.display()
-        )
-    })?;
     let file = create_trace(&output)?;
     let duration = spec.duration_ms;
+    let only_pids = spec.targets.names.is_empty() && !spec.targets.all;
     let request = Request {
         spec,
         output_path: output.clone(),
@@ -187,8 +240,11 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
     );
     let reply = block_on(wait_reply(sock))??;
     match reply {
-        Reply::Done { summary, .. } => {
+        Reply::Done { summary, processes } => {
             log::info!("{summary}");
+            if only_pids && processes == 0 {
+                bail!("no process was profiled (see above why)");
+            }
             Ok(0)
         }
         Reply::Started => bail!("the service answered out of turn (Started)"),

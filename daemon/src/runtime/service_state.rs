@@ -4,7 +4,7 @@
 //! startup triggers are published from the hub's profiles whenever one
 //! starts or ends (Linux: the trigger store, rewritten atomically; Android:
 //! the `heapprofd.enable` properties), and running processes are woken
-//! through them.
+//! through them, or given the client with ptrace ([`Injector`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use std::sync::mpsc::Sender;
 use super::BookMsg;
 use super::hub::Hub;
 use super::server::Stopper;
+use super::service_inject::Injector;
 use super::triggers::{self, Triggers, Wanted};
 
 /// What every profile task shares.
@@ -35,6 +36,8 @@ pub(super) struct Service {
     store: std::sync::Mutex<()>,
     /// Where triggers are published, how processes are woken.
     pub(super) triggers: Box<dyn Triggers>,
+    /// Loads the client into running processes that have none.
+    pub(super) injector: Arc<Injector>,
 }
 
 impl Service {
@@ -44,6 +47,7 @@ impl Service {
         book: Sender<BookMsg>,
         stopper: Stopper,
         hub: Arc<Hub>,
+        injector: Injector,
     ) -> Service {
         Service {
             default_dir: is_default_dir(&dir),
@@ -52,6 +56,7 @@ impl Service {
             book,
             stopper,
             hub,
+            injector: Arc::new(injector),
             next_profile: AtomicU64::new(1),
             store: std::sync::Mutex::new(()),
         }

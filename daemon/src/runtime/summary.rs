@@ -16,7 +16,7 @@ pub struct Summary {
     /// Bytes written to it.
     pub trace_bytes: u64,
     /// Every process the daemon heard of (profiled, or said to run
-    /// unprofiled: `not_profiled`).
+    /// unprofiled: `not_profiled`, or not attached: `not_attached`).
     pub processes: Vec<ProcessSummary>,
     /// Sampling interval.
     pub interval: u64,
@@ -73,11 +73,8 @@ impl Summary {
     /// the logger's `heapprofd-rs: `.
     pub fn render(&self, output: &Path) -> String {
         let mut s = String::new();
-        let profiled: Vec<&ProcessSummary> = self
-            .processes
-            .iter()
-            .filter(|p| p.not_profiled.is_none())
-            .collect();
+        let profiled: Vec<&ProcessSummary> =
+            self.processes.iter().filter(|p| p.profiled()).collect();
         let total = |f: fn(&ProcessSummary) -> u64| profiled.iter().map(|p| f(p)).sum::<u64>();
         let samples = total(|p| p.samples);
         let (alloc, freed) = (total(|p| p.allocated), total(|p| p.freed));
@@ -137,6 +134,10 @@ impl Summary {
                     p.pid,
                     why.describe()
                 ));
+                continue;
+            }
+            if let Some(why) = &p.not_attached {
+                s.push_str(&format!("  pid {:<7} not profiled: {why}  {cmd}\n", p.pid));
                 continue;
             }
             let what = if p.exact { "allocations" } else { "samples" };

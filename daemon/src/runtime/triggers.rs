@@ -43,7 +43,8 @@ pub trait Triggers: Send + Sync + std::fmt::Debug {
     /// ends; the last call, with nothing wanted, clears everything).
     fn publish(&self, wanted: &Wanted) -> Result<()>;
     /// Whether running process `pid` would answer [`Self::wake`]: on Linux
-    /// only with the client (or the bionic front-end) mapped; on Android
+    /// only with the client (or the bionic front-end) mapped and the
+    /// activation signal caught; on Android
     /// every process, bionic's libc handles the signal itself.
     fn can_wake(&self, pid: u32) -> bool;
     /// Wakes running process `pid`: it connects to the service.
@@ -86,7 +87,10 @@ impl Triggers for TriggerStore {
     }
 
     fn can_wake(&self, pid: u32) -> bool {
+        // A client loaded with ptrace (an earlier `record --pid`) is mapped
+        // but takes no signal: it would die of it.
         crate::service::running::has_client(pid)
+            && crate::service::running::catches_activation_signal(pid)
     }
 
     fn wake(&self, pid: u32) -> Result<()> {

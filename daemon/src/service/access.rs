@@ -25,6 +25,34 @@ pub fn may_profile(requester: u32, target: u32) -> bool {
     requester == 0 || requester == target
 }
 
+/// The identity of a process that decides whether a user may have the
+/// client loaded into it with ptrace (`/proc/PID/status`'s `Uid:` and
+/// `Gid:` lines, the owner of `/proc/PID`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtraceIdentity {
+    /// Real, effective, saved and filesystem user ids.
+    pub uids: [u32; 4],
+    /// Real, effective, saved and filesystem group ids.
+    pub gids: [u32; 4],
+    /// The owner of `/proc/PID`: root for a process that is not dumpable
+    /// (it changed its credentials, or said so with `prctl`).
+    pub proc_owner: u32,
+}
+
+/// Whether a profile of user `requester` may have the service load the
+/// client into a running process with ptrace. Stricter than
+/// [`may_profile`], as the kernel is for ptrace itself: root may; another
+/// user only when every user id of the process is theirs, its group ids
+/// agree (no set-group-ID image) and it is dumpable (a process that
+/// changed credentials is not, and root's service must not do for a user
+/// what the kernel would refuse them).
+pub fn may_inject(requester: u32, target: &PtraceIdentity) -> bool {
+    requester == 0
+        || (target.uids.iter().all(|&u| u == requester)
+            && target.gids.iter().all(|&g| g == target.gids[0])
+            && target.proc_owner == requester)
+}
+
 /// Whether a service whose effective user is `service_uid` serves every
 /// user (root's does) or only its own.
 pub fn serves_everyone(service_uid: u32) -> bool {
@@ -66,5 +94,33 @@ mod tests {
         assert!(!may_profile(1000, 0) && !may_profile(1000, 1001));
         assert!(may_request(0, 1000) && may_request(1000, 0) && !may_request(1000, 1001));
         assert_eq!((control_mode(0), control_mode(1000)), (0o666, 0o600));
+    }
+
+    #[test]
+    fn injection_needs_every_id_and_a_dumpable_process() {
+        let own = PtraceIdentity {
+            uids: [1000; 4],
+            gids: [1000; 4],
+            proc_owner: 1000,
+        };
+        assert!(may_inject(1000, &own) && may_inject(0, &own));
+        assert!(!may_inject(1001, &own));
+        // A set-user-ID image run by the user: its saved id is another's.
+        let setuid = PtraceIdentity {
+            uids: [1000, 1000, 0, 1000],
+            ..own
+        };
+        assert!(!may_inject(1000, &setuid) && may_inject(0, &setuid));
+        let setgid = PtraceIdentity {
+            gids: [1000, 50, 50, 50],
+            ..own
+        };
+        assert!(!may_inject(1000, &setgid));
+        // Not dumpable: /proc/PID is root's.
+        let undumpable = PtraceIdentity {
+            proc_owner: 0,
+            ..own
+        };
+        assert!(!may_inject(1000, &undumpable) && may_inject(0, &undumpable));
     }
 }

@@ -56,6 +56,41 @@ pub fn effective_uid(pid: u32) -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
+/// What decides whether the client may be loaded into process `pid` for a
+/// user ([`super::access::may_inject`]), if it still exists.
+pub fn ptrace_identity(pid: u32) -> Option<super::access::PtraceIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = |key: &str| -> Option<[u32; 4]> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        let v: Vec<u32> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        v.try_into().ok()
+    };
+    Some(super::access::PtraceIdentity {
+        uids: ids("Uid:")?,
+        gids: ids("Gid:")?,
+        proc_owner: std::fs::metadata(format!("/proc/{pid}")).ok()?.uid(),
+    })
+}
+
+/// Whether process `pid` catches the activation signal (`SigCgt` of its
+/// status): a preloaded client does; a client loaded with ptrace does not,
+/// and the signal's default action would end the process.
+pub fn catches_activation_signal(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|m| m & (1 << (heapprofd_proto::attach::ACTIVATION_SIGNAL - 1)) != 0)
+}
+
 /// The bionic front-end's file names (as built, as installed on a device):
 /// a process that has it mapped re-initializes it on the activation signal
 /// with value 0, as bionic does.
@@ -213,5 +248,53 @@ mod tests {
             ..Targets::default()
         };
         assert!(find(&t).iter().all(|f| f.pid != me));
+    }
+
+    #[test]
+    fn our_own_identity_is_read() {
+        let me = std::process::id();
+        let id = ptrace_identity(me).expect("our status");
+        let uid = nix::unistd::geteuid().as_raw();
+        assert_eq!(id.uids[1], uid);
+        assert_eq!(id.proc_owner, uid);
+    }
+
+    #[test]
+    fn a_process_that_ignores_the_activation_signal_does_not_catch_it() {
+        // Ignored stays ignored across exec (a client installed
+        // system-wide leaves it so); a shell trap catches it.
+        let spawn = |script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("sh")
+        };
+        let mut ignores = spawn("trap '' 36; exec cat");
+        let mut catches = spawn("trap ':' 36; read x");
+        // Each shell has run its trap once its status says so.
+        let bit = 1u64 << (heapprofd_proto::attach::ACTIVATION_SIGNAL - 1);
+        let mask = |pid: u32, key: &str| -> u64 {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix(key))
+                        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                })
+                .unwrap_or(0)
+        };
+        let start = std::time::Instant::now();
+        while (mask(ignores.id(), "SigIgn:") & bit == 0 || mask(catches.id(), "SigCgt:") & bit == 0)
+            && start.elapsed() < std::time::Duration::from_secs(60)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!catches_activation_signal(ignores.id()));
+        assert!(catches_activation_signal(catches.id()));
+        for c in [&mut ignores, &mut catches] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }

@@ -180,6 +180,9 @@ pub struct ProcessState {
     /// It ran unprofiled at some point (never profiled when `sessions` is
     /// 0), and why.
     pub unprofilable: Option<heapprofd_proto::wire::Unprofilable>,
+    /// The service could not load the client into it (ptrace injection
+    /// failed or was refused), and why; it was never profiled.
+    pub not_attached: Option<String>,
     /// Its user contexts.
     pub contexts: super::context::ContextStats,
     pub(crate) heaps: BTreeMap<u32, HeapState>,
@@ -202,6 +205,7 @@ impl ProcessState {
             session_start_ns: 0,
             sessions: 0,
             unprofilable: None,
+            not_attached: None,
             contexts: Default::default(),
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
