@@ -14,8 +14,11 @@
 # installed).
 #
 # Usage: cargo build --release -p heapprofd-daemon -p heapprofd-client
-#        scripts/bench-workloads.sh [--quick] [--rounds N] [--only W,W] [--no-heaptrack]
+#        scripts/bench-workloads.sh [--quick] [--rounds N] [--only W,W] [--no-heaptrack] [--base BIN]
 # --quick: one round of small sizes (a smoke run, a minute or two).
+# --base BIN: also run another build's heapprofd-rs (with its client library
+# beside it) at -i 1 and 4 KiB in the same rounds ("base -i 1", "base 4 KiB"),
+# for a before/after of a change.
 # Prints markdown tables and the load average before and after.
 set -eu
 cd "$(dirname "$0")/.."
@@ -42,7 +45,10 @@ quick = "--quick" in args
 rounds = 1 if quick else 5
 only = None
 heaptrack = shutil.which("heaptrack") is not None and "--no-heaptrack" not in args
+base = None
 for i, a in enumerate(args):
+    if a == "--base":
+        base = args[i + 1]
     if a == "--rounds":
         rounds = int(args[i + 1])
     if a == "--only":
@@ -87,6 +93,8 @@ if shutil.which("node"):
 if only:
     W = [w for w in W if w[0] in only]
 CONFIGS = ["bare", "-i 1", "4 KiB", "512 KiB"] + (["heaptrack"] if heaptrack else [])
+if base:
+    CONFIGS += ["base -i 1", "base 4 KiB"]
 
 def command(config, argv, tag):
     out = f"{WORK}/{tag}"
@@ -94,8 +102,11 @@ def command(config, argv, tag):
         return argv
     if config == "heaptrack":
         return ["heaptrack", "-o", out] + argv
+    binary = B
+    if config.startswith("base "):
+        binary, config = base, config[5:]
     interval = {"-i 1": ["-i", "1"], "4 KiB": [], "512 KiB": ["-i", "512k"]}[config]
-    return [B, "record"] + interval + ["-o", out + ".pftrace", "--"] + argv
+    return [binary, "record"] + interval + ["-o", out + ".pftrace", "--"] + argv
 
 def run(config, argv, stdin, remove):
     if remove and os.path.exists(remove):
