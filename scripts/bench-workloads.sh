@@ -114,17 +114,28 @@ def run(config, argv, stdin, remove):
     cmd = command(config, argv, "out")
     env = dict(os.environ, HEAPPROFD_DEBUG="1")
     fin = open(stdin) if stdin else subprocess.DEVNULL
+    ferr = open(f"{WORK}/stderr", "w+")
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdin=fin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=WORK)
-    err = p.stderr.read().decode(errors="replace")
-    _, status, ru = os.wait4(p.pid, 0)
+    p = subprocess.Popen(cmd, stdin=fin, stdout=subprocess.DEVNULL, stderr=ferr, env=env, cwd=WORK,
+                         start_new_session=True)
+    while True:  # wait4 for the rusage; polled so that a hung run is killed
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() - t0 > TIMEOUT:
+            os.killpg(p.pid, 9)
+        time.sleep(0.001)
     wall = time.perf_counter() - t0
+    ferr.seek(0)
+    err = ferr.read()
     p.returncode = os.waitstatus_to_exitcode(status)
     for f in os.listdir(WORK):
         if f.startswith("out"):
             os.remove(os.path.join(WORK, f))
     if p.returncode != 0:
+        # Not in the medians: a failed or killed run measures nothing.
         print(f"  {config} {argv[0]} exited {p.returncode}: {err[-400:]}", file=sys.stderr)
+        return None
     r = {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime}
     m = re.search(r"costs: (.*)", err)
     if m:
@@ -135,22 +146,36 @@ def run(config, argv, stdin, remove):
         r["daemon_cpu"] = float(m.group(1)) + float(m.group(2))
     return r
 
+# A run longer than this is killed (heaptrack waits forever for its FIFO when
+# the program never opens it, e.g. when /tmp/heaptrack_fifo$$ was removed).
+TIMEOUT = 300
+
 def load():
     return "load average %.2f %.2f %.2f" % os.getloadavg()
 
 print(f"# scripts/bench-workloads.sh {' '.join(args)}: {rounds} round(s), {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
 print(f"# {load()} (before)")
+try:
+    preload = open("/etc/ld.so.preload").read().strip()
+except OSError:
+    preload = ""
+if preload:
+    print(f"# WARNING: /etc/ld.so.preload loads {preload} into every run (heaptrack may crash)")
 res = {(w[0], c): [] for w in W for c in CONFIGS}
 loads = []
 for r in range(rounds):
     for name, argv, stdin, remove in W:
         k = r % len(CONFIGS)
         for c in CONFIGS[k:] + CONFIGS[:k]:
-            res[(name, c)].append(run(c, argv, stdin, remove))
+            r_ = run(c, argv, stdin, remove)
+            if r_ is not None:
+                res[(name, c)].append(r_)
     loads.append(os.getloadavg()[0])
     print(f"# round {r + 1}/{rounds} done, {load()}", file=sys.stderr)
 
 def med(name, c, key):
+    if not res[(name, c)]:
+        return None
     v = [x[key] for x in res[(name, c)] if key in x]
     return statistics.median(v) if v else None
 
@@ -168,6 +193,9 @@ for name, *_ in W:
     hw, hc = (med(name, "heaptrack", "wall"), med(name, "heaptrack", "cpu")) if heaptrack else (None, None)
     for c in CONFIGS:
         w, cpu = med(name, c, "wall"), med(name, c, "cpu")
+        if w is None:
+            print("| %s | %s | failed | | | | | | | |" % (name, c))
+            continue
         rec = c not in ("bare", "heaptrack")
         samples = med(name, c, "samples")
         blocked = med(name, c, "blocked_us")
@@ -193,6 +221,8 @@ for name, *_ in W:
         if c in ("bare", "heaptrack"):
             continue
         rows_ = res[(name, c)]
+        if not rows_:
+            continue
         def per(f):
             v = [f(x) for x in rows_ if x.get("samples")]
             return statistics.median(v) if v else float("nan")
