@@ -106,7 +106,9 @@ def command(config, argv, tag):
     if config.startswith("base "):
         binary, config = base, config[5:]
     interval = {"-i 1": ["-i", "1"], "4 KiB": [], "512 KiB": ["-i", "512k"]}[config]
-    return [binary, "record"] + interval + ["-o", out + ".pftrace", "--"] + argv
+    # --no-service: record's own daemon (a running service would take the
+    # profile, and its costs are not record's to print).
+    return [binary, "record", "--no-service"] + interval + ["-o", out + ".pftrace", "--"] + argv
 
 def run(config, argv, stdin, remove):
     if remove and os.path.exists(remove):

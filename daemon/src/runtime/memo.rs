@@ -50,29 +50,19 @@ const PAUSE: u32 = 16 * 1024;
 /// Longest pause (after several poor windows in a row).
 const MAX_PAUSE: u32 = 1 << 20;
 
-/// The ways of one (pc, sp); see the module docs.
-#[derive(Debug, Clone, Copy)]
+/// The ways of one (pc, sp); see the module docs. Grown as traces come
+/// (most slots hold one or two), so memory follows the traces kept.
+#[derive(Debug, Clone, Default)]
 struct Slot {
-    /// Entry indexes + 1, most recent first (0: empty).
-    ways: [u32; WAYS],
+    /// (entry index, its value at `disc`), most recent first, at most
+    /// [`WAYS`].
+    ways: Vec<(u32, u64)>,
     /// The address whose value tells the ways apart, once two traces
     /// differed there.
     disc: Option<u64>,
-    /// Each way's value at `disc`.
-    tags: [u64; WAYS],
-    /// Ways whose trace does not read `disc` (always checked in full).
+    /// Ways whose trace does not read `disc` (always checked in full),
+    /// by position.
     untagged: u64,
-}
-
-impl Default for Slot {
-    fn default() -> Self {
-        Slot {
-            ways: [0; WAYS],
-            disc: None,
-            tags: [0; WAYS],
-            untagged: 0,
-        }
-    }
 }
 
 /// The value `reads` has at `addr`, if they read it.
@@ -100,7 +90,7 @@ struct Entry<V> {
 #[derive(Debug)]
 pub struct WalkMemo<V> {
     /// (pc, sp) -> its ways.
-    slots: FxHashMap<(u64, u64), Box<Slot>>,
+    slots: FxHashMap<(u64, u64), Slot>,
     entries: Vec<Entry<V>>,
     reads: Vec<(u64, u64)>,
     window_lookups: u32,
@@ -143,14 +133,13 @@ impl<V: Copy> WalkMemo<V> {
     ) -> Option<V> {
         let found = self.slots.get(&(pc, sp)).and_then(|slot| {
             let tag = slot.disc.and_then(|a| word_at(stack_pointer, stack, a));
-            (0..WAYS)
-                .take_while(|&i| slot.ways[i] != 0)
-                .filter(|&i| {
-                    slot.disc.is_none()
-                        || slot.untagged & (1 << i) != 0
-                        || tag == Some(slot.tags[i])
+            slot.ways
+                .iter()
+                .enumerate()
+                .filter(|&(i, &(_, t))| {
+                    slot.disc.is_none() || slot.untagged & (1 << i) != 0 || tag == Some(t)
                 })
-                .map(|i| &self.entries[slot.ways[i] as usize - 1])
+                .map(|(_, &(index, _))| &self.entries[index as usize])
                 .find(|e| {
                     e.bp.is_none_or(|b| b == bp)
                         && stack_matches(
@@ -214,12 +203,12 @@ impl<V: Copy> WalkMemo<V> {
             reads_len,
             value,
         });
-        let index = self.entries.len() as u32;
+        let index = self.entries.len() as u32 - 1;
         let slot = self.slots.entry((trace.pc, trace.sp)).or_default();
-        if slot.disc.is_none() && slot.ways[0] != 0 {
+        if slot.disc.is_none() && !slot.ways.is_empty() {
             // The second trace: the first address both read with
             // different values tells them apart; tag the kept ways.
-            let e = &self.entries[slot.ways[0] as usize - 1];
+            let e = &self.entries[slot.ways[0].0 as usize];
             let kept = &self.reads[e.reads_start as usize..(e.reads_start + e.reads_len) as usize];
             slot.disc = trace
                 .reads
@@ -227,9 +216,8 @@ impl<V: Copy> WalkMemo<V> {
                 .find(|&&(a, v)| value_at(kept, a).is_some_and(|k| k != v))
                 .map(|r| r.0);
             if let Some(disc) = slot.disc {
-                let used = slot.ways.iter().take_while(|&&w| w != 0).count();
-                for i in 0..used {
-                    let e = &self.entries[slot.ways[i] as usize - 1];
+                for i in 0..slot.ways.len() {
+                    let e = &self.entries[slot.ways[i].0 as usize];
                     let reads =
                         &self.reads[e.reads_start as usize..(e.reads_start + e.reads_len) as usize];
                     set_tag(slot, i, value_at(reads, disc));
@@ -238,17 +226,14 @@ impl<V: Copy> WalkMemo<V> {
         }
         // Most recent first; the oldest falls off (its words stay until the
         // table starts over).
-        slot.ways.copy_within(0..WAYS - 1, 1);
-        slot.tags.copy_within(0..WAYS - 1, 1);
+        slot.ways.truncate(WAYS - 1);
+        slot.ways.insert(0, (index, 0));
         slot.untagged <<= 1;
-        slot.ways[0] = index;
         let tag = slot.disc.and_then(|d| value_at(&trace.reads, d));
         set_tag(slot, 0, tag);
     }
 
     /// Forgets every trace.
-    ///
-    /// (Slots are boxed: the map moves only pointers when it grows.)
     pub fn clear(&mut self) {
         self.slots.clear();
         self.entries.clear();
@@ -270,7 +255,7 @@ impl<V: Copy> WalkMemo<V> {
 fn set_tag(slot: &mut Slot, i: usize, tag: Option<u64>) {
     match tag {
         Some(t) => {
-            slot.tags[i] = t;
+            slot.ways[i].1 = t;
             slot.untagged &= !(1 << i);
         }
         None => slot.untagged |= 1 << i,
