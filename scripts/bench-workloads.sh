@@ -36,7 +36,7 @@ gcc -O2 -g -fno-optimize-sibling-calls -pthread "$work/tree.c" -o "$work/tree"
 gcc -O2 -g -pthread tests/programs/client/bench.c -o "$work/onestack"
 python3 scripts/gen-call-tree.py --seed 5 --leaves $CC_LEAVES > "$work/cc1-input.c"
 gcc -E "$work/cc1-input.c" -o "$work/cc1-input.i"
-exec python3 - "$B" "$work" "$@" <<'PY'
+python3 - "$B" "$work" "$@" <<'PY'
 import os, re, shutil, statistics, subprocess, sys, time
 
 B, WORK = sys.argv[1], sys.argv[2]
