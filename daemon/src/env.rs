@@ -2,7 +2,8 @@
 //! start-up into one struct (nothing else reads the environment).
 //!
 //! * `HEAPPROFD_DEBUG` (any value): debug messages (timings, cache and
-//!   session statistics, the daemon's own CPU time and peak RSS).
+//!   session statistics, the daemon's own CPU time and peak RSS, and
+//!   where its time went: the `costs:` line, `runtime/costs.rs`).
 //! * `HEAPPROFD_ATTACH=signal|ptrace`: how `record --pid` activates the
 //!   client (default: the signal when the client is preloaded and catches
 //!   it, else ptrace).

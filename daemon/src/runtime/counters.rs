@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::costs::Costs;
+
 /// Relaxed counters for the status line (approximate by design).
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -19,6 +21,9 @@ pub struct Counters {
     /// Sessions whose client sent its first byte (it sends one as soon as
     /// its hooks record), ever.
     pub confirmed: AtomicU64,
+    /// Where the time goes (printed with `HEAPPROFD_DEBUG`, not on the
+    /// status line).
+    pub costs: Costs,
 }
 
 impl Counters {

@@ -35,6 +35,7 @@ pub mod book_thread;
 pub mod bookkeeper;
 pub mod cleanup;
 pub mod clock;
+pub mod costs;
 pub mod counters;
 pub mod emulation;
 pub mod handshake;

@@ -122,6 +122,8 @@ pub struct Daemon {
     worker_threads: Vec<JoinHandle<()>>,
     book_tx: mpsc::Sender<BookMsg>,
     book_thread: Option<JoinHandle<()>>,
+    /// Its times go into the `costs:` line.
+    symbolizer: Arc<Symbolizer>,
 }
 
 #[derive(Debug)]
@@ -256,6 +258,7 @@ impl Daemon {
             worker_threads,
             book_tx,
             book_thread: Some(book_thread),
+            symbolizer,
         })
     }
 
@@ -383,6 +386,8 @@ impl Daemon {
         if let Some(t) = self.book_thread.take() {
             let _ = t.join();
         }
+        let (symbolize, warm) = self.symbolizer.time_spent();
+        log::debug!("{}", self.shared.counters.costs.render(symbolize, warm));
         let _ = std::fs::remove_file(&self.socket);
         result
     }

@@ -84,10 +84,12 @@ impl SessionUnwinder {
                 let t0 = (self.timing_rng % HIT_TIMING == 0).then(Instant::now);
                 let entry = match self.stacks.replay(&h, stack) {
                     Some(entry) => {
+                        self.stacks.split.replays += 1;
                         if let Some(t0) = t0 {
                             let d = t0.elapsed();
                             self.hist.add_us(d.as_micros() as u64, HIT_TIMING);
                             self.unwind_time += d * HIT_TIMING as u32;
+                            self.stacks.split.replay += d * HIT_TIMING as u32;
                         }
                         entry
                     }

@@ -42,6 +42,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use heapprofd_proto::wire::MallocHeader;
 use heapprofd_unwinder::{
@@ -49,6 +50,7 @@ use heapprofd_unwinder::{
 };
 use rustc_hash::FxHashMap;
 
+use super::costs::UnwindSplit;
 use super::memo::WalkMemo;
 use super::symbolize::Symbolizer;
 use heapprofd_model::messages::{Op, SCRATCH_STACK};
@@ -90,6 +92,9 @@ pub struct StackCache {
     trace: WalkTrace,
     /// Incremented whenever everything is forgotten (new mappings).
     generation: u64,
+    /// Walks, traced walks and new stacks, with their times (the replays
+    /// are counted by the session, which times them).
+    pub split: UnwindSplit,
 }
 
 /// The last word of a stack's key: whether its leaf is a return address
@@ -152,6 +157,10 @@ impl StackCache {
     ) -> StackEntry {
         let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack);
         let traced = inputs.is_some() && self.memo.should_trace();
+        self.split.walks += 1;
+        // A traced walk costs microseconds: two clock reads are noise.
+        let traced_at = traced.then(Instant::now);
+        let mut defining = Duration::ZERO;
         if traced {
             let sample = StackSample {
                 arch: h.arch,
@@ -178,12 +187,23 @@ impl StackCache {
         let generation = self.generation;
         let entry = match hit {
             Some(e) => e,
-            None => self.new_stack(process, h, stack, skip, cx, ops),
+            None => {
+                let t = Instant::now();
+                let e = self.new_stack(process, h, stack, skip, cx, ops);
+                defining = t.elapsed();
+                self.split.new_stacks += 1;
+                self.split.new_stack += defining;
+                e
+            }
         };
         // A trace is kept only for a cached stack of the walk it traced (not
         // for a sample walked again after new mappings).
         if traced && entry.id != SCRATCH_STACK && generation == self.generation {
             self.memo.insert(&self.trace, entry);
+        }
+        if let Some(t) = traced_at {
+            self.split.traced_walks += 1;
+            self.split.traced += t.elapsed().saturating_sub(defining);
         }
         entry
     }

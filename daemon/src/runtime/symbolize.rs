@@ -25,10 +25,10 @@
 //! frame is called before a stack is written.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use heapprofd_unwinder::Mapping;
 
@@ -45,6 +45,10 @@ pub struct Symbolizer {
     warm: Mutex<Option<Sender<WarmRequest>>>,
     /// A dump is symbolizing: the warm-up thread waits.
     dumping: Arc<AtomicBool>,
+    /// Time spent in [`Symbolizer::resolve_pending`] (ns).
+    resolve_ns: AtomicU64,
+    /// Time the warm-up thread spent symbolizing (ns).
+    warm_ns: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -78,7 +82,7 @@ impl Symbolizer {
         }
         let mut warm = self.warm.lock().unwrap_or_else(|e| e.into_inner());
         if warm.is_none() {
-            *warm = start_warmer(Arc::clone(&self.dumping));
+            *warm = start_warmer(Arc::clone(&self.dumping), Arc::clone(&self.warm_ns));
         }
         if let Some(tx) = warm.as_ref() {
             if tx.send((Arc::clone(mapping), rel_pc)).is_err() {
@@ -98,6 +102,7 @@ impl Symbolizer {
         }
         self.dumping.store(true, Ordering::Release);
         let _dumping = Dumping(&self.dumping);
+        let started = Instant::now();
         let queue = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::take(&mut st.queue)
@@ -128,14 +133,23 @@ impl Symbolizer {
                 .collect();
             interner.set_expansion(*id, named);
         }
+        let spent = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.resolve_ns.fetch_add(spent, Ordering::Relaxed);
         queue.len()
+    }
+
+    /// Time spent symbolizing so far: before dumps
+    /// ([`Symbolizer::resolve_pending`]) and on the warm-up thread.
+    pub fn time_spent(&self) -> (Duration, Duration) {
+        let get = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        (get(&self.resolve_ns), get(&self.warm_ns))
     }
 }
 
 /// Starts the idle-priority thread that symbolizes frames ahead of the dump
 /// (see the module docs). `None` if no thread could be started: the dump
 /// then does all the work, as without it.
-fn start_warmer(dumping: Arc<AtomicBool>) -> Option<Sender<WarmRequest>> {
+fn start_warmer(dumping: Arc<AtomicBool>, spent_ns: Arc<AtomicU64>) -> Option<Sender<WarmRequest>> {
     let (tx, rx) = channel::<WarmRequest>();
     std::thread::Builder::new()
         .name("heapprofd-symwarm".into())
@@ -149,7 +163,10 @@ fn start_warmer(dumping: Arc<AtomicBool>) -> Option<Sender<WarmRequest>> {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 if let Some(module) = mapping.module.as_ref() {
+                    let started = Instant::now();
                     module.warm_symbols(rel_pc);
+                    let spent = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+                    spent_ns.fetch_add(spent, Ordering::Relaxed);
                 }
             }
         })

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use heapprofd_shmem::{ReadOutcome, Reader, RingBuffer};
 
+use super::costs::Costs;
 use super::handshake::{NewSession, has_exited};
 use super::session_unwinder::SessionUnwinder;
 use super::stacks::InternCtx;
@@ -208,7 +209,7 @@ pub fn run_worker(
                 DrainState::Idle => {}
                 DrainState::Finished => {
                     if let Some(s) = sessions.remove(&id) {
-                        finish(s, &book);
+                        finish(s, &book, &counters);
                     }
                 }
             }
@@ -238,7 +239,17 @@ fn drain_batch(
     counters: &Counters,
 ) -> DrainState {
     let (samples, errors) = (s.unwinder.samples, s.unwinder.unwind_errors);
+    let records = s.reader.stats().reads_ok;
+    let started = Instant::now();
     let state = drain_records(s, buf, ops, cx);
+    let costs = &counters.costs;
+    Costs::add_time(&costs.drain_ns, started.elapsed());
+    costs
+        .records
+        .fetch_add(s.reader.stats().reads_ok - records, Ordering::Relaxed);
+    costs
+        .samples
+        .fetch_add(s.unwinder.samples - samples, Ordering::Relaxed);
     // The status line's counters, once per batch rather than per sample.
     counters
         .samples
@@ -355,8 +366,13 @@ fn client_error(e: heapprofd_shmem::ClientError) -> ClientError {
     }
 }
 
-fn finish(s: Session, book: &Sender<BookMsg>) {
+fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
     let stats = session_stats(&s);
+    counters.costs.add_session(
+        &s.reader.stats(),
+        s.unwinder.unwind_time,
+        &s.unwinder.stacks.split,
+    );
     log::debug!(
         "session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
         s.id,
