@@ -69,6 +69,7 @@ mod originals;
 pub mod ownalloc;
 mod patching;
 mod protections;
+mod stackapi;
 mod unprofilable;
 
 pub use init::ACTIVATION_SIGNAL;

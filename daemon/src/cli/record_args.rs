@@ -20,6 +20,7 @@ EXAMPLES:
   heapprofd-rs --pid 1234 -d 5s                          (short for `record --pid 1234`)
   heapprofd-rs record --heaps libc.malloc,pool --heap-interval pool=1 -- ./server
   heapprofd-rs record --context endpoint=/checkout -- ./server
+  heapprofd-rs record --cpu-time 10ms --no-heap -- ./solver   (CPU time only)
 
 Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
 pub struct RecordArgs {
@@ -51,6 +52,20 @@ pub struct RecordArgs {
     #[arg(long = "context", value_name = "KEY=VALUE|KEY|any",
           value_parser = crate::service::contexts::parse_context_filter)]
     pub context: Vec<String>,
+
+    /// Also profile CPU time: every thread is sampled by the CPU it uses
+    /// (a thread asleep or blocked gets no samples), one sample per PERIOD
+    /// of its CPU time (10ms) or RATE/s over the process at full load
+    /// (500/s, the default: per thread CPUs/RATE seconds, as JDK's JEP
+    /// 509). Written as Perfetto PerfSample packets; `report --cpu`.
+    #[arg(long, value_name = "PERIOD|RATE/s", num_args = 0..=1,
+          default_missing_value = super::cpu_time::DEFAULT,
+          value_parser = super::cpu_time::parse_cpu_time)]
+    pub cpu_time: Option<super::cpu_time::CpuTime>,
+
+    /// Sample no heap (with --cpu-time: CPU time only).
+    #[arg(long, requires = "cpu_time")]
+    pub no_heap: bool,
 
     /// Where to write the trace [default: heapprofd-<cmd>-<pid>-<time>.pftrace].
     #[arg(short = 'o', long, value_name = "FILE")]
@@ -210,6 +225,11 @@ fn parse_heap_interval(s: &str) -> Result<(String, u64), String> {
 }
 
 impl RecordArgs {
+    /// CPU-time profiling's period per thread in ns (0 = off).
+    pub fn cpu_period_ns(&self) -> u64 {
+        self.cpu_time.map_or(0, |c| c.period_ns_here())
+    }
+
     /// The heaps these options select.
     pub fn heap_selection(&self) -> crate::service::heaps::HeapSelection {
         crate::service::heaps::HeapSelection {

@@ -93,6 +93,8 @@ pub(super) fn sampling(args: &RecordArgs) -> Sampling {
         seed: args.seed,
         heaps: args.heap_selection(),
         contexts: args.context.clone(),
+        cpu_period_ns: args.cpu_period_ns(),
+        no_heap: args.no_heap,
     }
 }
 

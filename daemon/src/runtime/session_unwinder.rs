@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use heapprofd_model::messages::{Op, SessionStats};
 use heapprofd_model::profile::{UnwindHistogram, context};
-use heapprofd_proto::wire::{ContextRecord, Record};
+use heapprofd_proto::wire::{ContextRecord, Record, StackSampleHeader};
 use heapprofd_unwinder::ProcessContext;
 
 use super::stacks::{InternCtx, StackCache};
@@ -38,6 +38,8 @@ pub struct SessionUnwinder {
     pub hist: UnwindHistogram,
     /// Malloc samples unwound.
     pub samples: u64,
+    /// Stack samples (CPU time, events) unwound.
+    pub stack_samples: u64,
     /// Unwinds that ended in an error.
     pub unwind_errors: u64,
     /// Total unwinding time.
@@ -57,6 +59,7 @@ impl SessionUnwinder {
             corrupt_records: 0,
             hist: UnwindHistogram::default(),
             samples: 0,
+            stack_samples: 0,
             unwind_errors: 0,
             unwind_time: Duration::ZERO,
             timing_rng: (0x9e37_79b9_7f4a_7c15 ^ seed) | 1,
@@ -123,6 +126,42 @@ impl SessionUnwinder {
                     context: h.context_id,
                 });
             }
+            Ok(Record::StackSample(h, stack)) => {
+                let t0 = Instant::now();
+                let entry = match self.stacks.replay(&h, stack) {
+                    Some(entry) => entry,
+                    None => self.stacks.stack_of_unreplayed(
+                        &mut self.process,
+                        &h,
+                        stack,
+                        &self.client_text,
+                        cx,
+                        ops,
+                    ),
+                };
+                let d = t0.elapsed();
+                self.hist.add_us(d.as_micros() as u64, 1);
+                self.unwind_time += d;
+                if entry.error.is_some() {
+                    self.unwind_errors += 1;
+                }
+                self.stack_samples += 1;
+                ops.push(Op::StackSample {
+                    tid: h.tid,
+                    tag: h.tag,
+                    timestamp_ns: h.timestamp_ns,
+                    cpu_time_ns: h.cpu_time_ns,
+                    period: h.period,
+                    stack: entry.id,
+                    biased: h.flags & StackSampleHeader::FLAG_BIASED != 0,
+                    lost_overrun: h.lost_overrun,
+                    lost_dropped: h.lost_dropped,
+                });
+            }
+            Ok(Record::EventName(e)) => ops.push(Op::EventName {
+                tag: e.tag,
+                name: e.name_str().to_owned(),
+            }),
             Ok(Record::Free(f)) => ops.push(Op::Free {
                 heap: f.heap_id,
                 seq: f.sequence,

@@ -63,6 +63,12 @@ pub struct Sampling {
     /// User context filters (`record --context`; empty: every context).
     #[serde(default)]
     pub contexts: Vec<String>,
+    /// CPU-time profiling's period per thread in ns (0: off).
+    #[serde(default)]
+    pub cpu_period_ns: u64,
+    /// No heap is sampled (`--no-heap`).
+    #[serde(default)]
+    pub no_heap: bool,
 }
 
 impl Default for Sampling {
@@ -75,6 +81,8 @@ impl Default for Sampling {
             seed: 0,
             heaps: HeapSelection::default(),
             contexts: Vec::new(),
+            cpu_period_ns: 0,
+            no_heap: false,
         }
     }
 }

@@ -58,6 +58,10 @@ pub struct ClientConfig {
     pub num_context_filters: u32,
     /// Sample only while a context passing one of these is installed.
     pub context_filters: [ContextFilter; MAX_CONTEXT_FILTERS],
+    /// CPU-time profiling: one stack sample per this many nanoseconds of
+    /// CPU each thread uses; 0 = off (Since [`version::V5`]; the field was
+    /// reserved before).
+    pub cpu_period_ns: u64,
 }
 
 impl ClientConfig {
@@ -95,6 +99,7 @@ impl ClientConfig {
             heaps,
             num_context_filters: 0,
             context_filters: [ContextFilter::EMPTY; MAX_CONTEXT_FILTERS],
+            cpu_period_ns: 0,
         }
     }
 
@@ -188,7 +193,7 @@ impl ClientConfig {
         p.u32(self.fork_policy as u32);
         p.u32(self.num_heaps);
         p.u32(self.num_context_filters);
-        p.u64(0); // reserved
+        p.u64(self.cpu_period_ns);
         for h in &self.heaps {
             encode_name(&mut p, &h.name);
             p.u64(h.interval);
@@ -231,7 +236,7 @@ impl ClientConfig {
         if num_context_filters as usize > MAX_CONTEXT_FILTERS {
             return Err(DecodeError::InvalidField("num_context_filters"));
         }
-        let _reserved = g.u64();
+        let cpu_period_ns = g.u64();
         let empty = HeapConfig {
             name: [0; HEAP_NAME_LEN],
             interval: 0,
@@ -259,6 +264,7 @@ impl ClientConfig {
             heaps,
             num_context_filters,
             context_filters,
+            cpu_period_ns,
         })
     }
 }

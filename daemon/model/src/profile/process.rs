@@ -182,6 +182,8 @@ pub struct ProcessState {
     pub unprofilable: Option<heapprofd_proto::wire::Unprofilable>,
     /// Its user contexts.
     pub contexts: super::context::ContextStats,
+    /// Its stack samples (CPU time, named events).
+    pub samples: super::samples::StackSamples,
     pub(crate) heaps: BTreeMap<u32, HeapState>,
     pub(crate) order: Reorder<PendingOp>,
     pub(crate) order_stats: OrderStats,
@@ -203,6 +205,7 @@ impl ProcessState {
             sessions: 0,
             unprofilable: None,
             contexts: Default::default(),
+            samples: Default::default(),
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
             order_stats: OrderStats::default(),
