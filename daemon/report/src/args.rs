@@ -26,6 +26,7 @@ EXAMPLES:
   heapprofd-rs report --diff before.pftrace after.pftrace
   heapprofd-rs report --timeline continuous.pftrace
   heapprofd-rs report --peak continuous.pftrace --focus parse --fold-lib libstdc++
+  heapprofd-rs report --cpu cpu.pftrace --top 20
 
 Counts are samples unless the trace was recorded with -i 1 (every
 allocation); sampled traces also give the allocations the samples stand for,
@@ -48,6 +49,12 @@ pub struct ReportArgs {
     /// --dump-at-max would have.
     #[arg(long)]
     pub peak: bool,
+    /// The stack samples instead of the heaps: CPU time (`record
+    /// --cpu-time`) and requested stacks, per process and event: hot
+    /// functions by self and inclusive time, per-thread totals and lost
+    /// samples.
+    #[arg(long, conflicts_with_all = ["diff", "timeline", "peak", "by"])]
+    pub cpu: bool,
     /// Allocation sites to list per table [default: 10]; with --timeline,
     /// sites that grew to list per dump [default: 3].
     #[arg(long, value_name = "N")]

@@ -18,6 +18,7 @@
 
 pub mod args;
 pub mod by_context;
+pub mod cpu;
 pub mod diff;
 pub mod filter;
 pub mod folded;

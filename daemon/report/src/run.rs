@@ -15,6 +15,7 @@ use heapprofd_model::trace::{TraceData, TraceError, read_trace};
 
 use crate::args::{ConvertArgs, Format, ReportArgs};
 use crate::by_context::{by_context, write_by_context};
+use crate::cpu::{cpu_profiles, write_cpu};
 use crate::diff::{diff, diff_folded, write_diff};
 use crate::filter::Filter;
 use crate::folded::{folded_lines, title, write_flamegraph};
@@ -135,6 +136,29 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
         };
     }
     let raw = load_trace(&args.trace)?;
+    if args.cpu {
+        let profiles = cpu_profiles(&raw, args.pid, args.top.unwrap_or(10));
+        if args.pid.is_some() && profiles.is_empty() {
+            anyhow::bail!(
+                "{} has no stack samples of pid {}; `report --cpu` without --pid lists them all",
+                args.trace.display(),
+                args.pid.unwrap_or(0)
+            );
+        }
+        match args.format {
+            Format::Text => write_cpu(out, &name, &profiles),
+            Format::Json => json(
+                out,
+                &serde_json::json!({ "trace": name, "profiles": profiles,
+                "truncated": truncated_of(&raw) }),
+            ),
+        }
+        .or_else(ignore_broken_pipe)?;
+        return match truncated_error(&args.trace, &raw, "the report above") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+    }
     check_selection(&raw, &filter, &args.trace)?;
     let data = args.stacks.apply(&raw, None);
     if let Some(key) = &args.by {
