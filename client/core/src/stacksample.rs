@@ -32,8 +32,8 @@ use heapprofd_shmem::WriteMode;
 
 use crate::session::{self, Session};
 use crate::state::mode;
-use crate::tls::{Guard, STACK_KNOWN, ThreadState};
 use crate::threadslots::{count_lost, take_lost};
+use crate::tls::{Guard, STACK_KNOWN, ThreadState};
 use crate::{capture, errno, events};
 
 /// [`record_stack`]'s result: recorded.

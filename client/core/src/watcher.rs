@@ -20,11 +20,11 @@ use core::sync::atomic::Ordering;
 use heapprofd_proto::attach::CLIENT_THREAD_NAME_C;
 
 use crate::connect::connect;
-use crate::{cputimer, frontend};
 use crate::session::{self, Session};
 use crate::socket_path::SocketPath;
 use crate::state::{CONNECTING, IDLE, STATE};
 use crate::tls::Guard;
+use crate::{cputimer, frontend};
 
 /// Waits on the session's socket until the daemon closes it (or the session
 /// ends some other way), then tears down and drops the watcher's reference.
@@ -45,7 +45,11 @@ fn watch(s: &'static Session) {
         // The front-end's periodic work (glibc, patched: objects loaded
         // meanwhile) runs on every timeout.
         let fe_ms = (frontend::get().tick_ms)().unwrap_or(1000);
-        let timeout = i32::from(if cpu { fe_ms.min(cputimer::SCAN_MS) } else { fe_ms });
+        let timeout = i32::from(if cpu {
+            fe_ms.min(cputimer::SCAN_MS)
+        } else {
+            fe_ms
+        });
         // SAFETY: one valid pollfd; the socket stays open while we hold our
         // writer reference. The timeout bounds how long a retired session
         // keeps this thread.

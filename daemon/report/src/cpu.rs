@@ -193,7 +193,11 @@ pub fn write_cpu(out: &mut impl Write, trace: &str, profiles: &[CpuProfile]) -> 
             p.event,
             weight_str(ns, p.weight)
         )?;
-        writeln!(out, "  hot functions by self {}:", if ns { "CPU time" } else { "count" })?;
+        writeln!(
+            out,
+            "  hot functions by self {}:",
+            if ns { "CPU time" } else { "count" }
+        )?;
         for f in &p.by_self {
             writeln!(
                 out,

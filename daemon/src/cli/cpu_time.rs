@@ -59,8 +59,7 @@ pub fn parse_cpu_time(s: &str) -> Result<CpuTime, String> {
             )),
         };
     }
-    let d = parse_duration(t)
-        .map_err(|e| format!("{e}; or give a rate such as 500/s"))?;
+    let d = parse_duration(t).map_err(|e| format!("{e}; or give a rate such as 500/s"))?;
     if d < MIN_PERIOD {
         return Err(format!(
             "the CPU-time period must be at least {}us (e.g. 1ms, 10ms, or a rate: 500/s)",
@@ -85,7 +84,10 @@ mod tests {
         assert!(parse_cpu_time("x/s").is_err());
         assert!(parse_cpu_time("10us").is_err());
         assert!(parse_cpu_time("fast").is_err());
-        assert_eq!(CpuTime::Period(Duration::from_millis(10)).period_ns(8), 10_000_000);
+        assert_eq!(
+            CpuTime::Period(Duration::from_millis(10)).period_ns(8),
+            10_000_000
+        );
         // JEP 509: the rate over all CPUs.
         assert_eq!(CpuTime::Rate(500).period_ns(2), 4_000_000);
         assert_eq!(CpuTime::Rate(500).period_ns(1), 2_000_000);

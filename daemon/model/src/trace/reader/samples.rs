@@ -148,11 +148,7 @@ impl SampleReader {
                         .collect()
                 })
                 .unwrap_or_default();
-            profile.threads = if written.is_empty() {
-                counted
-            } else {
-                written
-            };
+            profile.threads = if written.is_empty() { counted } else { written };
             if !symbols.is_empty() {
                 for s in &mut profile.stacks {
                     if let Some(f) = symbols.apply(&s.frames) {

@@ -1,0 +1,189 @@
+//! CPU-time profiling and the stack-request API end to end, against
+//! ground truth the programs measure themselves (`tests/programs/cpu/`):
+//!
+//! * `cpu_split.c`: two threads burn a known 90/10 split of CPU time
+//!   (measured on their own thread CPU clocks), a third only sleeps, and
+//!   the program prints its CPU time from `getrusage`. `record --cpu-time
+//!   5ms --no-heap` must give the split within 3 points, the process's CPU
+//!   time within 5% (samples plus timer overruns, times the period), no
+//!   sample of the sleeping thread, stacks that reach the threads' start,
+//!   and a trace the official schema accepts (`check_trace.py --strict`).
+//! * `stack_requests.c`: a SIGPROF handler (`setitimer`) calls
+//!   `heapprofd_request_stack` while the program computes or loops in
+//!   malloc/free (heap profiling on, so handlers also land in the client's
+//!   hooks). Every call that returned 0 is one sample of the named event in
+//!   the trace, every other call a counted loss of its thread; errno is
+//!   unchanged; the stacks start at the interrupted code, not the handler.
+//!
+//! No timed assertion: shares and totals are of CPU time, which the
+//! machine's load does not change.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use heapprofd_tests::client_harness::{compile, workspace_root};
+use heapprofd_tests::record_harness::{check_trace, heapprofd_ok, record, scratch_dir};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The programs, built once: -O2 with debug information, no frame pointers.
+fn programs() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = workspace_root().join("tests/programs/cpu");
+        let dir = std::env::temp_dir().join(format!("heapprofd-cpu-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let include = workspace_root().join("client/include");
+        for p in ["cpu_split", "stack_requests"] {
+            compile(&[
+                "gcc",
+                "-O2",
+                "-g",
+                "-Wall",
+                "-Werror",
+                "-pthread",
+                "-I",
+                &s(&include),
+                "-o",
+                &s(&dir.join(p)),
+                &s(&src.join(format!("{p}.c"))),
+            ]);
+        }
+        dir
+    })
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// `report --cpu --format json`'s profiles.
+fn cpu_report(trace: &Path) -> Vec<Value> {
+    let out = heapprofd_ok(&[
+        "report",
+        "--cpu",
+        "--top",
+        "1000",
+        "--format",
+        "json",
+        &s(trace),
+    ]);
+    let v: Value = serde_json::from_str(&out.stdout).expect("report JSON");
+    v["profiles"].as_array().cloned().unwrap_or_default()
+}
+
+fn functions(profile: &Value) -> Vec<String> {
+    profile["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn cpu_time_gives_the_split_and_the_process_cpu_time() {
+    let dir = scratch_dir("cpu-split");
+    let trace = dir.join("cpu.pftrace");
+    let prog = programs().join("cpu_split");
+    let out = record(
+        &[
+            "--no-service",
+            "--cpu-time",
+            "5ms",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "3000", "90"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let rusage_ns: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rusage_ns "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rusage line in {}", out.stdout));
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    assert_eq!(profiles.len(), 1, "{profiles:?}");
+    let p = &profiles[0];
+    assert_eq!(p["event"], "cpu-time");
+    let threads = p["threads"].as_array().unwrap();
+    let by_name = |n: &str| threads.iter().find(|t| t["name"] == n);
+    // CPU time a thread used: its samples and the expirations the timer
+    // merged (overruns), one period each.
+    let cpu = |t: &Value| u(&t["samples"]) + u(&t["lost_overrun"]);
+    let hot = cpu(by_name("hot").expect("samples of the hot thread"));
+    let cold = cpu(by_name("cold").expect("samples of the cold thread"));
+    let share = 100.0 * hot as f64 / (hot + cold) as f64;
+    assert!(
+        (share - 90.0).abs() <= 3.0,
+        "hot thread's share {share:.1}% (hot {hot}, cold {cold}), expected 90 +- 3"
+    );
+    assert!(
+        by_name("sleeper").is_none(),
+        "a sleeping thread got samples: {threads:?}"
+    );
+    let sampled_ns: u64 = threads.iter().map(cpu).sum::<u64>() * 5_000_000;
+    let err = (sampled_ns as f64 - rusage_ns as f64).abs() / rusage_ns as f64;
+    assert!(
+        err <= 0.05,
+        "sampled CPU {sampled_ns} ns vs getrusage {rusage_ns} ns: {:.1}% apart",
+        err * 100.0
+    );
+    let f = functions(p);
+    for want in ["hot_work", "cold_work", "start_thread"] {
+        assert!(f.iter().any(|x| x == want), "{want} missing from {f:?}");
+    }
+}
+
+#[test]
+fn stacks_requested_from_sigprof_handlers_including_inside_malloc() {
+    let dir = scratch_dir("stack-requests");
+    let trace = dir.join("req.pftrace");
+    let prog = programs().join("stack_requests");
+    let out = record(
+        &["--no-service", "-i", "4096", "-o", &s(&trace)],
+        &[&s(&prog), "300"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("requests "))
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
+    let w: Vec<&str> = line.split(' ').collect();
+    let (requests, recorded): (u64, u64) = (w[1].parse().unwrap(), w[3].parse().unwrap());
+    assert_eq!(w[5], "0", "errno changed in a handler: {line}");
+    assert!(recorded > 20, "{line}");
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "prof-ticks")
+        .unwrap_or_else(|| panic!("no prof-ticks samples: {profiles:?}"));
+    assert_eq!(u(&p["samples"]), recorded, "{line}");
+    let t = &p["threads"][0];
+    assert_eq!(
+        u(&t["samples"]) + u(&t["lost_dropped"]),
+        requests,
+        "every request is a sample or a counted loss: {t} ({line})"
+    );
+    let f = functions(p);
+    for want in ["busy_compute", "alloc_loop", "main"] {
+        assert!(f.iter().any(|x| x == want), "{want} missing from {f:?}");
+    }
+    assert!(
+        !f.iter().any(|x| x == "on_prof"),
+        "the handler's frame is in a stack: {f:?}"
+    );
+}
