@@ -148,6 +148,7 @@ fn pprof_labels_and_report_by_key() {
         diff: None,
         timeline: false,
         peak: false,
+        cpu: false,
         top: None,
         depth: 6,
         short_lived: 1023,

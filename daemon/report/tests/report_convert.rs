@@ -57,6 +57,7 @@ fn report_args(trace: &Path) -> ReportArgs {
         diff: None,
         timeline: false,
         peak: false,
+        cpu: false,
         top: None,
         depth: 6,
         short_lived: 1023,
