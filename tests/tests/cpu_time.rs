@@ -143,6 +143,37 @@ fn cpu_time_gives_the_split_and_the_process_cpu_time() {
     for want in ["hot_work", "cold_work", "start_thread"] {
         assert!(f.iter().any(|x| x == want), "{want} missing from {f:?}");
     }
+    pprof_is_a_cpu_profile(&trace, &dir);
+}
+
+/// `convert --cpu --pprof`: a `cpu`/`nanoseconds` profile `go tool pprof`
+/// reads (where Go is installed; else its string table is checked).
+fn pprof_is_a_cpu_profile(trace: &Path, dir: &Path) {
+    let out = dir.join("cpu.pb.gz");
+    heapprofd_ok(&["convert", "--cpu", &s(trace), "--pprof", &s(&out)]);
+    let go = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", "-tagfocus", "thread=hot"])
+        .arg(&out)
+        .output();
+    match go {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(text.contains("Type: cpu"), "{text}");
+            assert!(text.contains("hot_work"), "{text}");
+            assert!(!text.contains("cold_work"), "tagfocus thread=hot: {text}");
+        }
+        _ => {
+            let raw = std::process::Command::new("gzip")
+                .args(["-dc"])
+                .arg(&out)
+                .output()
+                .expect("gzip");
+            let text = String::from_utf8_lossy(&raw.stdout);
+            for want in ["cpu", "nanoseconds", "hot_work", "thread"] {
+                assert!(text.contains(want), "{want} missing from the profile");
+            }
+        }
+    }
 }
 
 #[test]

@@ -97,6 +97,7 @@ EXAMPLES:
   heapprofd-rs convert --diff before.pftrace after.pftrace --svg diff.svg
   heapprofd-rs convert continuous.pftrace --timeline-svg heap.svg
   heapprofd-rs convert continuous.pftrace --timeline-png heap.png
+  heapprofd-rs convert --cpu cpu.pftrace --pprof cpu.pb.gz   (then: go tool pprof -top cpu.pb.gz)
 
 Every output takes `-` for stdout."
 )]
@@ -112,6 +113,12 @@ pub struct ConvertArgs {
     /// Write a gzipped pprof profile (for `pprof`, speedscope…).
     #[arg(long, value_name = "OUT.pb.gz", group = "output")]
     pub pprof: Option<PathBuf>,
+    /// Convert the CPU-time samples (`record --cpu-time`) instead of the
+    /// heaps: with --pprof, a `cpu`/`nanoseconds` profile as Go's, with
+    /// pid, tid and thread labels.
+    #[arg(long, requires = "pprof", conflicts_with_all = ["diff", "collapsed", "svg", "html",
+          "timeline_svg", "timeline_png", "peak", "heap"])]
+    pub cpu: bool,
     /// Write folded stacks (`a;b;c value`, for flamegraph.pl, inferno…).
     #[arg(long, value_name = "OUT.txt", group = "output")]
     pub collapsed: Option<PathBuf>,

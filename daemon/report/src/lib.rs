@@ -27,6 +27,7 @@ pub mod names;
 pub mod output;
 pub mod plumbing;
 pub mod pprof;
+pub mod pprof_cpu;
 pub mod run;
 pub mod sites;
 pub mod stackopts;

@@ -22,6 +22,7 @@ use crate::folded::{folded_lines, title, write_flamegraph};
 use crate::html::write_html;
 use crate::output::{Output, check_outputs};
 use crate::pprof::{to_pprof, to_pprof_diff, write_pprof_gz};
+use crate::pprof_cpu::to_pprof_cpu;
 use crate::summary::{Report, ReportOptions, build_report, heap_report, truncated_of};
 use crate::text::{TextOptions, write_text};
 use crate::timeline::{GREW_MOST_SITES, at_peak, timelines, write_timelines};
@@ -297,6 +298,29 @@ pub fn convert(args: &ConvertArgs) -> anyhow::Result<Vec<(PathBuf, &'static str)
     // Read first: a trace that cannot be read leaves no output files.
     let base = args.diff.as_ref().map(|b| load_trace(b)).transpose()?;
     let raw = load_trace(&args.trace)?;
+    if args.cpu {
+        let Some(profile) = to_pprof_cpu(&raw, args.pid) else {
+            anyhow::bail!(
+                "{} has no CPU-time samples{}; record them with `record --cpu-time`",
+                args.trace.display(),
+                args.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
+            );
+        };
+        let mut outs = Outputs::create(args)?;
+        let written = outs
+            .list
+            .iter()
+            .filter(|(p, _, _)| !crate::output::is_stdout(p))
+            .map(|(p, _, w)| (p.clone(), *w))
+            .collect();
+        if let Some(o) = outs.take("pprof profile") {
+            write_output(o, |w| Ok(write_pprof_gz(&profile, w)?))?;
+        }
+        return match truncated_error(&args.trace, &raw, "the output") {
+            Some(e) => Err(e),
+            None => Ok(written),
+        };
+    }
     check_selection(&raw, &filter, &args.trace)?;
     let mut outs = Outputs::create(args)?;
     let written: Vec<(PathBuf, &'static str)> = outs

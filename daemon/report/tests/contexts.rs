@@ -102,6 +102,7 @@ fn pprof_labels_and_report_by_key() {
         trace: trace.clone(),
         diff: None,
         pprof: Some(out.clone()),
+        cpu: false,
         collapsed: None,
         svg: None,
         html: None,
