@@ -15,6 +15,11 @@
 //!   the trace, every other call a counted loss of its thread; errno is
 //!   unchanged; the stacks start at the interrupted code, not the handler.
 //!
+//! * `jep509.c`: JDK's JEP 509 example made native: ten fast requests
+//!   (10 ms of CPU each) and one slow one (100 ms, mostly waiting) to a
+//!   local server; at `--cpu-time 1ms` the CPU profile puts (nearly) all
+//!   the time in the fast requests' handler.
+//!
 //! No timed assertion: shares and totals are of CPU time, which the
 //! machine's load does not change.
 
@@ -36,7 +41,7 @@ fn programs() -> &'static PathBuf {
         let dir = std::env::temp_dir().join(format!("heapprofd-cpu-tests-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let include = workspace_root().join("client/include");
-        for p in ["cpu_split", "stack_requests"] {
+        for p in ["cpu_split", "stack_requests", "jep509"] {
             compile(&[
                 "gcc",
                 "-O2",
@@ -118,9 +123,10 @@ fn cpu_time_gives_the_split_and_the_process_cpu_time() {
     assert_eq!(p["event"], "cpu-time");
     let threads = p["threads"].as_array().unwrap();
     let by_name = |n: &str| threads.iter().find(|t| t["name"] == n);
-    // CPU time a thread used: its samples and the expirations the timer
-    // merged (overruns), one period each.
-    let cpu = |t: &Value| u(&t["samples"]) + u(&t["lost_overrun"]);
+    // CPU time a thread used: its samples' weights (each the period times
+    // one plus the expirations the kernel merged into its signal) and the
+    // expirations it lost, one period each.
+    let cpu = |t: &Value| u(&t["weight"]) + u(&t["lost_dropped"]) * 5_000_000;
     let hot = cpu(by_name("hot").expect("samples of the hot thread"));
     let cold = cpu(by_name("cold").expect("samples of the cold thread"));
     let share = 100.0 * hot as f64 / (hot + cold) as f64;
@@ -132,7 +138,7 @@ fn cpu_time_gives_the_split_and_the_process_cpu_time() {
         by_name("sleeper").is_none(),
         "a sleeping thread got samples: {threads:?}"
     );
-    let sampled_ns: u64 = threads.iter().map(cpu).sum::<u64>() * 5_000_000;
+    let sampled_ns: u64 = threads.iter().map(cpu).sum();
     let err = (sampled_ns as f64 - rusage_ns as f64).abs() / rusage_ns as f64;
     assert!(
         err <= 0.05,
@@ -216,5 +222,46 @@ fn stacks_requested_from_sigprof_handlers_including_inside_malloc() {
     assert!(
         !f.iter().any(|x| x == "on_prof"),
         "the handler's frame is in a stack: {f:?}"
+    );
+}
+
+#[test]
+fn jep509_example_cpu_goes_to_the_fast_requests() {
+    let dir = scratch_dir("jep509");
+    let trace = dir.join("jep.pftrace");
+    let prog = programs().join("jep509");
+    let out = record(
+        &[
+            "--no-service",
+            "--cpu-time",
+            "1ms",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog)],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    assert!(out.stdout.contains("jep509 done"), "{}", out.stdout);
+    let profiles = cpu_report(&trace);
+    let p = &profiles[0];
+    let incl = |name: &str| {
+        p["by_inclusive"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["function"] == name)
+            .map_or(0, |f| u(&f["inclusive_weight"]))
+    };
+    let (fast, slow) = (incl("handle_fast"), incl("handle_slow"));
+    // 100 ms of CPU in the fast handler, 0.2 ms in the slow one.
+    assert!(
+        fast >= 50_000_000,
+        "handle_fast has {fast} ns of CPU, expected about 100 ms: {p}"
+    );
+    assert!(
+        fast as f64 >= 0.9 * (fast + slow) as f64,
+        "handle_fast {fast} ns, handle_slow {slow} ns: the slow request's waiting must not count"
     );
 }

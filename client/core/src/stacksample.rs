@@ -16,7 +16,9 @@
 //!   lost, instead of spinning on a lock its own thread holds.
 //! * The ring is written in drop mode whatever the session's mode: a full
 //!   ring costs the sample (counted in the thread's `lost_dropped`, sent
-//!   with its next sample), never a wait inside a handler.
+//!   with its next sample), never a wait inside a handler. Losses count
+//!   expirations: a dropped CPU signal that merged `k` overruns loses
+//!   `1 + k` periods.
 //! * The stack end is found without `pthread_getattr_np` (which
 //!   allocates): the cached bounds when the thread has them, the main
 //!   thread's from the constructor, else the start of glibc's static TLS
@@ -79,7 +81,7 @@ fn record(ucontext: *const c_void, kind: SampleKind) -> i32 {
         // the thread's block); the tid costs a system call here.
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-        count_lost(tid, kind.lost_overrun, 1);
+        count_lost(tid, 0, 1 + kind.lost_overrun);
         return REENTERED;
     };
     let st = g.thread();
@@ -106,7 +108,7 @@ fn write_sample(
     if kind.tag != heapprofd_proto::wire::TAG_CPU_TIME
         && !events::ensure_sent(kind.tag, s.mode_word(), |rec| s.write_small_dropping(rec))
     {
-        count_lost(tid, kind.lost_overrun, 1);
+        count_lost(tid, 0, 1 + kind.lost_overrun);
         return DROPPED;
     }
     let mut regs = [0u64; MAX_REGS];
@@ -134,8 +136,14 @@ fn write_sample(
         }
     };
     let (lost_overrun, lost_dropped) = take_lost(tid);
+    // A CPU sample stands for the CPU the thread used since its previous
+    // signal: the timer's period once, plus once per expiration the kernel
+    // merged into this signal (it checks CPU timers at scheduler ticks, so
+    // a period shorter than a tick expires several times per signal).
     let period = match kind.period {
-        0 if kind.tag == heapprofd_proto::wire::TAG_CPU_TIME => s.cpu_period_ns(),
+        0 if kind.tag == heapprofd_proto::wire::TAG_CPU_TIME => s
+            .cpu_period_ns()
+            .saturating_mul(1 + u64::from(kind.lost_overrun)),
         0 => 1,
         p => p,
     };
@@ -159,7 +167,8 @@ fn write_sample(
         .rb()
         .begin_write(StackSampleHeader::ENCODED_LEN + stack_len, WriteMode::Drop)
     else {
-        count_lost(tid, header.lost_overrun, lost_dropped.saturating_add(1));
+        let lost = lost_dropped.saturating_add(1 + kind.lost_overrun);
+        count_lost(tid, lost_overrun, lost);
         return DROPPED;
     };
     r.write_at(0, &fixed);

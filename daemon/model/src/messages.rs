@@ -90,9 +90,10 @@ pub enum Op {
         stack: u32,
         /// The stack is the requester's own.
         biased: bool,
-        /// Samples the thread lost to timer overruns just before.
+        /// Timer expirations merged into this sample (in `period`).
         lost_overrun: u32,
-        /// Samples the thread lost in the client just before.
+        /// Samples (CPU: expirations) the thread lost in the client just
+        /// before.
         lost_dropped: u32,
     },
     /// Names an event tag.

@@ -47,9 +47,11 @@ pub struct ThreadTotal {
     pub weight: u64,
     /// `weight` as a percentage of the process's.
     pub percent: f64,
-    /// Samples lost to timer overruns.
+    /// Timer expirations merged into recorded samples (their CPU time is
+    /// in the samples' weights: not lost).
     pub lost_overrun: u64,
-    /// Samples lost in the client (ring full, thread inside the client).
+    /// Samples (CPU: timer expirations) lost in the client: ring full, or
+    /// the thread was inside the client.
     pub lost_dropped: u64,
 }
 
@@ -225,15 +227,14 @@ pub fn write_cpu(out: &mut impl Write, trace: &str, profiles: &[CpuProfile]) -> 
         for t in &p.threads {
             writeln!(
                 out,
-                "    tid {:<8} {:<16} {:>6} samples {:>10} {:5.1}%  lost {} (overrun {}, dropped {})",
+                "    tid {:<8} {:<16} {:>6} samples {:>10} {:5.1}%  lost {}  (timer overruns {}, in the time)",
                 t.tid,
                 t.name,
                 t.samples,
                 weight_str(ns, t.weight),
                 t.percent,
-                t.lost_overrun + t.lost_dropped,
-                t.lost_overrun,
-                t.lost_dropped
+                t.lost_dropped,
+                t.lost_overrun
             )?;
         }
     }

@@ -29,14 +29,15 @@ pub struct StackSampleHeader {
     /// The thread's CPU clock (CLOCK_THREAD_CPUTIME_ID) at the sample,
     /// nanoseconds.
     pub cpu_time_ns: u64,
-    /// What one sample stands for: nanoseconds of CPU for CPU-time samples,
+    /// What one sample stands for: nanoseconds of CPU for CPU-time samples
+    /// (the timer's period times one plus the overruns of this signal),
     /// the event's period otherwise (0: unknown, counted as 1).
     pub period: u64,
-    /// Samples this thread lost before this one because the timer fired
-    /// again before the last signal was handled (`timer_getoverrun`).
+    /// Timer expirations the kernel merged into this signal
+    /// (`timer_getoverrun`): counted in `period`, not lost.
     pub lost_overrun: u32,
-    /// Samples this thread lost before this one because the ring was full
-    /// or the thread was inside the client.
+    /// Samples (CPU: timer expirations) this thread lost before this one
+    /// because the ring was full or the thread was inside the client.
     pub lost_dropped: u32,
     /// How to read `regs`.
     pub arch: Arch,

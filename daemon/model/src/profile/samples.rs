@@ -38,9 +38,11 @@ pub struct ThreadSamples {
     pub samples: u64,
     /// Sum of their periods (CPU nanoseconds for CPU time).
     pub weight: u64,
-    /// Samples lost to timer overruns.
+    /// Timer expirations merged into recorded samples (their CPU time is
+    /// in the samples' weights: not lost).
     pub lost_overrun: u64,
-    /// Samples lost in the client (ring full, thread inside the client).
+    /// Samples (CPU: timer expirations) lost in the client: ring full, or
+    /// the thread was inside the client.
     pub lost_dropped: u64,
 }
 

@@ -91,7 +91,8 @@ pub struct ThreadSampleTotals {
     /// Sum of their periods (CPU ns for CPU time).
     #[prost(uint64, optional, tag = "4")]
     pub weight: Option<u64>,
-    /// Samples lost to timer overruns.
+    /// Timer expirations merged into recorded samples (their CPU time is
+    /// in the samples' weights: not lost).
     #[prost(uint64, optional, tag = "5")]
     pub lost_overrun: Option<u64>,
     /// Samples lost in the client (ring full, inside the client).
