@@ -9,7 +9,8 @@
 //! let _ = heapprofd_api::register_event(7, c"prof-ticks");
 //! // In a SA_SIGINFO handler `fn(sig, info, ucontext)`:
 //! extern "C" fn on_prof(_: i32, _: *mut libc::siginfo_t, uc: *mut c_void) {
-//!     heapprofd_api::request_stack(uc, 7);
+//!     // SAFETY: the ucontext this handler was given.
+//!     unsafe { heapprofd_api::request_stack(uc, 7) };
 //! }
 //! ```
 
@@ -49,8 +50,12 @@ pub fn register_event(tag: u64, name: &CStr) -> Result<(), i32> {
 /// [`crate::client_loaded`] returns -1). 0 recorded; negative not
 /// recorded (no profile, the thread was inside the client, the buffer was
 /// full: the last two are counted as lost samples of the thread).
+///
+/// # Safety
+/// `ucontext` is null or the `ucontext_t` the kernel passed to the
+/// calling signal handler.
 #[inline]
-pub fn request_stack(ucontext: *const c_void, tag: u64) -> i32 {
+pub unsafe fn request_stack(ucontext: *const c_void, tag: u64) -> i32 {
     if !resolved() {
         return -1;
     }
@@ -60,7 +65,7 @@ pub fn request_stack(ucontext: *const c_void, tag: u64) -> i32 {
     }
     // SAFETY: the client's `heapprofd_request_stack`, with this signature.
     let f: RequestFn = unsafe { core::mem::transmute::<*mut c_void, RequestFn>(f) };
-    // SAFETY: the client reads the ucontext only when it is not null.
+    // SAFETY: the caller's contract is the client's.
     unsafe { f(ucontext, tag) }
 }
 
@@ -71,6 +76,7 @@ mod tests {
     #[test]
     fn without_the_client_every_call_is_a_no_op() {
         assert_eq!(register_event(7, c"prof-ticks"), Err(-1));
-        assert_eq!(request_stack(core::ptr::null(), 7), -1);
+        // SAFETY: a null ucontext is always allowed.
+        assert_eq!(unsafe { request_stack(core::ptr::null(), 7) }, -1);
     }
 }

@@ -41,12 +41,9 @@ pub fn to_pprof_cpu(data: &TraceData, pid: Option<u32>) -> Option<Profile> {
         b.mapping(exe);
     }
     let (pid_key, tid_key, thread_key) = (b.s("pid"), b.s("tid"), b.s("thread"));
-    let (mut samples, mut weight) = (0u64, 0u64);
     for p in &profiles {
         let names = data.processes.get(&p.pid).map(|i| &i.threads);
         for s in &p.stacks {
-            samples += s.samples;
-            weight += s.weight;
             let name = names
                 .and_then(|n| n.get(&s.tid))
                 .filter(|n| !n.is_empty())
@@ -72,10 +69,13 @@ pub fn to_pprof_cpu(data: &TraceData, pid: Option<u32>) -> Option<Profile> {
             b.sample(&s.frames, vec![to_i64(s.samples), to_i64(s.weight)], label);
         }
     }
-    b.p.period = if samples == 0 {
-        0
-    } else {
-        to_i64(weight / samples)
-    };
+    // The timer's period: a sample weighs it times one plus its signal's
+    // overruns, so the smallest mean weight of a stack is the closest.
+    b.p.period = profiles
+        .iter()
+        .flat_map(|p| p.stacks.iter())
+        .filter_map(|s| s.weight.checked_div(s.samples))
+        .min()
+        .map_or(0, to_i64);
     Some(b.p)
 }
