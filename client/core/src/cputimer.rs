@@ -32,11 +32,15 @@
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
-use heapprofd_proto::wire::TAG_CPU_TIME;
+use heapprofd_proto::wire::{PerfEvent, TAG_CPU_TIME};
 
-use crate::errno;
 use crate::stacksample::{SampleKind, record_stack};
 use crate::threadslots::{GONE, SLOTS, Slot, TABLE, slot_of};
+use crate::{errno, perfevent};
+
+/// `si_code`s of `F_SETSIG` signals (`POLL_IN`, `POLL_HUP`).
+const POLL_IN: c_int = 1;
+const POLL_HUP: c_int = 6;
 
 /// How often the watcher looks for new threads while CPU profiling runs.
 pub const SCAN_MS: u16 = 50;
@@ -94,6 +98,17 @@ extern "C" fn on_cpu_signal(_sig: c_int, info: *mut libc::siginfo_t, uc: *mut c_
             None => (0, 0),
         }
     };
+    // A perf event's overflow (`F_SETSIG`: a `POLL_*` code).
+    if (code == POLL_IN || code == POLL_HUP)
+        && let Some((tag, period)) = perfevent::current()
+    {
+        let kind = SampleKind {
+            tag,
+            period,
+            lost_overrun: 0,
+        };
+        record_stack(uc, kind);
+    }
     // Only our timers' signals (someone else's `kill` of it is ignored).
     if code == libc::SI_TIMER && (1..=SLOTS).contains(&value) {
         let s = &TABLE[value - 1];
@@ -114,13 +129,38 @@ extern "C" fn on_cpu_signal(_sig: c_int, info: *mut libc::siginfo_t, uc: *mut c_
     errno::set(saved);
 }
 
-/// Arms `tid`'s timer unless it is armed; marks it seen by scan `gen`.
-fn arm(tid: u32, period_ns: u64, sig: c_int, generation: u64) {
+/// What the watcher arms each thread with.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// CPU timer period in ns (0: none).
+    pub cpu_period_ns: u64,
+    /// A perf event and its period.
+    pub event: Option<(PerfEvent, u64)>,
+}
+
+impl Plan {
+    /// The plan of a session's configuration (`None`: nothing to arm).
+    pub fn of(cpu_period_ns: u64, perf_event: u32, perf_period: u64) -> Option<Plan> {
+        let event = PerfEvent::from_u32(perf_event).map(|e| (e, perf_period.max(1)));
+        (cpu_period_ns > 0 || event.is_some()).then_some(Plan {
+            cpu_period_ns,
+            event,
+        })
+    }
+}
+
+/// Arms `tid` (its timer, its perf event) unless it is; marks it seen by
+/// scan `generation`.
+fn arm(tid: u32, plan: &Plan, sig: c_int, generation: u64) {
     let Some((idx, s)) = slot_of(tid, true) else {
         return;
     };
     s.seen.store(generation, Ordering::Relaxed);
-    if s.armed.load(Ordering::Relaxed) {
+    if let Some((event, period)) = plan.event {
+        perfevent::open(s, tid, event, period, sig);
+    }
+    let period_ns = plan.cpu_period_ns;
+    if period_ns == 0 || s.armed.load(Ordering::Relaxed) {
         return;
     }
     // SAFETY: plain timer creation with valid structs; the clock id names
@@ -160,22 +200,25 @@ fn disarm(s: &Slot) {
         // SAFETY: a timer we created and have not deleted.
         unsafe { libc::timer_delete(s.timer.load(Ordering::Relaxed) as libc::timer_t) };
     }
+    perfevent::close(s);
 }
 
 /// The watcher's turn: arms every thread of the process but `own_tid`
-/// that has no timer, deletes the timers of threads that exited.
-/// False if CPU timers cannot run here (no free signal).
-pub fn scan(period_ns: u64, own_tid: u32) -> bool {
+/// as `plan` says, disarms the threads that exited. False if nothing can
+/// be armed here (no free signal).
+pub fn scan(plan: &Plan, own_tid: u32) -> bool {
     let Some(sig) = signal() else { return false };
+    perfevent::configure(plan.event.map(|e| e.0), plan.event.map_or(1, |e| e.1));
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
     let complete = for_each_task(|tid| {
         if tid != own_tid {
-            arm(tid, period_ns, sig, generation);
+            arm(tid, plan, sig, generation);
         }
     });
     if complete {
         for s in TABLE.iter() {
-            if s.armed.load(Ordering::Relaxed) && s.seen.load(Ordering::Relaxed) != generation {
+            let armed = s.armed.load(Ordering::Relaxed) || s.perf_fd.load(Ordering::Relaxed) >= 0;
+            if armed && s.seen.load(Ordering::Relaxed) != generation {
                 disarm(s);
                 s.tid.store(GONE, Ordering::Release);
             }
@@ -184,8 +227,10 @@ pub fn scan(period_ns: u64, own_tid: u32) -> bool {
     true
 }
 
-/// Deletes every timer (the session ended) and empties the table.
+/// Deletes every timer and closes every event (the session ended), and
+/// empties the table.
 pub fn disarm_all() {
+    perfevent::configure(None, 1);
     for s in TABLE.iter() {
         disarm(s);
         s.reset();

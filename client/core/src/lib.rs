@@ -57,6 +57,7 @@ pub mod frontend;
 pub mod heaps;
 pub mod hookpath;
 pub mod log;
+pub mod perfevent;
 pub mod procmaps;
 pub mod sampler;
 pub mod session;

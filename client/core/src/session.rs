@@ -183,6 +183,12 @@ impl Session {
         self.config.cpu_period_ns
     }
 
+    /// The perf event each thread samples on and its period (event 0:
+    /// none).
+    pub fn perf_event(&self) -> (u32, u64) {
+        (self.config.perf_event, self.config.perf_period)
+    }
+
     /// The session's mode word (unique, even, >= 2).
     pub fn mode_word(&self) -> u64 {
         self.mode_word

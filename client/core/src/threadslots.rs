@@ -1,9 +1,9 @@
 //! The per-thread slots of the client's stack sampling: a thread's CPU
-//! timer (`cputimer`) and the samples it lost (`stacksample`), found by tid
+//! timer (`cputimer`), its perf event (`perfevent`) and the samples it lost (`stacksample`), found by tid
 //! without a lock (open addressing, claimed with a compare-exchange;
 //! async-signal-safe).
 
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Threads that can have a slot at once.
 pub(crate) const SLOTS: usize = 4096;
@@ -17,6 +17,8 @@ pub(crate) struct Slot {
     /// `timer` holds a live timer id.
     pub armed: AtomicBool,
     pub timer: AtomicUsize,
+    /// The thread's perf event descriptor (-1: none).
+    pub perf_fd: AtomicI32,
     /// The scan that last saw the thread.
     pub seen: AtomicU64,
     pub lost_overrun: AtomicU32,
@@ -28,6 +30,7 @@ const EMPTY: Slot = Slot {
     tid: AtomicU32::new(0),
     armed: AtomicBool::new(false),
     timer: AtomicUsize::new(0),
+    perf_fd: AtomicI32::new(-1),
     seen: AtomicU64::new(0),
     lost_overrun: AtomicU32::new(0),
     lost_dropped: AtomicU32::new(0),
@@ -37,9 +40,11 @@ pub(crate) static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 static LOST_UNATTRIBUTED: AtomicU64 = AtomicU64::new(0);
 
 impl Slot {
-    /// Empties the slot (its timer is someone else's to delete).
+    /// Empties the slot (its timer and event are someone else's to
+    /// delete and close).
     pub(crate) fn reset(&self) {
         self.armed.store(false, Ordering::Relaxed);
+        self.perf_fd.store(-1, Ordering::Relaxed);
         self.lost_overrun.store(0, Ordering::Relaxed);
         self.lost_dropped.store(0, Ordering::Relaxed);
         self.seen.store(0, Ordering::Relaxed);

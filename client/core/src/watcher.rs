@@ -30,11 +30,14 @@ use crate::{cputimer, frontend};
 /// ends some other way), then tears down and drops the watcher's reference.
 fn watch(s: &'static Session) {
     let mut sink = [0u8; 64];
-    // CPU-time profiling: the watcher arms the threads' timers now and
-    // looks for new threads every `cputimer::SCAN_MS` (see `cputimer`).
+    // CPU-time profiling and perf events: the watcher arms the threads'
+    // timers and events now and looks for new threads every
+    // `cputimer::SCAN_MS` (see `cputimer`).
     // SAFETY: gettid has no preconditions.
     let own_tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-    let cpu = s.cpu_period_ns() > 0 && cputimer::scan(s.cpu_period_ns(), own_tid);
+    let (event, event_period) = s.perf_event();
+    let plan = cputimer::Plan::of(s.cpu_period_ns(), event, event_period);
+    let cpu = plan.is_some_and(|p| cputimer::scan(&p, own_tid));
     let mut ticks = Ticks::default();
     while !session::is_retired(s) {
         let mut pfd = libc::pollfd {
@@ -62,8 +65,8 @@ fn watch(s: &'static Session) {
             break;
         }
         if n == 0 {
-            if cpu {
-                cputimer::scan(s.cpu_period_ns(), own_tid);
+            if let Some(p) = plan.filter(|_| cpu) {
+                cputimer::scan(&p, own_tid);
             }
             if ticks.due(fe_ms) {
                 (frontend::get().tick)();

@@ -1,5 +1,6 @@
 //! `record --cpu-time [PERIOD | RATE/s]`: how often each thread is sampled
-//! by the CPU it uses.
+//! by the CPU it uses; and `record --event NAME [--period N]`, sampling on
+//! a software perf event.
 //!
 //! * `PERIOD` (`10ms`, `1ms`, `500us`): one sample per PERIOD of CPU time a
 //!   thread consumes, whatever the number of threads.
@@ -48,6 +49,27 @@ impl CpuTime {
     }
 }
 
+/// `record --event NAME`: a software perf event.
+pub fn parse_event(s: &str) -> Result<heapprofd_proto::wire::PerfEvent, String> {
+    heapprofd_proto::wire::PerfEvent::from_name(s).ok_or_else(|| {
+        format!(
+            "unknown event `{s}`: use page-faults, context-switches, cpu-clock or task-clock \
+             (software events; hardware counters are not available)"
+        )
+    })
+}
+
+/// The default `--period` of an event: a page fault in 100, every context
+/// switch, 10 ms of the CPU or task clock.
+pub fn default_period(e: heapprofd_proto::wire::PerfEvent) -> u64 {
+    use heapprofd_proto::wire::PerfEvent as E;
+    match e {
+        E::PageFaults => 100,
+        E::ContextSwitches => 1,
+        E::CpuClock | E::TaskClock => 10_000_000,
+    }
+}
+
 /// Parses `10ms` or `500/s`.
 pub fn parse_cpu_time(s: &str) -> Result<CpuTime, String> {
     let t = s.trim();
@@ -92,5 +114,18 @@ mod tests {
         assert_eq!(CpuTime::Rate(500).period_ns(2), 4_000_000);
         assert_eq!(CpuTime::Rate(500).period_ns(1), 2_000_000);
         assert_eq!(CpuTime::Rate(1_000_000).period_ns(1), 100_000, "capped");
+    }
+
+    #[test]
+    fn events() {
+        use heapprofd_proto::wire::PerfEvent;
+        assert_eq!(parse_event("page-faults"), Ok(PerfEvent::PageFaults));
+        assert!(parse_event("cycles").is_err());
+        assert_eq!(default_period(PerfEvent::TaskClock), 10_000_000);
+        for e in PerfEvent::ALL {
+            assert_eq!(PerfEvent::of_tag(e.tag()), Some(e));
+            assert_eq!(PerfEvent::from_name(e.name()), Some(e));
+        }
+        assert_eq!(PerfEvent::of_tag(7), None);
     }
 }

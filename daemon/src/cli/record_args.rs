@@ -21,6 +21,7 @@ EXAMPLES:
   heapprofd-rs record --heaps libc.malloc,pool --heap-interval pool=1 -- ./server
   heapprofd-rs record --context endpoint=/checkout -- ./server
   heapprofd-rs record --cpu-time 10ms --no-heap -- ./solver   (CPU time only)
+  heapprofd-rs record --event page-faults --period 10 --no-heap -- ./loader
 
 Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
 pub struct RecordArgs {
@@ -63,8 +64,20 @@ pub struct RecordArgs {
           value_parser = super::cpu_time::parse_cpu_time)]
     pub cpu_time: Option<super::cpu_time::CpuTime>,
 
-    /// Sample no heap (with --cpu-time: CPU time only).
-    #[arg(long, requires = "cpu_time")]
+    /// Sample on a software perf event: every --period events of a thread
+    /// record its stack (page-faults, context-switches, cpu-clock,
+    /// task-clock), written as PerfSamples; `report --cpu` lists them.
+    #[arg(long, value_name = "EVENT", value_parser = super::cpu_time::parse_event)]
+    pub event: Option<heapprofd_proto::wire::PerfEvent>,
+
+    /// Events per sample with --event [default: page-faults 100,
+    /// context-switches 1, cpu-clock and task-clock 10000000 ns].
+    #[arg(long, value_name = "N", requires = "event",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub period: Option<u64>,
+
+    /// Sample no heap (with --cpu-time or --event: only those).
+    #[arg(long)]
     pub no_heap: bool,
 
     /// Where to write the trace [default: heapprofd-<cmd>-<pid>-<time>.pftrace].
@@ -228,6 +241,26 @@ impl RecordArgs {
     /// CPU-time profiling's period per thread in ns (0 = off).
     pub fn cpu_period_ns(&self) -> u64 {
         self.cpu_time.map_or(0, |c| c.period_ns_here())
+    }
+
+    /// The perf event (its number, 0 = none) and its period.
+    pub fn perf_event(&self) -> (u32, u64) {
+        match self.event {
+            Some(e) => (
+                e as u32,
+                self.period
+                    .unwrap_or_else(|| super::cpu_time::default_period(e)),
+            ),
+            None => (0, 0),
+        }
+    }
+
+    /// `--no-heap` without anything else to sample is a usage error.
+    pub fn check_sampling(&self) -> Result<(), String> {
+        if self.no_heap && self.cpu_time.is_none() && self.event.is_none() {
+            return Err("--no-heap leaves nothing to sample: add --cpu-time or --event".into());
+        }
+        Ok(())
     }
 
     /// The heaps these options select.

@@ -118,6 +118,8 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
             contexts: Vec::new(),
             cpu_period_ns: 0,
             no_heap: false,
+            perf_event: 0,
+            perf_period: 0,
         },
         dumps: Dumps {
             continuous,

@@ -69,6 +69,12 @@ pub struct Sampling {
     /// No heap is sampled (`--no-heap`).
     #[serde(default)]
     pub no_heap: bool,
+    /// The perf event sampled on (`--event`; 0: none) and its period.
+    #[serde(default)]
+    pub perf_event: u32,
+    /// Events per sample.
+    #[serde(default)]
+    pub perf_period: u64,
 }
 
 impl Default for Sampling {
@@ -83,6 +89,8 @@ impl Default for Sampling {
             contexts: Vec::new(),
             cpu_period_ns: 0,
             no_heap: false,
+            perf_event: 0,
+            perf_period: 0,
         }
     }
 }

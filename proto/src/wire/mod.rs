@@ -43,7 +43,7 @@ mod record;
 mod stack_sample;
 
 pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
-pub use client_config::{ClientConfig, ForkPolicy, HeapConfig};
+pub use client_config::{ClientConfig, ForkPolicy, HeapConfig, PerfEvent};
 pub use codec::{DecodeError, HEAP_NAME_LEN, heap_name_field, heap_name_str};
 pub use context::{
     CONTEXT_HEADER_LEN, CONTEXT_NONE, ContextRecord, MAX_CONTEXT_BYTES, MAX_CONTEXT_PAIRS,
@@ -79,7 +79,7 @@ pub mod version {
     /// Stack samples taken from signal handlers (CPU time, requested
     /// stacks): [`StackSampleHeader`](super::StackSampleHeader) and
     /// [`EventNameRecord`](super::EventNameRecord) in the ring,
-    /// `ClientConfig::cpu_period_ns`.
+    /// `ClientConfig::cpu_period_ns`, `perf_event` and `perf_period`.
     pub const V5: u32 = 5;
     /// The version this build speaks.
     pub const CURRENT: u32 = V5;

@@ -78,9 +78,12 @@ impl StackSamples {
         std::mem::take(&mut self.pending)
     }
 
-    /// The name of `tag`'s event: `cpu-time`, the program's name, or
-    /// `event-<tag>`.
+    /// The name of `tag`'s event: `cpu-time`, a perf event's, the
+    /// program's name, or `event-<tag>`.
     pub fn event_name(&self, tag: u64) -> String {
+        if let Some(e) = heapprofd_proto::wire::PerfEvent::of_tag(tag) {
+            return e.name().to_owned();
+        }
         match (tag, self.names.get(&tag)) {
             (TAG_CPU_TIME, _) => "cpu-time".to_owned(),
             (_, Some(n)) => n.clone(),

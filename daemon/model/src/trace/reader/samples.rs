@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use heapprofd_proto::perfetto as pf;
+use heapprofd_proto::wire::PerfEvent;
 use rustc_hash::FxHashMap;
 
 use super::super::data::{ResolvedFrame, SampleProfile, SampledStack};
@@ -123,6 +124,9 @@ impl SampleReader {
             let t = totals.get(&pid);
             profile.event = match (tag, t) {
                 (TAG_CPU_TIME, _) => "cpu-time".to_owned(),
+                _ if PerfEvent::of_tag(tag).is_some() => {
+                    PerfEvent::of_tag(tag).map_or_else(String::new, |e| e.name().to_owned())
+                }
                 (_, Some(t)) => t
                     .events
                     .iter()
