@@ -20,6 +20,10 @@
 //!   local server; at `--cpu-time 1ms` the CPU profile puts (nearly) all
 //!   the time in the fast requests' handler.
 //!
+//! * `page_faults.c`: a known number of first-touch page faults in
+//!   `touch_pages`; `record --event page-faults --period 10` counts them
+//!   (samples times the period) and puts them there.
+//!
 //! No timed assertion: shares and totals are of CPU time, which the
 //! machine's load does not change.
 
@@ -41,7 +45,7 @@ fn programs() -> &'static PathBuf {
         let dir = std::env::temp_dir().join(format!("heapprofd-cpu-tests-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let include = workspace_root().join("client/include");
-        for p in ["cpu_split", "stack_requests", "jep509"] {
+        for p in ["cpu_split", "stack_requests", "jep509", "page_faults"] {
             compile(&[
                 "gcc",
                 "-O2",
@@ -210,10 +214,11 @@ fn stacks_requested_from_sigprof_handlers_including_inside_malloc() {
         .unwrap_or_else(|| panic!("no prof-ticks samples: {profiles:?}"));
     assert_eq!(u(&p["samples"]), recorded, "{line}");
     let t = &p["threads"][0];
+    let not_profiling: u64 = w[7].parse().unwrap();
     assert_eq!(
-        u(&t["samples"]) + u(&t["lost_dropped"]),
+        u(&t["samples"]) + u(&t["lost_dropped"]) + not_profiling,
         requests,
-        "every request is a sample or a counted loss: {t} ({line})"
+        "every request is a sample, a counted loss, or made before the profile: {t} ({line})"
     );
     let f = functions(p);
     for want in ["busy_compute", "alloc_loop", "main"] {
@@ -263,5 +268,50 @@ fn jep509_example_cpu_goes_to_the_fast_requests() {
     assert!(
         fast as f64 >= 0.9 * (fast + slow) as f64,
         "handle_fast {fast} ns, handle_slow {slow} ns: the slow request's waiting must not count"
+    );
+}
+
+#[test]
+fn page_fault_events_are_counted_where_they_happen() {
+    let dir = scratch_dir("page-faults");
+    let trace = dir.join("pf.pftrace");
+    let prog = programs().join("page_faults");
+    let out = record(
+        &[
+            "--no-service",
+            "--event",
+            "page-faults",
+            "--period",
+            "10",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "100"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let touched: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("touched "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "page-faults")
+        .unwrap_or_else(|| panic!("no page-faults samples: {profiles:?}"));
+    let in_touch = p["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "touch_pages")
+        .map_or(0, |f| u(&f["inclusive_weight"]));
+    // Every first touch faults once; the period rounds down by under 10.
+    assert!(
+        in_touch + 10 >= touched && in_touch <= touched + touched / 20,
+        "touch_pages has {in_touch} page faults, the program made {touched}"
     );
 }

@@ -7,7 +7,8 @@
  *
  *   stack_requests ROUNDS
  *
- * prints `requests N recorded M` (M: calls that returned 0). */
+ * prints `requests N recorded M errno_changed 0|1 not_profiling K` (M: calls
+ * that returned 0, K: calls made before the profile started, -1). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -19,7 +20,7 @@
 
 #include "heapprofd.h"
 
-static volatile uint64_t requests, recorded, sink;
+static volatile uint64_t requests, recorded, not_profiling, sink;
 static volatile int errno_changed;
 
 static void on_prof(int sig, siginfo_t *info, void *uc) {
@@ -27,7 +28,9 @@ static void on_prof(int sig, siginfo_t *info, void *uc) {
   (void)info;
   int before = errno;
   requests++;
-  if (heapprofd_request_stack(uc, 7) == 0) recorded++;
+  int r = heapprofd_request_stack(uc, 7);
+  if (r == 0) recorded++;
+  if (r == -1) not_profiling++; /* before the session started */
   if (errno != before) errno_changed = 1;
 }
 
@@ -67,7 +70,8 @@ int main(int argc, char **argv) {
   }
   struct itimerval off = {{0, 0}, {0, 0}};
   setitimer(ITIMER_PROF, &off, NULL);
-  printf("requests %llu recorded %llu errno_changed %d\n", (unsigned long long)requests,
-         (unsigned long long)recorded, errno_changed);
+  printf("requests %llu recorded %llu errno_changed %d not_profiling %llu\n",
+         (unsigned long long)requests, (unsigned long long)recorded, errno_changed,
+         (unsigned long long)not_profiling);
   return 0;
 }
