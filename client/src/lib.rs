@@ -70,6 +70,7 @@ pub mod ownalloc;
 mod patching;
 mod protections;
 mod stackapi;
+mod threadhook;
 mod unprofilable;
 
 pub use init::ACTIVATION_SIGNAL;

@@ -12,14 +12,20 @@
 //!   `heapprofd_request_stack` while the program computes or loops in
 //!   malloc/free (heap profiling on, so handlers also land in the client's
 //!   hooks). Every call that returned 0 is one sample of the named event in
-//!   the trace, every other call a counted loss of its thread; errno is
-//!   unchanged; the stacks start at the interrupted code, not the handler.
+//!   the trace, every other call a counted loss of its thread (sent with
+//!   its next sample: the program makes a last request, with a null
+//!   ucontext, after the timer stops); errno is unchanged; the stacks start
+//!   at the interrupted code, not the handler.
 //!
 //! * `jep509.c`: JDK's JEP 509 example made native: ten fast requests
 //!   (10 ms of CPU each) and one slow one (100 ms, mostly waiting) to a
 //!   local server; at `--cpu-time 1ms` the CPU profile puts (nearly) all
 //!   the time in the fast requests' handler.
 //!
+//! * `short_threads.c`: twenty threads one after the other, each burning
+//!   20 ms of CPU (less than the watcher's 50 ms scan): they arm their
+//!   timers as they start (the client's `pthread_create`), so their CPU is
+//!   sampled whole.
 //! * `page_faults.c`: a known number of first-touch page faults in
 //!   `touch_pages`; `record --event page-faults --period 10` counts them
 //!   (samples times the period) and puts them there.
@@ -45,7 +51,13 @@ fn programs() -> &'static PathBuf {
         let dir = std::env::temp_dir().join(format!("heapprofd-cpu-tests-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let include = workspace_root().join("client/include");
-        for p in ["cpu_split", "stack_requests", "jep509", "page_faults"] {
+        for p in [
+            "cpu_split",
+            "stack_requests",
+            "jep509",
+            "page_faults",
+            "short_threads",
+        ] {
             compile(&[
                 "gcc",
                 "-O2",
@@ -314,4 +326,50 @@ fn page_fault_events_are_counted_where_they_happen() {
         in_touch + 10 >= touched && in_touch <= touched + touched / 20,
         "touch_pages has {in_touch} page faults, the program made {touched}"
     );
+}
+
+#[test]
+fn threads_shorter_than_a_scan_are_sampled_whole() {
+    let dir = scratch_dir("short-threads");
+    let trace = dir.join("short.pftrace");
+    let prog = programs().join("short_threads");
+    let out = record(
+        &[
+            "--no-service",
+            "--cpu-time",
+            "2ms",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "20", "20"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let burned: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("burned "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
+    let profiles = cpu_report(&trace);
+    let p = &profiles[0];
+    let sampled = p["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "short_work")
+        .map_or(0, |f| u(&f["inclusive_weight"]));
+    let threads = p["threads"].as_array().unwrap().len();
+    // Each thread's CPU after its last signal is never sampled: at most a
+    // scheduler tick (4 ms here) and a period, 8 ms allowed per thread.
+    // Armed by the scans alone, a thread would be missed until the next
+    // scan: about a fifth of this CPU would be seen.
+    assert!(
+        sampled + 20 * 8_000_000 >= burned,
+        "short_work sampled {sampled} ns of the {burned} ns the threads burned ({threads} threads)"
+    );
+    // (A thread whose CPU all falls between two ticks of a loaded machine
+    // may get no signal: most must have samples.)
+    assert!(threads >= 15, "{threads} threads sampled of 20");
 }

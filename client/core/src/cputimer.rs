@@ -11,9 +11,12 @@
 //! * **Threads.** The watcher arms every thread of `/proc/self/task` when
 //!   the session starts and scans again every [`SCAN_MS`] ms while it
 //!   runs: new threads are armed, the timers of threads that exited are
-//!   deleted. (A thread that lives less than a scan, or its first part
-//!   before the next scan, is not sampled; no `pthread_create` is
-//!   interposed.) The watcher itself blocks every signal and is never armed.
+//!   deleted. Threads made by `pthread_create` while a session runs arm
+//!   themselves first ([`thread_started`], called by the glibc front-end's
+//!   `pthread_create`, which wraps the start routine), so none of their
+//!   CPU is missed; the scans catch the others (raw `clone`, a client
+//!   loaded by an attach, which interposes nothing). The watcher itself
+//!   blocks every signal and is never armed.
 //! * **Signal.** The first of `__SIGRTMIN + 5` ..= `__SIGRTMIN + 12`
 //!   (glibc: 37..=44) whose disposition is `SIG_DFL` when the first CPU
 //!   session starts, next to heapprofd's activation signal `__SIGRTMIN + 4`
@@ -30,7 +33,7 @@
 //!   new image's session arms its own.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 use heapprofd_proto::wire::{PerfEvent, TAG_CPU_TIME};
 
@@ -156,6 +159,16 @@ fn arm(tid: u32, plan: &Plan, sig: c_int, generation: u64) {
         return;
     };
     s.seen.store(generation, Ordering::Relaxed);
+    // One armer at a time: the watcher's scan and the thread's own start
+    // (`thread_started`) may meet here.
+    if s.busy.swap(true, Ordering::Acquire) {
+        return;
+    }
+    arm_slot(idx, s, tid, plan, sig);
+    s.busy.store(false, Ordering::Release);
+}
+
+fn arm_slot(idx: usize, s: &Slot, tid: u32, plan: &Plan, sig: c_int) {
     if let Some((event, period)) = plan.event {
         perfevent::open(s, tid, event, period, sig);
     }
@@ -209,6 +222,8 @@ fn disarm(s: &Slot) {
 pub fn scan(plan: &Plan, own_tid: u32) -> bool {
     let Some(sig) = signal() else { return false };
     perfevent::configure(plan.event.map(|e| e.0), plan.event.map_or(1, |e| e.1));
+    CPU_PERIOD.store(plan.cpu_period_ns, Ordering::Relaxed);
+    ACTIVE.store(true, Ordering::Release);
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
     let complete = for_each_task(|tid| {
         if tid != own_tid {
@@ -218,7 +233,9 @@ pub fn scan(plan: &Plan, own_tid: u32) -> bool {
     if complete {
         for s in TABLE.iter() {
             let armed = s.armed.load(Ordering::Relaxed) || s.perf_fd.load(Ordering::Relaxed) >= 0;
-            if armed && s.seen.load(Ordering::Relaxed) != generation {
+            // Not listed: gone, or started after the listing was read (and
+            // armed by itself): `tgkill(.., 0)` tells them apart.
+            if armed && s.seen.load(Ordering::Relaxed) != generation && !alive(s) {
                 disarm(s);
                 s.tid.store(GONE, Ordering::Release);
             }
@@ -227,13 +244,63 @@ pub fn scan(plan: &Plan, own_tid: u32) -> bool {
     true
 }
 
+/// Whether the slot's thread still runs.
+fn alive(s: &Slot) -> bool {
+    let tid = s.tid.load(Ordering::Acquire);
+    // SAFETY: signal 0 only checks that the thread exists.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, 0) };
+    rc == 0 || crate::errno::get() != libc::ESRCH
+}
+
 /// Deletes every timer and closes every event (the session ended), and
 /// empties the table.
 pub fn disarm_all() {
+    ACTIVE.store(false, Ordering::SeqCst);
     perfevent::configure(None, 1);
     for s in TABLE.iter() {
         disarm(s);
         s.reset();
+    }
+}
+
+/// Whether threads arm themselves when they start (a session with a plan
+/// runs), and the CPU period they arm with.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static CPU_PERIOD: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a thread starting now should call [`thread_started`] (one
+/// load: the front-end's `pthread_create` wraps the start routine only
+/// then).
+#[inline]
+pub fn wants_thread_start() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// A new thread, before its start routine: arms its own timer and event
+/// (so none of its CPU is missed, as the watcher's next scan would) and
+/// computes its stack bounds while it may allocate (the handler then has
+/// them). Not async-signal-safe.
+pub fn thread_started() {
+    if !ACTIVE.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(g) = crate::tls::Guard::enter() else {
+        return;
+    };
+    let st = g.thread();
+    let _ = crate::capture::thread_stack(st);
+    let tid = crate::capture::tid(st);
+    let Some(sig) = signal() else { return };
+    let plan = Plan {
+        cpu_period_ns: CPU_PERIOD.load(Ordering::Relaxed),
+        event: perfevent::current_event(),
+    };
+    arm(tid, &plan, sig, GENERATION.load(Ordering::Relaxed));
+    // The session ended meanwhile: nobody else would delete these.
+    if !ACTIVE.load(Ordering::SeqCst)
+        && let Some((_, s)) = slot_of(tid, false)
+    {
+        disarm(s);
     }
 }
 

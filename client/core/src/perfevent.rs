@@ -83,6 +83,12 @@ pub(crate) fn current() -> Option<(u64, u64)> {
     }
 }
 
+/// The configured event and its period.
+pub(crate) fn current_event() -> Option<(PerfEvent, u64)> {
+    let (tag, period) = current()?;
+    PerfEvent::of_tag(tag).map(|e| (e, period))
+}
+
 /// Opens `event` for thread `tid`, overflowing every `period` events
 /// with signal `sig` to that thread; the slot keeps the descriptor.
 pub(crate) fn open(s: &Slot, tid: u32, event: PerfEvent, period: u64, sig: c_int) {

@@ -19,6 +19,8 @@ pub(crate) struct Slot {
     pub timer: AtomicUsize,
     /// The thread's perf event descriptor (-1: none).
     pub perf_fd: AtomicI32,
+    /// Someone (the watcher, or the thread at its start) is arming it.
+    pub busy: AtomicBool,
     /// The scan that last saw the thread.
     pub seen: AtomicU64,
     pub lost_overrun: AtomicU32,
@@ -31,6 +33,7 @@ const EMPTY: Slot = Slot {
     armed: AtomicBool::new(false),
     timer: AtomicUsize::new(0),
     perf_fd: AtomicI32::new(-1),
+    busy: AtomicBool::new(false),
     seen: AtomicU64::new(0),
     lost_overrun: AtomicU32::new(0),
     lost_dropped: AtomicU32::new(0),
