@@ -51,7 +51,9 @@ pub unsafe extern "C" fn pthread_create(
 ) -> c_int {
     // SAFETY: the original is glibc's pthread_create.
     let real: CreateFn = unsafe { originals::real::<CreateFn>(&PTHREAD_CREATE) };
-    if !cputimer::wants_thread_start() {
+    // The client's own threads (the watcher: made with the guard held)
+    // are never armed.
+    if !cputimer::wants_thread_start() || heapprofd_client_core::tls::Guard::held() {
         // SAFETY: the caller's contract, forwarded.
         return unsafe { real(thread, attr, start, arg) };
     }
