@@ -37,7 +37,7 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 use heapprofd_proto::wire::{PerfEvent, TAG_CPU_TIME};
 
-use crate::stacksample::{SampleKind, record_stack};
+use crate::stacksample::{SampleKind, record_stack, send_losses};
 use crate::threadslots::{GONE, SLOTS, Slot, TABLE, slot_of};
 use crate::{errno, perfevent};
 
@@ -237,11 +237,29 @@ pub fn scan(plan: &Plan, own_tid: u32) -> bool {
             // armed by itself): `tgkill(.., 0)` tells them apart.
             if armed && s.seen.load(Ordering::Relaxed) != generation && !alive(s) {
                 disarm(s);
+                send_exited_losses(s, plan);
                 s.tid.store(GONE, Ordering::Release);
             }
         }
     }
     true
+}
+
+/// The losses an exited thread counted after its last sample, sent on
+/// their own (of its CPU-time event, else its perf event's).
+fn send_exited_losses(s: &Slot, plan: &Plan) {
+    let (o, d) = (
+        s.lost_overrun.swap(0, Ordering::Relaxed),
+        s.lost_dropped.swap(0, Ordering::Relaxed),
+    );
+    if o == 0 && d == 0 {
+        return;
+    }
+    let tag = match (plan.cpu_period_ns, plan.event) {
+        (0, Some((e, _))) => e.tag(),
+        _ => TAG_CPU_TIME,
+    };
+    send_losses(s.tid.load(Ordering::Relaxed), tag, o, d);
 }
 
 /// Whether the slot's thread still runs.

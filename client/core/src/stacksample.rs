@@ -188,6 +188,38 @@ fn write_sample(
     RECORDED
 }
 
+/// Sends the losses `tid` counted and no sample carried (the thread
+/// exited), as a record flagged `FLAG_LOSSES_ONLY` of event `tag`. For
+/// the watcher (not a handler); false if nothing could be written.
+pub fn send_losses(tid: u32, tag: u64, lost_overrun: u32, lost_dropped: u32) -> bool {
+    let mode_word = mode().load(Ordering::Acquire);
+    if mode_word < 2 || mode_word & 1 != 0 {
+        return false;
+    }
+    let Some(s) = session::acquire(mode_word) else {
+        return false;
+    };
+    let header = StackSampleHeader {
+        flags: StackSampleHeader::FLAG_LOSSES_ONLY | StackSampleHeader::FLAG_NO_STACK,
+        tid,
+        tag,
+        timestamp_ns: clock_ns(libc::CLOCK_MONOTONIC),
+        cpu_time_ns: 0,
+        period: 0,
+        lost_overrun,
+        lost_dropped,
+        arch: session::NATIVE_ARCH,
+        stack_pointer: 0,
+        stack_len: 0,
+        regs: RegisterFile([0; MAX_REGS]),
+    };
+    let mut fixed = [0u8; StackSampleHeader::ENCODED_LEN];
+    header.encode_into(&mut fixed);
+    let sent = s.owns() && s.write_small_dropping(&fixed);
+    session::release(s);
+    sent
+}
+
 /// The interrupted registers in DWARF numbering; returns the stack pointer.
 ///
 /// # Safety

@@ -301,6 +301,15 @@ impl Bookkeeping {
                     let (o, d) = (u64::from(lost_overrun), u64::from(lost_dropped));
                     self.profile.stack_sample(pid, sample, o, d);
                 }
+                Op::SampleLosses {
+                    tid,
+                    tag,
+                    lost_overrun,
+                    lost_dropped,
+                } => {
+                    let (o, d) = (u64::from(lost_overrun), u64::from(lost_dropped));
+                    self.profile.sample_losses(pid, tag, tid, o, d);
+                }
                 Op::EventName { tag, name } => self.profile.set_event_name(pid, tag, name),
                 Op::Context {
                     id,

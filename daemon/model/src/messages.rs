@@ -96,6 +96,17 @@ pub enum Op {
         /// before.
         lost_dropped: u32,
     },
+    /// Losses of a thread that no sample carried (it exited).
+    SampleLosses {
+        /// Kernel thread id.
+        tid: u32,
+        /// The event.
+        tag: u64,
+        /// Timer expirations merged (informational).
+        lost_overrun: u32,
+        /// Samples (CPU: expirations) lost.
+        lost_dropped: u32,
+    },
     /// Names an event tag.
     EventName {
         /// The tag.

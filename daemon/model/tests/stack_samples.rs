@@ -1,6 +1,7 @@
 //! Stack samples through the trace: written as `PerfSample` packets (with
 //! the named event's tag and the per-thread totals in extensions), read
-//! back per (process, event), by stack and thread.
+//! back per (process, event), by stack and thread, with the losses of
+//! threads that exited.
 
 use heapprofd_model::profile::{Interner, Profile, StackSample};
 use heapprofd_model::trace::{ClockReadings, TraceWriter, read_trace};
@@ -37,6 +38,8 @@ fn samples_round_trip_with_events_threads_and_losses() {
         profile.stack_sample(7, at(i, 70, 0, 10_000_000, hot_cs), 0, 0);
     }
     profile.stack_sample(7, at(20, 71, 0, 20_000_000, cold_cs), 1, 2);
+    // A thread that exited with losses no sample carried.
+    profile.sample_losses(7, 0, 72, 0, 3);
     profile.set_event_name(7, 5, "page-faults-ish".into());
     profile.stack_sample(7, at(30, 70, 5, 100, cold_cs), 0, 0);
     writer.dump(&mut profile, &interner, 1_000_000_100).unwrap();
@@ -68,6 +71,10 @@ fn samples_round_trip_with_events_threads_and_losses() {
     assert_eq!(cpu.threads[&71].lost_overrun, 1);
     assert_eq!(cpu.threads[&71].lost_dropped, 2);
     assert_eq!(cpu.threads[&70].weight, 90_000_000);
+    assert_eq!(
+        (cpu.threads[&72].samples, cpu.threads[&72].lost_dropped),
+        (0, 3)
+    );
     let ev = &data.samples[1];
     assert_eq!((ev.tag, ev.event.as_str()), (5, "page-faults-ish"));
     assert_eq!(names(&ev.stacks[0]), ["main", "cold"]);

@@ -126,6 +126,14 @@ impl SessionUnwinder {
                     context: h.context_id,
                 });
             }
+            Ok(Record::StackSample(h, _)) if h.flags & StackSampleHeader::FLAG_LOSSES_ONLY != 0 => {
+                ops.push(Op::SampleLosses {
+                    tid: h.tid,
+                    tag: h.tag,
+                    lost_overrun: h.lost_overrun,
+                    lost_dropped: h.lost_dropped,
+                })
+            }
             Ok(Record::StackSample(h, stack)) => {
                 let t0 = Instant::now();
                 let entry = match self.stacks.replay(&h, stack) {
@@ -236,6 +244,72 @@ mod tests {
             ..header(pc)
         };
         Record::Malloc(h, &[]).encode_to_vec()
+    }
+
+    /// A stack sample is unwound like a malloc sample (its stack defined
+    /// first); a losses-only record is passed on without unwinding.
+    #[test]
+    fn stack_samples_and_losses_become_operations() {
+        let process = ProcessContext::new(
+            std::process::id(),
+            Box::new(StaticMaps(
+                std::fs::read_to_string("/proc/self/maps").unwrap(),
+            )),
+            Box::new(NoMemory),
+            Arc::new(ModuleCache::default()),
+        );
+        let mut u = SessionUnwinder::new(process, 0..0, 1);
+        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
+        let cx = InternCtx {
+            interner: &interner,
+            symbolizer: &symbolizer,
+            symbolize: false,
+        };
+        let pc = stack_samples_and_losses_become_operations as *const () as usize as u64 + 4;
+        let m = header(pc);
+        let sample = StackSampleHeader {
+            flags: 0,
+            tid: 9,
+            tag: 0,
+            timestamp_ns: 1,
+            cpu_time_ns: 2,
+            period: 30,
+            lost_overrun: 2,
+            lost_dropped: 1,
+            arch: m.arch,
+            stack_pointer: m.stack_pointer,
+            stack_len: 0,
+            regs: m.regs,
+        };
+        let losses = StackSampleHeader {
+            flags: StackSampleHeader::FLAG_LOSSES_ONLY | StackSampleHeader::FLAG_NO_STACK,
+            tid: 10,
+            lost_dropped: 4,
+            ..sample
+        };
+        let mut ops = Vec::new();
+        for h in [sample, losses] {
+            u.handle_record(&Record::StackSample(h, &[]).encode_to_vec(), &mut ops, &cx);
+        }
+        assert_eq!(ops.len(), 3, "{ops:?}");
+        let Op::Stack { id, .. } = &ops[0] else {
+            panic!("{ops:?}")
+        };
+        assert!(matches!(
+            &ops[1],
+            Op::StackSample { tid: 9, period: 30, lost_overrun: 2, lost_dropped: 1, stack, .. }
+                if stack == id
+        ));
+        assert_eq!(
+            ops[2],
+            Op::SampleLosses {
+                tid: 10,
+                tag: 0,
+                lost_overrun: 2,
+                lost_dropped: 4
+            }
+        );
+        assert_eq!(u.stack_samples, 1);
     }
 
     /// Records in, operations out, with no thread, channel or `/proc` of

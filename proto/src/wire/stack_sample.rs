@@ -59,6 +59,9 @@ impl StackSampleHeader {
     /// The stack is the requesting code's own (a `NULL` ucontext), so its
     /// first frames are the handler's: biased.
     pub const FLAG_BIASED: u32 = 4;
+    /// Not a sample: only the losses of a thread that exited before a
+    /// sample could carry them (no registers, no stack).
+    pub const FLAG_LOSSES_ONLY: u32 = 8;
 
     /// Encodes the fixed part into `out[..ENCODED_LEN]`.
     #[inline]

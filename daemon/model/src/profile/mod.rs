@@ -170,6 +170,13 @@ impl Profile {
         p.samples.add(s, lost_overrun, lost_dropped);
     }
 
+    /// Losses of thread `tid` of process `pid` that no sample carried.
+    pub fn sample_losses(&mut self, pid: u32, tag: u64, tid: u32, overrun: u64, dropped: u64) {
+        let p = self.process_or_default(pid);
+        p.note_thread(tid);
+        p.samples.add_losses(tag, tid, overrun, dropped);
+    }
+
     /// Names the program's event `tag` in process `pid`.
     pub fn set_event_name(&mut self, pid: u32, tag: u64, name: String) {
         self.process_or_default(pid).samples.names.insert(tag, name);

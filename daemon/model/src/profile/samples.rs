@@ -55,6 +55,8 @@ pub struct StackSamples {
     pub threads: BTreeMap<(u64, u32), ThreadSamples>,
     /// Names of the program's tags.
     pub names: BTreeMap<u64, String>,
+    /// The totals changed since the writer last wrote them.
+    pub(crate) dirty: bool,
 }
 
 impl StackSamples {
@@ -66,6 +68,15 @@ impl StackSamples {
         t.lost_overrun += lost_overrun;
         t.lost_dropped += lost_dropped;
         self.pending.push(s);
+        self.dirty = true;
+    }
+
+    /// Adds losses no sample carried (a thread that exited).
+    pub fn add_losses(&mut self, tag: u64, tid: u32, lost_overrun: u64, lost_dropped: u64) {
+        let t = self.threads.entry((tag, tid)).or_default();
+        t.lost_overrun += lost_overrun;
+        t.lost_dropped += lost_dropped;
+        self.dirty = true;
     }
 
     /// Samples waiting to be written.

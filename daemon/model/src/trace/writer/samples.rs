@@ -31,9 +31,10 @@ impl<W: Write> TraceWriter<W> {
     ) -> Result<(), TraceError> {
         let (tree, processes) = profile.split_mut();
         for p in processes.values_mut() {
-            if p.samples.pending().is_empty() {
+            if !p.samples.dirty {
                 continue;
             }
+            p.samples.dirty = false;
             let pid = p.pid;
             let samples = p.samples.take_pending();
             let mut stack = std::mem::take(&mut self.stack);
@@ -75,9 +76,12 @@ impl<W: Write> TraceWriter<W> {
                     })
                     .collect(),
             };
-            let last = samples.last().map_or(0, |s| s.timestamp_ns);
+            let boot = match samples.last() {
+                Some(s) => self.clocks.monotonic_to_boottime(s.timestamp_ns),
+                None => self.clocks.boottime_ns,
+            };
             let packet = TracePacket {
-                timestamp: Some(self.clocks.monotonic_to_boottime(last)),
+                timestamp: Some(boot),
                 ..Default::default()
             };
             let ext = Extension {
