@@ -286,6 +286,14 @@ pub fn disarm_all() {
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static CPU_PERIOD: AtomicU64 = AtomicU64::new(0);
 
+/// In a forked child: no session samples its threads (the parent's timers
+/// and events are not inherited; its slots are forgotten by
+/// `threadslots::forget_in_child`).
+pub(crate) fn forget_in_child() {
+    ACTIVE.store(false, Ordering::SeqCst);
+    perfevent::configure(None, 1);
+}
+
 /// Whether a thread starting now should call [`thread_started`] (one
 /// load: the front-end's `pthread_create` wraps the start routine only
 /// then).
