@@ -1,7 +1,8 @@
 //! `heapprofd-api`: report a custom allocator's allocations into named
 //! heaps of heapprofd-rs (the custom allocator API of Perfetto's
 //! `heap_profile.h`, as `client/include/heapprofd.h` has it for C), and
-//! label what threads allocate with user contexts ([`Context`]).
+//! label what threads allocate with user contexts ([`Context`]), and
+//! record the stack a signal handler interrupted ([`request_stack`]).
 //!
 //! ```no_run
 //! use heapprofd_api::HeapInfo;
@@ -43,7 +44,9 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 mod context;
+mod stack;
 pub use context::{Context, ContextGuard, MAX_PAIRS};
+pub use stack::{register_event, request_stack};
 
 /// What an enabled callback is given (`AHeapProfileEnableCallbackInfo`):
 /// pass it to [`sampling_interval`].
@@ -76,7 +79,7 @@ type FreeFn = unsafe extern "C" fn(u32, u64);
 type IntervalFn = unsafe extern "C" fn(*const EnableInfo) -> u64;
 
 /// The client's functions, by their exported names, in [`Slot`] order.
-const NAMES: [&CStr; 13] = [
+const NAMES: [&CStr; 15] = [
     c"AHeapInfo_create",
     c"AHeapInfo_setEnabledCallback",
     c"AHeapInfo_setDisabledCallback",
@@ -90,6 +93,8 @@ const NAMES: [&CStr; 13] = [
     c"heapprofd_context_deactivate",
     c"heapprofd_context_current",
     c"heapprofd_context_release",
+    c"heapprofd_request_stack",
+    c"heapprofd_register_event",
 ];
 
 #[derive(Clone, Copy)]
@@ -107,9 +112,17 @@ pub(crate) enum Slot {
     ContextDeactivate,
     ContextCurrent,
     ContextRelease,
+    RequestStack,
+    RegisterEvent,
 }
 
-static FNS: [AtomicPtr<c_void>; 13] = [const { AtomicPtr::new(core::ptr::null_mut()) }; 13];
+static FNS: [AtomicPtr<c_void>; 15] = [const { AtomicPtr::new(core::ptr::null_mut()) }; 15];
+/// Whether the functions have been looked up (no lookup is started).
+#[inline(always)]
+pub(crate) fn resolved() -> bool {
+    STATE.load(Ordering::Acquire) == 2
+}
+
 /// 0 not looked up, 1 looking up, 2 done.
 static STATE: AtomicU8 = AtomicU8::new(0);
 

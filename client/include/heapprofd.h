@@ -1,5 +1,5 @@
-/* heapprofd.h: the custom allocator API and the user context API of
- * heapprofd-rs.
+/* heapprofd.h: the custom allocator API, the user context API and the
+ * stack-request API of heapprofd-rs.
  *
  * A program with its own allocator (a pool, an arena, a GC heap) reports
  * what it hands out into named heaps; `heapprofd-rs record --heaps NAME`
@@ -73,6 +73,16 @@
  *    its slot is reused, its id never (within the process).
  *  None of them allocate; activate, deactivate and current are
  *  async-signal-safe.
+ *
+ * Stack requests: any signal handler may record the stack of the code it
+ * interrupted, as a sample of an event the program names.
+ *  - heapprofd_register_event(tag, name) names `tag` once (outside
+ *    handlers; it also looks the functions up).
+ *  - heapprofd_request_stack(ucontext, tag) copies the interrupted
+ *    registers and stack into the profile's buffer; the daemon unwinds it
+ *    and writes a sample of `tag`'s event (its first frame is the
+ *    interrupted pc, not the handler). Async-signal-safe: no allocation,
+ *    no lock, errno preserved.
  */
 #ifndef HEAPPROFD_RS_HEAPPROFD_H
 #define HEAPPROFD_RS_HEAPPROFD_H
@@ -114,6 +124,8 @@ struct heapprofd_api_fns {
   void (*context_deactivate)(uint64_t);
   uint64_t (*context_current)(void);
   void (*context_release)(uint64_t);
+  int (*request_stack)(const void *, uint64_t);
+  int (*register_event)(uint64_t, const char *);
 };
 
 static struct heapprofd_api_fns heapprofd_api_fns_;
@@ -143,6 +155,8 @@ static inline const struct heapprofd_api_fns *heapprofd_api_(void) {
   HEAPPROFD_API_LOAD_(context_deactivate, "heapprofd_context_deactivate");
   HEAPPROFD_API_LOAD_(context_current, "heapprofd_context_current");
   HEAPPROFD_API_LOAD_(context_release, "heapprofd_context_release");
+  HEAPPROFD_API_LOAD_(request_stack, "heapprofd_request_stack");
+  HEAPPROFD_API_LOAD_(register_event, "heapprofd_register_event");
   __atomic_store_n(&heapprofd_api_fns_.state, 2, __ATOMIC_RELEASE);
   return &heapprofd_api_fns_;
 }
@@ -245,6 +259,31 @@ static inline uint64_t heapprofd_context_current(void) {
 static inline void heapprofd_context_release(uint64_t id) {
   void (*f)(uint64_t) = HEAPPROFD_API_FN_(context_release);
   if (f) f(id);
+}
+
+/* Names `tag` (not 0: CPU time) for the trace, e.g. "page-faults". Call it
+ * outside signal handlers, before the first heapprofd_request_stack: it
+ * also looks the client's functions up. 0 on success; negative for a bad
+ * name (1 to 63 bytes, no comma), a tag already named otherwise, more than
+ * 64 names, or without the client. */
+static inline int heapprofd_register_event(uint64_t tag, const char *name) {
+  int (*f)(uint64_t, const char *) = HEAPPROFD_API_FN_(register_event);
+  return f ? f(tag, name) : -1;
+}
+
+/* Records the stack of the context a signal handler interrupted
+ * (`ucontext`, the handler's third argument) as one sample of `tag`; NULL
+ * records the caller's own stack, flagged biased. Async-signal-safe, errno
+ * preserved. 0 recorded; negative not recorded: no profile is running (or
+ * the functions were not looked up yet, see heapprofd_register_event), the
+ * thread was inside the client, or the buffer was full (both counted as
+ * lost samples of the thread). */
+static inline int heapprofd_request_stack(const void *ucontext, uint64_t tag) {
+  /* Never dlsym in a handler: only the table an earlier call loaded. */
+  if (__atomic_load_n(&heapprofd_api_fns_.state, __ATOMIC_ACQUIRE) != 2) return -1;
+  int (*f)(const void *, uint64_t) =
+      __atomic_load_n(&heapprofd_api_fns_.request_stack, __ATOMIC_RELAXED);
+  return f ? f(ucontext, tag) : -1;
 }
 
 #undef HEAPPROFD_API_LOAD_

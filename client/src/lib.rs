@@ -69,6 +69,8 @@ mod originals;
 pub mod ownalloc;
 mod patching;
 mod protections;
+mod stackapi;
+mod threadhook;
 mod unprofilable;
 
 pub use init::ACTIVATION_SIGNAL;

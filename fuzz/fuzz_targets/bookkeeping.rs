@@ -90,7 +90,12 @@ impl Naive {
                     self.totals.entry((pid, heap)).or_default().1 += old;
                 }
             }
-            Op::Stack { .. } | Op::HeapName { .. } | Op::Context { .. } => {}
+            Op::Stack { .. }
+            | Op::HeapName { .. }
+            | Op::Context { .. }
+            | Op::StackSample { .. }
+            | Op::SampleLosses { .. }
+            | Op::EventName { .. } => {}
         }
     }
 

@@ -119,7 +119,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!frames.is_empty(), "a stack has at least its error frame");
                 st.defined.insert(*id);
             }
-            Op::Malloc { stack, .. } => {
+            Op::Malloc { stack, .. } | Op::StackSample { stack, .. } => {
                 assert!(
                     st.defined.contains(stack),
                     "stack {stack} used before it was defined"
@@ -137,7 +137,11 @@ fuzz_target!(|data: &[u8]| {
                     );
                 }
             }
-            Op::Free { .. } | Op::HeapName { .. } | Op::Context { .. } => {}
+            Op::Free { .. }
+            | Op::HeapName { .. }
+            | Op::Context { .. }
+            | Op::SampleLosses { .. }
+            | Op::EventName { .. } => {}
         }
         previous = Some(op);
     }

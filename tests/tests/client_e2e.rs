@@ -182,6 +182,9 @@ fn exports_exactly_the_hooks() {
         "heapprofd_context_deactivate",
         "heapprofd_context_current",
         "heapprofd_context_release",
+        "heapprofd_request_stack",
+        "heapprofd_register_event",
+        "pthread_create",
     ];
     want.sort_unstable();
     assert_eq!(names, want);

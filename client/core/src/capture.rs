@@ -179,6 +179,29 @@ pub(crate) fn stack_end_for(st: *mut ThreadState, sp: u64) -> Option<u64> {
         }
     }
     // Not on the thread's stack: a signal handler on an alternate stack?
+    altstack_end(sp)
+}
+
+/// The main thread's stack bounds found by the constructor.
+pub(crate) fn main_stack_bounds() -> Option<(u64, u64)> {
+    let (lo, hi) = (
+        MAIN_STACK_LO.load(Ordering::Relaxed),
+        MAIN_STACK_HI.load(Ordering::Relaxed),
+    );
+    (hi != 0).then_some((lo, hi))
+}
+
+/// A glibc thread's frames lie below its static TLS area, at the top of
+/// its stack block, where our own TLS block is: an upper bound of the
+/// thread's frames found without allocating (a non-main thread only; the
+/// main thread's TLS is elsewhere).
+pub(crate) fn frames_top_below_tls() -> Option<u64> {
+    let top = crate::tls::state() as u64;
+    (top != 0).then_some(top)
+}
+
+/// The end of the alternate signal stack if `sp` is on it.
+pub(crate) fn altstack_end(sp: u64) -> Option<u64> {
     // SAFETY: sigaltstack with a null new stack only reads the current one.
     unsafe {
         let mut ss: libc::stack_t = core::mem::zeroed();

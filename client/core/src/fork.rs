@@ -12,7 +12,7 @@
 
 use core::sync::atomic::Ordering;
 
-use crate::{activation, connect, session};
+use crate::{activation, connect, cputimer, session, threadslots};
 
 /// The `pthread_atfork` child handler.
 pub extern "C" fn atfork_child() {
@@ -23,4 +23,6 @@ pub extern "C" fn atfork_child() {
     }
     activation::forget_in_child();
     session::forget_in_child();
+    threadslots::forget_in_child();
+    cputimer::forget_in_child();
 }

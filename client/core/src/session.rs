@@ -59,7 +59,7 @@ pub struct Session {
     pub(crate) next_thread: AtomicU64,
     /// The daemon's configuration (the custom heaps' intervals).
     config: ClientConfig,
-    max_stack: usize,
+    pub(crate) max_stack: usize,
     write_mode: WriteMode,
     rb: UnsafeCell<ManuallyDrop<RingBuffer>>,
     retired: AtomicBool,
@@ -176,6 +176,17 @@ impl Session {
             WriteMode::Block { timeout: None } => core::time::Duration::MAX,
             WriteMode::Drop => default,
         }
+    }
+
+    /// CPU-time profiling's period per thread in nanoseconds (0 = off).
+    pub fn cpu_period_ns(&self) -> u64 {
+        self.config.cpu_period_ns
+    }
+
+    /// The perf event each thread samples on and its period (event 0:
+    /// none).
+    pub fn perf_event(&self) -> (u32, u64) {
+        (self.config.perf_event, self.config.perf_period)
     }
 
     /// The session's mode word (unique, even, >= 2).
@@ -399,6 +410,19 @@ impl Session {
         self.write_small(&rec);
     }
 
+    /// Writes one small encoded record whole from a signal handler: never
+    /// waits for room, never tears down; false if it was not written.
+    pub(crate) fn write_small_dropping(&self, rec: &[u8]) -> bool {
+        match self.rb().begin_write(rec.len(), WriteMode::Drop) {
+            Ok(mut r) => {
+                r.write_at(0, rec);
+                let _ = self.wake_if(r.commit());
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Writes one small encoded record whole; false if it could not be
     /// written (the failure counted, or the session torn down).
     #[inline]
@@ -421,7 +445,7 @@ impl Session {
     }
 }
 
-const NATIVE_ARCH: wire::Arch = match wire::Arch::native() {
+pub(crate) const NATIVE_ARCH: wire::Arch = match wire::Arch::native() {
     Some(a) => a,
     None => panic!("unsupported architecture"),
 };

@@ -20,16 +20,25 @@ use core::sync::atomic::Ordering;
 use heapprofd_proto::attach::CLIENT_THREAD_NAME_C;
 
 use crate::connect::connect;
-use crate::frontend;
 use crate::session::{self, Session};
 use crate::socket_path::SocketPath;
 use crate::state::{CONNECTING, IDLE, STATE};
 use crate::tls::Guard;
+use crate::{cputimer, frontend};
 
 /// Waits on the session's socket until the daemon closes it (or the session
 /// ends some other way), then tears down and drops the watcher's reference.
 fn watch(s: &'static Session) {
     let mut sink = [0u8; 64];
+    // CPU-time profiling and perf events: the watcher arms the threads'
+    // timers and events now and looks for new threads every
+    // `cputimer::SCAN_MS` (see `cputimer`).
+    // SAFETY: gettid has no preconditions.
+    let own_tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    let (event, event_period) = s.perf_event();
+    let plan = cputimer::Plan::of(s.cpu_period_ns(), event, event_period);
+    let cpu = plan.is_some_and(|p| cputimer::scan(&p, own_tid));
+    let mut ticks = Ticks::default();
     while !session::is_retired(s) {
         let mut pfd = libc::pollfd {
             fd: s.sock,
@@ -38,7 +47,12 @@ fn watch(s: &'static Session) {
         };
         // The front-end's periodic work (glibc, patched: objects loaded
         // meanwhile) runs on every timeout.
-        let timeout = i32::from((frontend::get().tick_ms)().unwrap_or(1000));
+        let fe_ms = (frontend::get().tick_ms)().unwrap_or(1000);
+        let timeout = i32::from(if cpu {
+            fe_ms.min(cputimer::SCAN_MS)
+        } else {
+            fe_ms
+        });
         // SAFETY: one valid pollfd; the socket stays open while we hold our
         // writer reference. The timeout bounds how long a retired session
         // keeps this thread.
@@ -51,7 +65,12 @@ fn watch(s: &'static Session) {
             break;
         }
         if n == 0 {
-            (frontend::get().tick)();
+            if let Some(p) = plan.filter(|_| cpu) {
+                cputimer::scan(&p, own_tid);
+            }
+            if ticks.due(fe_ms) {
+                (frontend::get().tick)();
+            }
             continue;
         }
         if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP | libc::POLLNVAL) != 0 {
@@ -73,9 +92,36 @@ fn watch(s: &'static Session) {
             break;
         }
     }
+    if cpu {
+        cputimer::disarm_all();
+    }
     // The custom heaps' disabled callbacks (still holding our reference).
     crate::heaps::session_ended(s.mode_word());
     session::release(s);
+}
+
+/// When the front-end's periodic turn is due (the poll may time out more
+/// often, for the CPU timers' scans).
+#[derive(Debug, Default)]
+struct Ticks {
+    last_ms: u64,
+}
+
+impl Ticks {
+    fn due(&mut self, every_ms: u16) -> bool {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000;
+        if now.saturating_sub(self.last_ms) + 1 < u64::from(every_ms) {
+            return false;
+        }
+        self.last_ms = now;
+        true
+    }
 }
 
 /// What a connecting thread is asked to do.

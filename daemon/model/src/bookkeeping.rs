@@ -38,7 +38,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::messages::{Op, SessionEvent, SessionId, SessionStats};
-use crate::profile::{Alloc, CallsiteId, ClientError, FrameId, Interner, ProcessStats, Profile};
+use crate::profile::{
+    Alloc, CallsiteId, ClientError, FrameId, Interner, ProcessStats, Profile, StackSample,
+};
 use crate::summary::{ProcessSummary, summarize};
 
 /// The bookkeeping of one profiling run; see the module docs.
@@ -292,6 +294,43 @@ impl Bookkeeping {
                     self.profile.malloc_at(pid, alloc, callsite)
                 }
                 Op::Free { heap, seq, address } => self.profile.free(pid, heap, seq, address),
+                Op::StackSample {
+                    tid,
+                    tag,
+                    timestamp_ns,
+                    cpu_time_ns,
+                    period,
+                    stack,
+                    biased,
+                    lost_overrun,
+                    lost_dropped,
+                } => {
+                    let callsite = match stacks.get(stack as usize) {
+                        Some(&Some(c)) => c,
+                        _ => self.profile.intern_callsite(&[]),
+                    };
+                    let sample = StackSample {
+                        timestamp_ns,
+                        cpu_time_ns,
+                        tid,
+                        tag,
+                        period,
+                        callsite,
+                        biased,
+                    };
+                    let (o, d) = (u64::from(lost_overrun), u64::from(lost_dropped));
+                    self.profile.stack_sample(pid, sample, o, d);
+                }
+                Op::SampleLosses {
+                    tid,
+                    tag,
+                    lost_overrun,
+                    lost_dropped,
+                } => {
+                    let (o, d) = (u64::from(lost_overrun), u64::from(lost_dropped));
+                    self.profile.sample_losses(pid, tag, tid, o, d);
+                }
+                Op::EventName { tag, name } => self.profile.set_event_name(pid, tag, name),
                 Op::Context {
                     id,
                     frame,

@@ -74,6 +74,46 @@ pub enum Op {
         /// Contexts the client could not store so far.
         overflowed: u64,
     },
+    /// A stack sample (CPU time, a named event).
+    StackSample {
+        /// Kernel thread id.
+        tid: u32,
+        /// The event (0: CPU time).
+        tag: u64,
+        /// CLOCK_MONOTONIC of the sample.
+        timestamp_ns: u64,
+        /// The thread's CPU clock at the sample.
+        cpu_time_ns: u64,
+        /// What the sample stands for (CPU ns, the event's period).
+        period: u64,
+        /// The session's stack id, defined by an earlier [`Op::Stack`].
+        stack: u32,
+        /// The stack is the requester's own.
+        biased: bool,
+        /// Timer expirations merged into this sample (in `period`).
+        lost_overrun: u32,
+        /// Samples (CPU: expirations) the thread lost in the client just
+        /// before.
+        lost_dropped: u32,
+    },
+    /// Losses of a thread that no sample carried (it exited).
+    SampleLosses {
+        /// Kernel thread id.
+        tid: u32,
+        /// The event.
+        tag: u64,
+        /// Timer expirations merged (informational).
+        lost_overrun: u32,
+        /// Samples (CPU: expirations) lost.
+        lost_dropped: u32,
+    },
+    /// Names an event tag.
+    EventName {
+        /// The tag.
+        tag: u64,
+        /// Its name.
+        name: String,
+    },
     /// A heap declaration or sampling-interval change.
     HeapName {
         /// Heap id.

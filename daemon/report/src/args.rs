@@ -26,6 +26,7 @@ EXAMPLES:
   heapprofd-rs report --diff before.pftrace after.pftrace
   heapprofd-rs report --timeline continuous.pftrace
   heapprofd-rs report --peak continuous.pftrace --focus parse --fold-lib libstdc++
+  heapprofd-rs report --cpu cpu.pftrace --top 20
 
 Counts are samples unless the trace was recorded with -i 1 (every
 allocation); sampled traces also give the allocations the samples stand for,
@@ -48,6 +49,12 @@ pub struct ReportArgs {
     /// --dump-at-max would have.
     #[arg(long)]
     pub peak: bool,
+    /// The stack samples instead of the heaps: CPU time (`record
+    /// --cpu-time`) and requested stacks, per process and event: hot
+    /// functions by self and inclusive time, per-thread totals and lost
+    /// samples.
+    #[arg(long, conflicts_with_all = ["diff", "timeline", "peak", "by"])]
+    pub cpu: bool,
     /// Allocation sites to list per table [default: 10]; with --timeline,
     /// sites that grew to list per dump [default: 3].
     #[arg(long, value_name = "N")]
@@ -90,6 +97,7 @@ EXAMPLES:
   heapprofd-rs convert --diff before.pftrace after.pftrace --svg diff.svg
   heapprofd-rs convert continuous.pftrace --timeline-svg heap.svg
   heapprofd-rs convert continuous.pftrace --timeline-png heap.png
+  heapprofd-rs convert --cpu cpu.pftrace --pprof cpu.pb.gz   (then: go tool pprof -top cpu.pb.gz)
 
 Every output takes `-` for stdout."
 )]
@@ -105,6 +113,12 @@ pub struct ConvertArgs {
     /// Write a gzipped pprof profile (for `pprof`, speedscope…).
     #[arg(long, value_name = "OUT.pb.gz", group = "output")]
     pub pprof: Option<PathBuf>,
+    /// Convert the CPU-time samples (`record --cpu-time`) instead of the
+    /// heaps: with --pprof, a `cpu`/`nanoseconds` profile as Go's, with
+    /// pid, tid and thread labels.
+    #[arg(long, requires = "pprof", conflicts_with_all = ["diff", "collapsed", "svg", "html",
+          "timeline_svg", "timeline_png", "peak", "heap"])]
+    pub cpu: bool,
     /// Write folded stacks (`a;b;c value`, for flamegraph.pl, inferno…).
     #[arg(long, value_name = "OUT.txt", group = "output")]
     pub collapsed: Option<PathBuf>,

@@ -18,6 +18,7 @@
 
 pub mod args;
 pub mod by_context;
+pub mod cpu;
 pub mod diff;
 pub mod filter;
 pub mod folded;
@@ -26,6 +27,7 @@ pub mod names;
 pub mod output;
 pub mod plumbing;
 pub mod pprof;
+pub mod pprof_cpu;
 pub mod run;
 pub mod sites;
 pub mod stackopts;

@@ -208,21 +208,24 @@ pub const SAMPLE_TYPES: [(&str, &str); 4] = [
     ("inuse_space", "bytes"),
 ];
 
+/// Builds a [`Profile`]: strings, mappings, functions and locations each
+/// interned once.
 #[derive(Default)]
-struct Builder {
-    p: Profile,
+pub(crate) struct Builder {
+    pub(crate) p: Profile,
     strings: FxHashMap<String, i64>,
     mappings: FxHashMap<(String, Vec<u8>), u64>,
     functions: FxHashMap<(String, String), u64>,
     locations: FxHashMap<ResolvedFrame, u64>,
 }
 
-fn to_i64(v: u64) -> i64 {
+pub(crate) fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 impl Builder {
-    fn s(&mut self, s: &str) -> i64 {
+    /// The index of string `s`.
+    pub(crate) fn s(&mut self, s: &str) -> i64 {
         if let Some(&i) = self.strings.get(s) {
             return i;
         }
@@ -232,7 +235,8 @@ impl Builder {
         i
     }
 
-    fn mapping(&mut self, f: &ResolvedFrame) -> u64 {
+    /// The id of `f`'s mapping (0: none).
+    pub(crate) fn mapping(&mut self, f: &ResolvedFrame) -> u64 {
         let Some(path) = f.mapping.clone() else {
             return 0;
         };
@@ -347,7 +351,8 @@ impl Builder {
         (self.s("pid"), self.s("heap"))
     }
 
-    fn sample(&mut self, frames: &[ResolvedFrame], value: Vec<i64>, label: Vec<Label>) {
+    /// A sample of `frames` (outermost caller first).
+    pub(crate) fn sample(&mut self, frames: &[ResolvedFrame], value: Vec<i64>, label: Vec<Label>) {
         let location_id = frames.iter().rev().map(|f| self.location(f)).collect();
         self.p.sample.push(Sample {
             location_id,

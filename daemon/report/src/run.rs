@@ -15,12 +15,14 @@ use heapprofd_model::trace::{TraceData, TraceError, read_trace};
 
 use crate::args::{ConvertArgs, Format, ReportArgs};
 use crate::by_context::{by_context, write_by_context};
+use crate::cpu::{cpu_profiles, write_cpu};
 use crate::diff::{diff, diff_folded, write_diff};
 use crate::filter::Filter;
 use crate::folded::{folded_lines, title, write_flamegraph};
 use crate::html::write_html;
 use crate::output::{Output, check_outputs};
 use crate::pprof::{to_pprof, to_pprof_diff, write_pprof_gz};
+use crate::pprof_cpu::to_pprof_cpu;
 use crate::summary::{Report, ReportOptions, build_report, heap_report, truncated_of};
 use crate::text::{TextOptions, write_text};
 use crate::timeline::{GREW_MOST_SITES, at_peak, timelines, write_timelines};
@@ -135,6 +137,29 @@ pub fn report_to(args: &ReportArgs, out: &mut impl Write) -> anyhow::Result<()> 
         };
     }
     let raw = load_trace(&args.trace)?;
+    if args.cpu {
+        let profiles = cpu_profiles(&raw, args.pid, args.top.unwrap_or(10));
+        if args.pid.is_some() && profiles.is_empty() {
+            anyhow::bail!(
+                "{} has no stack samples of pid {}; `report --cpu` without --pid lists them all",
+                args.trace.display(),
+                args.pid.unwrap_or(0)
+            );
+        }
+        match args.format {
+            Format::Text => write_cpu(out, &name, &profiles),
+            Format::Json => json(
+                out,
+                &serde_json::json!({ "trace": name, "profiles": profiles,
+                "truncated": truncated_of(&raw) }),
+            ),
+        }
+        .or_else(ignore_broken_pipe)?;
+        return match truncated_error(&args.trace, &raw, "the report above") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+    }
     check_selection(&raw, &filter, &args.trace)?;
     let data = args.stacks.apply(&raw, None);
     if let Some(key) = &args.by {
@@ -273,6 +298,29 @@ pub fn convert(args: &ConvertArgs) -> anyhow::Result<Vec<(PathBuf, &'static str)
     // Read first: a trace that cannot be read leaves no output files.
     let base = args.diff.as_ref().map(|b| load_trace(b)).transpose()?;
     let raw = load_trace(&args.trace)?;
+    if args.cpu {
+        let Some(profile) = to_pprof_cpu(&raw, args.pid) else {
+            anyhow::bail!(
+                "{} has no CPU-time samples{}; record them with `record --cpu-time`",
+                args.trace.display(),
+                args.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
+            );
+        };
+        let mut outs = Outputs::create(args)?;
+        let written = outs
+            .list
+            .iter()
+            .filter(|(p, _, _)| !crate::output::is_stdout(p))
+            .map(|(p, _, w)| (p.clone(), *w))
+            .collect();
+        if let Some(o) = outs.take("pprof profile") {
+            write_output(o, |w| Ok(write_pprof_gz(&profile, w)?))?;
+        }
+        return match truncated_error(&args.trace, &raw, "the output") {
+            Some(e) => Err(e),
+            None => Ok(written),
+        };
+    }
     check_selection(&raw, &filter, &args.trace)?;
     let mut outs = Outputs::create(args)?;
     let written: Vec<(PathBuf, &'static str)> = outs

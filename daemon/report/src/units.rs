@@ -62,9 +62,31 @@ pub fn human_us(us: f64) -> String {
     }
 }
 
+/// Nanoseconds as `12.3 ms`, `1.50 s`, `850 us`.
+pub fn human_ns(ns: u64) -> String {
+    let f = ns as f64;
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", f / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.1} ms", f / 1e6)
+    } else if ns >= 1_000 {
+        format!("{:.0} us", f / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nanoseconds() {
+        assert_eq!(human_ns(1_500_000_000), "1.50 s");
+        assert_eq!(human_ns(12_340_000), "12.3 ms");
+        assert_eq!(human_ns(850_000), "850 us");
+        assert_eq!(human_ns(7), "7 ns");
+    }
 
     #[test]
     fn human() {

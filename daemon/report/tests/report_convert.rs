@@ -57,6 +57,7 @@ fn report_args(trace: &Path) -> ReportArgs {
         diff: None,
         timeline: false,
         peak: false,
+        cpu: false,
         top: None,
         depth: 6,
         short_lived: 1023,
@@ -73,6 +74,7 @@ fn convert_args(trace: &Path) -> ConvertArgs {
         trace: trace.to_owned(),
         diff: None,
         pprof: None,
+        cpu: false,
         collapsed: None,
         svg: None,
         html: None,
@@ -259,6 +261,7 @@ fn pprof_has_the_four_sample_types_and_the_values() {
     let out = dir.path().join("heap.pb.gz");
     let written = convert(&ConvertArgs {
         pprof: Some(out.clone()),
+        cpu: false,
         ..convert_args(&trace)
     })
     .unwrap();

@@ -6,6 +6,7 @@
 //! `32k`, `32KiB`, `1M`, `1MiB`, `1g`; `k`/`KB`/`KiB` all mean 1024 bytes, as
 //! every heap profiler's users expect).
 
+pub mod cpu_time;
 pub mod record_args;
 pub mod units;
 pub mod usage_error;

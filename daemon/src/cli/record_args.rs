@@ -20,6 +20,8 @@ EXAMPLES:
   heapprofd-rs --pid 1234 -d 5s                          (short for `record --pid 1234`)
   heapprofd-rs record --heaps libc.malloc,pool --heap-interval pool=1 -- ./server
   heapprofd-rs record --context endpoint=/checkout -- ./server
+  heapprofd-rs record --cpu-time 10ms --no-heap -- ./solver   (CPU time only)
+  heapprofd-rs record --event page-faults --period 10 --no-heap -- ./loader
 
 Open the trace in https://ui.perfetto.dev, or run `heapprofd-rs report TRACE`.")]
 pub struct RecordArgs {
@@ -51,6 +53,32 @@ pub struct RecordArgs {
     #[arg(long = "context", value_name = "KEY=VALUE|KEY|any",
           value_parser = crate::service::contexts::parse_context_filter)]
     pub context: Vec<String>,
+
+    /// Also profile CPU time: every thread is sampled by the CPU it uses
+    /// (a thread asleep or blocked gets no samples), one sample per PERIOD
+    /// of its CPU time (10ms) or RATE/s over the process at full load
+    /// (500/s, the default: per thread CPUs/RATE seconds, as JDK's JEP
+    /// 509). Written as Perfetto PerfSample packets; `report --cpu`.
+    #[arg(long, value_name = "PERIOD|RATE/s", num_args = 0..=1,
+          default_missing_value = super::cpu_time::DEFAULT,
+          value_parser = super::cpu_time::parse_cpu_time)]
+    pub cpu_time: Option<super::cpu_time::CpuTime>,
+
+    /// Sample on a software perf event: every --period events of a thread
+    /// record its stack (page-faults, context-switches, cpu-clock,
+    /// task-clock), written as PerfSamples; `report --cpu` lists them.
+    #[arg(long, value_name = "EVENT", value_parser = super::cpu_time::parse_event)]
+    pub event: Option<heapprofd_proto::wire::PerfEvent>,
+
+    /// Events per sample with --event [default: page-faults 100,
+    /// context-switches 1, cpu-clock and task-clock 10000000 ns].
+    #[arg(long, value_name = "N", requires = "event",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub period: Option<u64>,
+
+    /// Sample no heap (with --cpu-time or --event: only those).
+    #[arg(long)]
+    pub no_heap: bool,
 
     /// Where to write the trace [default: heapprofd-<cmd>-<pid>-<time>.pftrace].
     #[arg(short = 'o', long, value_name = "FILE")]
@@ -214,6 +242,31 @@ fn parse_heap_interval(s: &str) -> Result<(String, u64), String> {
 }
 
 impl RecordArgs {
+    /// CPU-time profiling's period per thread in ns (0 = off).
+    pub fn cpu_period_ns(&self) -> u64 {
+        self.cpu_time.map_or(0, |c| c.period_ns_here())
+    }
+
+    /// The perf event (its number, 0 = none) and its period.
+    pub fn perf_event(&self) -> (u32, u64) {
+        match self.event {
+            Some(e) => (
+                e as u32,
+                self.period
+                    .unwrap_or_else(|| super::cpu_time::default_period(e)),
+            ),
+            None => (0, 0),
+        }
+    }
+
+    /// `--no-heap` without anything else to sample is a usage error.
+    pub fn check_sampling(&self) -> Result<(), String> {
+        if self.no_heap && self.cpu_time.is_none() && self.event.is_none() {
+            return Err("--no-heap leaves nothing to sample: add --cpu-time or --event".into());
+        }
+        Ok(())
+    }
+
     /// The heaps these options select.
     pub fn heap_selection(&self) -> crate::service::heaps::HeapSelection {
         crate::service::heaps::HeapSelection {

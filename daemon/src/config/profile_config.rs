@@ -116,6 +116,10 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
             seed: 0,
             heaps,
             contexts: Vec::new(),
+            cpu_period_ns: 0,
+            no_heap: false,
+            perf_event: 0,
+            perf_period: 0,
         },
         dumps: Dumps {
             continuous,

@@ -102,6 +102,8 @@ pub fn compatible(a: &ClientConfig, b: &ClientConfig) -> bool {
         && a.num_heaps == b.num_heaps
         && a.heaps == b.heaps
         && a.context_filters() == b.context_filters()
+        && a.cpu_period_ns == b.cpu_period_ns
+        && (a.perf_event, a.perf_period) == (b.perf_event, b.perf_period)
 }
 
 impl Hub {
@@ -386,6 +388,22 @@ mod tests {
             "another user's session"
         );
         assert_eq!(hub.join(4, 102), Joined::Shared, "the same user's session");
+    }
+
+    #[test]
+    fn cpu_sampling_is_part_of_sampling_alike() {
+        let a = ClientConfig::new(4096, 1 << 20);
+        let mut b = a;
+        assert!(compatible(&a, &b));
+        b.cpu_period_ns = 10_000_000;
+        assert!(
+            !compatible(&a, &b),
+            "a CPU profile cannot feed a heap-only one"
+        );
+        let mut c = a;
+        c.perf_event = heapprofd_proto::wire::PerfEvent::PageFaults as u32;
+        c.perf_period = 100;
+        assert!(!compatible(&a, &c));
     }
 
     #[test]

@@ -133,6 +133,13 @@ fn client_config(spec: &ProfileSpec) -> Result<ClientConfig> {
         .apply(spec.sampling.interval, &mut client)
         .and_then(|()| apply_context_filters(&spec.sampling.contexts, &mut client))
         .map_err(anyhow::Error::msg)?;
+    client.cpu_period_ns = spec.sampling.cpu_period_ns;
+    client.perf_event = spec.sampling.perf_event;
+    client.perf_period = spec.sampling.perf_period;
+    if spec.sampling.no_heap {
+        client.clear_heaps();
+        client.flags &= !ClientConfig::FLAG_ALL_HEAPS;
+    }
     if spec.sampling.block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = spec.sampling.block_timeout_us;

@@ -75,6 +75,7 @@ pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
     if let Some(d) = args.duration {
         spec.duration_ms = Some(d.as_millis() as u64);
     }
+    args.check_sampling().map_err(UsageError)?;
     spec.check().map_err(UsageError)?;
     Ok(spec)
 }
@@ -109,6 +110,10 @@ pub(super) fn sampling(args: &RecordArgs) -> Sampling {
         seed: args.seed,
         heaps: args.heap_selection(),
         contexts: args.context.clone(),
+        cpu_period_ns: args.cpu_period_ns(),
+        no_heap: args.no_heap,
+        perf_event: args.perf_event().0,
+        perf_period: args.perf_event().1,
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use heapprofd_model::messages::{Op, SessionStats};
 use heapprofd_model::profile::{UnwindHistogram, context};
-use heapprofd_proto::wire::{ContextRecord, Record};
+use heapprofd_proto::wire::{ContextRecord, Record, StackSampleHeader};
 use heapprofd_unwinder::ProcessContext;
 
 use super::stacks::{InternCtx, StackCache};
@@ -38,6 +38,8 @@ pub struct SessionUnwinder {
     pub hist: UnwindHistogram,
     /// Malloc samples unwound.
     pub samples: u64,
+    /// Stack samples (CPU time, events) unwound.
+    pub stack_samples: u64,
     /// Unwinds that ended in an error.
     pub unwind_errors: u64,
     /// Total unwinding time.
@@ -57,6 +59,7 @@ impl SessionUnwinder {
             corrupt_records: 0,
             hist: UnwindHistogram::default(),
             samples: 0,
+            stack_samples: 0,
             unwind_errors: 0,
             unwind_time: Duration::ZERO,
             timing_rng: (0x9e37_79b9_7f4a_7c15 ^ seed) | 1,
@@ -125,6 +128,50 @@ impl SessionUnwinder {
                     context: h.context_id,
                 });
             }
+            Ok(Record::StackSample(h, _)) if h.flags & StackSampleHeader::FLAG_LOSSES_ONLY != 0 => {
+                ops.push(Op::SampleLosses {
+                    tid: h.tid,
+                    tag: h.tag,
+                    lost_overrun: h.lost_overrun,
+                    lost_dropped: h.lost_dropped,
+                })
+            }
+            Ok(Record::StackSample(h, stack)) => {
+                let t0 = Instant::now();
+                let entry = match self.stacks.replay(&h, stack) {
+                    Some(entry) => entry,
+                    None => self.stacks.stack_of_unreplayed(
+                        &mut self.process,
+                        &h,
+                        stack,
+                        &self.client_text,
+                        cx,
+                        ops,
+                    ),
+                };
+                let d = t0.elapsed();
+                self.hist.add_us(d.as_micros() as u64, 1);
+                self.unwind_time += d;
+                if entry.error.is_some() {
+                    self.unwind_errors += 1;
+                }
+                self.stack_samples += 1;
+                ops.push(Op::StackSample {
+                    tid: h.tid,
+                    tag: h.tag,
+                    timestamp_ns: h.timestamp_ns,
+                    cpu_time_ns: h.cpu_time_ns,
+                    period: h.period,
+                    stack: entry.id,
+                    biased: h.flags & StackSampleHeader::FLAG_BIASED != 0,
+                    lost_overrun: h.lost_overrun,
+                    lost_dropped: h.lost_dropped,
+                });
+            }
+            Ok(Record::EventName(e)) => ops.push(Op::EventName {
+                tag: e.tag,
+                name: e.name_str().to_owned(),
+            }),
             Ok(Record::Free(f)) => ops.push(Op::Free {
                 heap: f.heap_id,
                 seq: f.sequence,
@@ -199,6 +246,72 @@ mod tests {
             ..header(pc)
         };
         Record::Malloc(h, &[]).encode_to_vec()
+    }
+
+    /// A stack sample is unwound like a malloc sample (its stack defined
+    /// first); a losses-only record is passed on without unwinding.
+    #[test]
+    fn stack_samples_and_losses_become_operations() {
+        let process = ProcessContext::new(
+            std::process::id(),
+            Box::new(StaticMaps(
+                std::fs::read_to_string("/proc/self/maps").unwrap(),
+            )),
+            Box::new(NoMemory),
+            Arc::new(ModuleCache::default()),
+        );
+        let mut u = SessionUnwinder::new(process, 0..0, 1);
+        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
+        let cx = InternCtx {
+            interner: &interner,
+            symbolizer: &symbolizer,
+            symbolize: false,
+        };
+        let pc = stack_samples_and_losses_become_operations as *const () as usize as u64 + 4;
+        let m = header(pc);
+        let sample = StackSampleHeader {
+            flags: 0,
+            tid: 9,
+            tag: 0,
+            timestamp_ns: 1,
+            cpu_time_ns: 2,
+            period: 30,
+            lost_overrun: 2,
+            lost_dropped: 1,
+            arch: m.arch,
+            stack_pointer: m.stack_pointer,
+            stack_len: 0,
+            regs: m.regs,
+        };
+        let losses = StackSampleHeader {
+            flags: StackSampleHeader::FLAG_LOSSES_ONLY | StackSampleHeader::FLAG_NO_STACK,
+            tid: 10,
+            lost_dropped: 4,
+            ..sample
+        };
+        let mut ops = Vec::new();
+        for h in [sample, losses] {
+            u.handle_record(&Record::StackSample(h, &[]).encode_to_vec(), &mut ops, &cx);
+        }
+        assert_eq!(ops.len(), 3, "{ops:?}");
+        let Op::Stack { id, .. } = &ops[0] else {
+            panic!("{ops:?}")
+        };
+        assert!(matches!(
+            &ops[1],
+            Op::StackSample { tid: 9, period: 30, lost_overrun: 2, lost_dropped: 1, stack, .. }
+                if stack == id
+        ));
+        assert_eq!(
+            ops[2],
+            Op::SampleLosses {
+                tid: 10,
+                tag: 0,
+                lost_overrun: 2,
+                lost_dropped: 4
+            }
+        );
+        assert_eq!(u.stack_samples, 1);
     }
 
     /// Records in, operations out, with no thread, channel or `/proc` of

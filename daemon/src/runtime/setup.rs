@@ -31,6 +31,13 @@ pub(super) fn daemon_options(
         .and_then(|()| heaps.apply(args.interval, &mut client))
         .and_then(|()| apply_context_filters(&args.context, &mut client))
         .map_err(UsageError)?;
+    args.check_sampling().map_err(UsageError)?;
+    client.cpu_period_ns = args.cpu_period_ns();
+    (client.perf_event, client.perf_period) = args.perf_event();
+    if args.no_heap {
+        client.clear_heaps();
+        client.flags &= !ClientConfig::FLAG_ALL_HEAPS;
+    }
     let file = std::fs::File::create(output).map_err(|e| {
         UsageError(format!(
             "cannot create the trace file {}: {e}; choose another path with -o",

@@ -44,7 +44,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use heapprofd_proto::wire::MallocHeader;
+use heapprofd_proto::wire::{Arch, MallocHeader, RegisterFile, StackSampleHeader};
 use heapprofd_unwinder::{
     Mapping, ProcessContext, RawUnwind, StackSample, UnwindErrorKind, WalkTrace, walk_inputs,
 };
@@ -60,6 +60,41 @@ use heapprofd_model::profile::{FrameId, Interner};
 pub const MAX_STACKS: usize = 1 << 16;
 /// Interned frames remembered for pcs before the pc cache starts over.
 const MAX_PC_FRAMES: usize = 1 << 22;
+
+/// Where a sample's walk starts: its registers and the address of its
+/// stack copy (a malloc sample's, a stack sample's).
+pub trait WalkStart {
+    /// How to read the registers.
+    fn arch(&self) -> Arch;
+    /// The registers.
+    fn regs(&self) -> &RegisterFile;
+    /// Address of the first stack byte copied.
+    fn sp(&self) -> u64;
+}
+
+impl WalkStart for MallocHeader {
+    fn arch(&self) -> Arch {
+        self.arch
+    }
+    fn regs(&self) -> &RegisterFile {
+        &self.regs
+    }
+    fn sp(&self) -> u64 {
+        self.stack_pointer
+    }
+}
+
+impl WalkStart for StackSampleHeader {
+    fn arch(&self) -> Arch {
+        self.arch
+    }
+    fn regs(&self) -> &RegisterFile {
+        &self.regs
+    }
+    fn sp(&self) -> u64 {
+        self.stack_pointer
+    }
+}
 
 /// A cached stack: its id and whether its unwinding ended in an error.
 #[derive(Debug, Clone, Copy)]
@@ -123,7 +158,7 @@ impl StackCache {
     pub fn stack_of(
         &mut self,
         process: &mut ProcessContext,
-        h: &MallocHeader,
+        h: &impl WalkStart,
         stack: &[u8],
         skip: &Range<u64>,
         cx: &InternCtx<'_>,
@@ -138,9 +173,9 @@ impl StackCache {
     /// The stack of a sample whose walk can be replayed (see
     /// [`StackCache::memo`]), without walking.
     #[inline]
-    pub fn replay(&mut self, h: &MallocHeader, stack: &[u8]) -> Option<StackEntry> {
-        let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack)?;
-        self.memo.lookup(inputs, h.stack_pointer, stack)
+    pub fn replay(&mut self, h: &impl WalkStart, stack: &[u8]) -> Option<StackEntry> {
+        let inputs = walk_inputs(h.arch(), h.regs(), h.sp(), stack)?;
+        self.memo.lookup(inputs, h.sp(), stack)
     }
 
     /// [`StackCache::stack_of`] for a sample [`StackCache::replay`] did not
@@ -149,13 +184,13 @@ impl StackCache {
     pub fn stack_of_unreplayed(
         &mut self,
         process: &mut ProcessContext,
-        h: &MallocHeader,
+        h: &impl WalkStart,
         stack: &[u8],
         skip: &Range<u64>,
         cx: &InternCtx<'_>,
         ops: &mut Vec<Op>,
     ) -> StackEntry {
-        let inputs = walk_inputs(h.arch, &h.regs, h.stack_pointer, stack);
+        let inputs = walk_inputs(h.arch(), h.regs(), h.sp(), stack);
         let traced = inputs.is_some() && self.memo.should_trace();
         self.split.walks += 1;
         // A traced walk costs microseconds: two clock reads are noise.
@@ -163,18 +198,18 @@ impl StackCache {
         let mut defining = Duration::ZERO;
         if traced {
             let sample = StackSample {
-                arch: h.arch,
-                regs: &h.regs,
-                stack_pointer: h.stack_pointer,
+                arch: h.arch(),
+                regs: h.regs(),
+                stack_pointer: h.sp(),
                 stack,
                 skip: skip.clone(),
             };
             process.unwind_raw_traced(&sample, &mut self.raw, &mut self.trace);
         } else {
             process.unwind_raw(
-                h.arch,
-                &h.regs,
-                h.stack_pointer,
+                h.arch(),
+                h.regs(),
+                h.sp(),
                 stack,
                 skip.clone(),
                 &mut self.raw,
@@ -213,7 +248,7 @@ impl StackCache {
     fn new_stack(
         &mut self,
         process: &mut ProcessContext,
-        h: &MallocHeader,
+        h: &impl WalkStart,
         stack: &[u8],
         skip: &Range<u64>,
         cx: &InternCtx<'_>,
@@ -237,9 +272,9 @@ impl StackCache {
                         refreshed = true;
                         self.clear();
                         process.unwind_raw(
-                            h.arch,
-                            &h.regs,
-                            h.stack_pointer,
+                            h.arch(),
+                            h.regs(),
+                            h.sp(),
                             stack,
                             skip.clone(),
                             &mut self.raw,

@@ -63,6 +63,18 @@ pub struct Sampling {
     /// User context filters (`record --context`; empty: every context).
     #[serde(default)]
     pub contexts: Vec<String>,
+    /// CPU-time profiling's period per thread in ns (0: off).
+    #[serde(default)]
+    pub cpu_period_ns: u64,
+    /// No heap is sampled (`--no-heap`).
+    #[serde(default)]
+    pub no_heap: bool,
+    /// The perf event sampled on (`--event`; 0: none) and its period.
+    #[serde(default)]
+    pub perf_event: u32,
+    /// Events per sample.
+    #[serde(default)]
+    pub perf_period: u64,
 }
 
 impl Default for Sampling {
@@ -75,6 +87,10 @@ impl Default for Sampling {
             seed: 0,
             heaps: HeapSelection::default(),
             contexts: Vec::new(),
+            cpu_period_ns: 0,
+            no_heap: false,
+            perf_event: 0,
+            perf_period: 0,
         }
     }
 }

@@ -58,12 +58,94 @@ pub struct ClientConfig {
     pub num_context_filters: u32,
     /// Sample only while a context passing one of these is installed.
     pub context_filters: [ContextFilter; MAX_CONTEXT_FILTERS],
+    /// CPU-time profiling: one stack sample per this many nanoseconds of
+    /// CPU each thread uses; 0 = off (Since [`version::V5`]; the field was
+    /// reserved before).
+    pub cpu_period_ns: u64,
+    /// A software perf event each thread samples on overflow
+    /// ([`PerfEvent`] as a number; 0 = none) (Since [`version::V5`]).
+    pub perf_event: u32,
+    /// Its sampling period (events per sample).
+    pub perf_period: u64,
+}
+
+/// The software perf events `record --event` samples on (Since
+/// [`version::V5`]); their samples carry tag [`PerfEvent::tag`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PerfEvent {
+    /// `PERF_COUNT_SW_PAGE_FAULTS`.
+    PageFaults = 1,
+    /// `PERF_COUNT_SW_CONTEXT_SWITCHES`.
+    ContextSwitches = 2,
+    /// `PERF_COUNT_SW_CPU_CLOCK` (nanoseconds).
+    CpuClock = 3,
+    /// `PERF_COUNT_SW_TASK_CLOCK` (nanoseconds).
+    TaskClock = 4,
+}
+
+impl PerfEvent {
+    /// Every event, by number.
+    pub const ALL: [PerfEvent; 4] = [
+        PerfEvent::PageFaults,
+        PerfEvent::ContextSwitches,
+        PerfEvent::CpuClock,
+        PerfEvent::TaskClock,
+    ];
+    /// Tags of perf-event samples: this bit and the event's number (the
+    /// program's tags are below it).
+    pub const TAG_BIT: u64 = 1 << 63;
+
+    /// The event of number `n`.
+    pub fn from_u32(n: u32) -> Option<PerfEvent> {
+        Self::ALL.into_iter().find(|e| *e as u32 == n)
+    }
+
+    /// Its name, as `perf` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PerfEvent::PageFaults => "page-faults",
+            PerfEvent::ContextSwitches => "context-switches",
+            PerfEvent::CpuClock => "cpu-clock",
+            PerfEvent::TaskClock => "task-clock",
+        }
+    }
+
+    /// The event called `name`.
+    pub fn from_name(name: &str) -> Option<PerfEvent> {
+        Self::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// The tag of its samples.
+    pub fn tag(self) -> u64 {
+        Self::TAG_BIT | self as u64
+    }
+
+    /// The event a sample tag names, if it is a perf event's.
+    pub fn of_tag(tag: u64) -> Option<PerfEvent> {
+        if tag & Self::TAG_BIT == 0 {
+            return None;
+        }
+        u32::try_from(tag & !Self::TAG_BIT)
+            .ok()
+            .and_then(Self::from_u32)
+    }
+
+    /// `perf_event_attr.config` (`PERF_TYPE_SOFTWARE`).
+    pub fn sw_config(self) -> u64 {
+        match self {
+            PerfEvent::CpuClock => 0,
+            PerfEvent::TaskClock => 1,
+            PerfEvent::PageFaults => 2,
+            PerfEvent::ContextSwitches => 3,
+        }
+    }
 }
 
 impl ClientConfig {
     /// Bytes on the wire.
     pub const ENCODED_LEN: usize =
-        72 + MAX_HEAPS * (HEAP_NAME_LEN + 8) + MAX_CONTEXT_FILTERS * CONTEXT_FILTER_LEN;
+        72 + MAX_HEAPS * (HEAP_NAME_LEN + 8) + MAX_CONTEXT_FILTERS * CONTEXT_FILTER_LEN + 16;
     /// When the buffer is full, wait (up to `block_timeout_us`) instead of dropping.
     pub const FLAG_BLOCK_CLIENT: u32 = 1;
     /// Heaps not listed in `heaps` are sampled at `sampling_interval`
@@ -95,6 +177,9 @@ impl ClientConfig {
             heaps,
             num_context_filters: 0,
             context_filters: [ContextFilter::EMPTY; MAX_CONTEXT_FILTERS],
+            cpu_period_ns: 0,
+            perf_event: 0,
+            perf_period: 0,
         }
     }
 
@@ -188,7 +273,7 @@ impl ClientConfig {
         p.u32(self.fork_policy as u32);
         p.u32(self.num_heaps);
         p.u32(self.num_context_filters);
-        p.u64(0); // reserved
+        p.u64(self.cpu_period_ns);
         for h in &self.heaps {
             encode_name(&mut p, &h.name);
             p.u64(h.interval);
@@ -196,6 +281,9 @@ impl ClientConfig {
         for f in &self.context_filters {
             f.encode(&mut p);
         }
+        p.u32(self.perf_event);
+        p.u32(0);
+        p.u64(self.perf_period);
         out
     }
 
@@ -231,7 +319,7 @@ impl ClientConfig {
         if num_context_filters as usize > MAX_CONTEXT_FILTERS {
             return Err(DecodeError::InvalidField("num_context_filters"));
         }
-        let _reserved = g.u64();
+        let cpu_period_ns = g.u64();
         let empty = HeapConfig {
             name: [0; HEAP_NAME_LEN],
             interval: 0,
@@ -246,6 +334,12 @@ impl ClientConfig {
         for f in context_filters.iter_mut() {
             *f = ContextFilter::decode(&mut g)?;
         }
+        let perf_event = g.u32();
+        if perf_event != 0 && PerfEvent::from_u32(perf_event).is_none() {
+            return Err(DecodeError::InvalidField("perf_event"));
+        }
+        let _pad = g.u32();
+        let perf_period = g.u64();
         Ok(ClientConfig {
             version,
             sampling_interval,
@@ -259,12 +353,15 @@ impl ClientConfig {
             heaps,
             num_context_filters,
             context_filters,
+            cpu_period_ns,
+            perf_event,
+            perf_period,
         })
     }
 }
 
 // Layout pin: a change to the field list must change this number on purpose.
-const _: () = assert!(ClientConfig::ENCODED_LEN == 4680 + 8 * 328);
+const _: () = assert!(ClientConfig::ENCODED_LEN == 4680 + 8 * 328 + 16);
 
 #[cfg(test)]
 mod tests {

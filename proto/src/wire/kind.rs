@@ -15,6 +15,10 @@ pub enum RecordKind {
     HeapName = 3,
     /// `ContextRecord` (Since [`version::V4`](super::version::V4)).
     Context = 4,
+    /// `StackSampleHeader` + stack bytes (Since [`version::V5`](super::version::V5)).
+    StackSample = 5,
+    /// `EventNameRecord` (Since [`version::V5`](super::version::V5)).
+    EventName = 6,
 }
 
 impl RecordKind {
@@ -25,6 +29,8 @@ impl RecordKind {
             2 => Ok(RecordKind::Free),
             3 => Ok(RecordKind::HeapName),
             4 => Ok(RecordKind::Context),
+            5 => Ok(RecordKind::StackSample),
+            6 => Ok(RecordKind::EventName),
             other => Err(DecodeError::UnknownKind(other)),
         }
     }

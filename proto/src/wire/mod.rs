@@ -25,7 +25,8 @@
 //! [`DecodeError`]), `arch` ([`Arch`] and the [`RegisterFile`]),
 //! `handshake` and `client_config` (the socket messages), `kind` (the
 //! records' [`RecordKind`] tag), `record` (the ring-buffer records and
-//! [`Record`]), `context` (the user context
+//! [`Record`]), `stack_sample` (stacks taken from signal handlers and the
+//! names of their tags), `context` (the user context
 //! definition record and its pair encoding), `context_filter` (the
 //! configuration's context filters and their matching rule). This module holds the constants the
 //! whole protocol shares and re-exports every item, so `wire::X` is the one
@@ -39,9 +40,10 @@ mod context_filter;
 mod handshake;
 mod kind;
 mod record;
+mod stack_sample;
 
 pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
-pub use client_config::{ClientConfig, ForkPolicy, HeapConfig};
+pub use client_config::{ClientConfig, ForkPolicy, HeapConfig, PerfEvent};
 pub use codec::{DecodeError, HEAP_NAME_LEN, heap_name_field, heap_name_str};
 pub use context::{
     CONTEXT_HEADER_LEN, CONTEXT_NONE, ContextRecord, MAX_CONTEXT_BYTES, MAX_CONTEXT_PAIRS,
@@ -54,6 +56,7 @@ pub use context_filter::{
 pub use handshake::{Handshake, Unprofilable};
 pub use kind::RecordKind;
 pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record};
+pub use stack_sample::{EventNameRecord, StackSampleHeader, TAG_CPU_TIME};
 
 /// `b"HPRS"` read as a little-endian `u32`; first field of the socket messages.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HPRS");
@@ -73,8 +76,13 @@ pub mod version {
     /// User contexts: [`ContextRecord`](super::ContextRecord)s in the ring and
     /// `MallocHeader::context_id` on every sample.
     pub const V4: u32 = 4;
+    /// Stack samples taken from signal handlers (CPU time, requested
+    /// stacks): [`StackSampleHeader`](super::StackSampleHeader) and
+    /// [`EventNameRecord`](super::EventNameRecord) in the ring,
+    /// `ClientConfig::cpu_period_ns`, `perf_event` and `perf_period`.
+    pub const V5: u32 = 5;
     /// The version this build speaks.
-    pub const CURRENT: u32 = V4;
+    pub const CURRENT: u32 = V5;
 }
 
 /// Number of heap slots in [`ClientConfig`] (as Perfetto's client

@@ -6,6 +6,7 @@ use super::arch::{Arch, MAX_REGS, RegisterFile};
 use super::codec::{DecodeError, Get, HEAP_NAME_LEN, Put, encode_name, heap_name_str};
 use super::context::ContextRecord;
 use super::kind::RecordKind;
+use super::stack_sample::{EventNameRecord, StackSampleHeader};
 
 fn check_kind(g: &mut Get<'_>, expected: RecordKind) -> Result<u32, DecodeError> {
     let kind = g.u32();
@@ -248,6 +249,10 @@ pub enum Record<'a> {
     HeapName(HeapNameRecord),
     /// A user context definition.
     Context(ContextRecord<'a>),
+    /// A stack taken from a signal handler, and its raw stack.
+    StackSample(StackSampleHeader, &'a [u8]),
+    /// The name of a stack-sample tag.
+    EventName(EventNameRecord),
 }
 
 impl<'a> Record<'a> {
@@ -262,6 +267,11 @@ impl<'a> Record<'a> {
             RecordKind::Free => Ok(Record::Free(FreeRecord::decode(buf)?)),
             RecordKind::HeapName => Ok(Record::HeapName(HeapNameRecord::decode(buf)?)),
             RecordKind::Context => Ok(Record::Context(ContextRecord::decode(buf)?)),
+            RecordKind::StackSample => {
+                let (h, stack) = StackSampleHeader::decode(buf)?;
+                Ok(Record::StackSample(h, stack))
+            }
+            RecordKind::EventName => Ok(Record::EventName(EventNameRecord::decode(buf)?)),
         }
     }
 
@@ -282,6 +292,16 @@ impl<'a> Record<'a> {
             Record::Free(f) => f.encode().to_vec(),
             Record::HeapName(n) => n.encode().to_vec(),
             Record::Context(c) => c.encode_to_vec(),
+            Record::StackSample(h, stack) => {
+                let mut fixed = [0u8; StackSampleHeader::ENCODED_LEN];
+                let mut h = *h;
+                h.stack_len = stack.len() as u64;
+                h.encode_into(&mut fixed);
+                let mut v = fixed.to_vec();
+                v.extend_from_slice(stack);
+                v
+            }
+            Record::EventName(e) => e.encode().to_vec(),
         }
     }
 }

@@ -38,6 +38,7 @@ pub mod interner;
 mod lifetime;
 pub mod order;
 pub mod process;
+pub mod samples;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -53,6 +54,7 @@ pub use process::{
     ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ParentProcess, ProcessFlags, ProcessIdentity,
     ProcessState, ProcessStats,
 };
+pub use samples::{StackSample, StackSamples, ThreadSamples};
 pub use tree::{CallsiteId, CallsiteTree};
 
 use heap::MallocOp;
@@ -158,6 +160,26 @@ impl Profile {
     pub fn malloc(&mut self, pid: u32, alloc: Alloc, stack: &[FrameId]) {
         let callsite = self.intern_callsite(stack);
         self.malloc_at(pid, alloc, callsite);
+    }
+
+    /// A stack sample of process `pid` (its thread noted for naming) and
+    /// the samples its thread lost just before it.
+    pub fn stack_sample(&mut self, pid: u32, s: StackSample, lost_overrun: u64, lost_dropped: u64) {
+        let p = self.process_or_default(pid);
+        p.note_thread(s.tid);
+        p.samples.add(s, lost_overrun, lost_dropped);
+    }
+
+    /// Losses of thread `tid` of process `pid` that no sample carried.
+    pub fn sample_losses(&mut self, pid: u32, tag: u64, tid: u32, overrun: u64, dropped: u64) {
+        let p = self.process_or_default(pid);
+        p.note_thread(tid);
+        p.samples.add_losses(tag, tid, overrun, dropped);
+    }
+
+    /// Names the program's event `tag` in process `pid`.
+    pub fn set_event_name(&mut self, pid: u32, tag: u64, name: String) {
+        self.process_or_default(pid).samples.names.insert(tag, name);
     }
 
     /// [`Profile::malloc`] with a callsite from [`Profile::intern_callsite`].

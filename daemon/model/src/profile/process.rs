@@ -185,6 +185,8 @@ pub struct ProcessState {
     pub not_attached: Option<String>,
     /// Its user contexts.
     pub contexts: super::context::ContextStats,
+    /// Its stack samples (CPU time, named events).
+    pub samples: super::samples::StackSamples,
     pub(crate) heaps: BTreeMap<u32, HeapState>,
     pub(crate) order: Reorder<PendingOp>,
     pub(crate) order_stats: OrderStats,
@@ -207,6 +209,7 @@ impl ProcessState {
             unprofilable: None,
             not_attached: None,
             contexts: Default::default(),
+            samples: Default::default(),
             heaps: BTreeMap::new(),
             order: Reorder::new(1, window),
             order_stats: OrderStats::default(),

@@ -210,6 +210,35 @@ pub struct Truncation {
     pub what: String,
 }
 
+/// One stack of a [`SampleProfile`] on one thread.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SampledStack {
+    /// Frames, outermost caller first, sampled function last.
+    pub frames: Vec<ResolvedFrame>,
+    /// Thread id.
+    pub tid: u32,
+    /// Samples with this stack on this thread.
+    pub samples: u64,
+    /// Sum of their periods (CPU nanoseconds for CPU time).
+    pub weight: u64,
+}
+
+/// The stack samples of one (process, event): `PerfSample` packets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SampleProfile {
+    /// Process id.
+    pub pid: u32,
+    /// The event's tag (0: CPU time; traces of other tools: 0).
+    pub tag: u64,
+    /// `cpu-time`, or the program's name for the event.
+    pub event: String,
+    /// By stack and thread, in order of first appearance.
+    pub stacks: Vec<SampledStack>,
+    /// Per thread: samples, weight and losses (heapprofd-rs's totals when
+    /// the trace has them, else counted from the samples, no losses).
+    pub threads: BTreeMap<u32, crate::profile::ThreadSamples>,
+}
+
 /// The heap profiles in a trace.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TraceData {
@@ -217,6 +246,8 @@ pub struct TraceData {
     pub processes: BTreeMap<u32, ProcessInfo>,
     /// Heap profiles, by (pid, heap name).
     pub heaps: Vec<HeapProfile>,
+    /// Stack samples (CPU time, named events), by (pid, event).
+    pub samples: Vec<SampleProfile>,
     /// Trace packets read.
     pub packets: u64,
     /// Problems that did not stop the reading (dangling ids, index gaps,

@@ -41,6 +41,74 @@ pub struct Extension {
     /// Statistics of one dump of a (process, heap).
     #[prost(message, optional, tag = "1")]
     pub heap_stats: Option<HeapStats>,
+    /// What the `PerfSample` of the same packet has no field for.
+    #[prost(message, optional, tag = "2")]
+    pub stack_sample: Option<StackSampleExt>,
+    /// A process's stack-sample totals and losses per (event, thread),
+    /// cumulative (the last one counts), and its events' names.
+    #[prost(message, optional, tag = "3")]
+    pub sample_totals: Option<SampleTotals>,
+}
+
+/// A stack sample's event and what else `PerfSample` cannot say; written
+/// only when it is not a plain CPU-time sample.
+#[derive(Clone, PartialEq, Message)]
+pub struct StackSampleExt {
+    /// The event's tag (0: CPU time).
+    #[prost(uint64, optional, tag = "1")]
+    pub tag: Option<u64>,
+    /// The stack is the requester's own (biased).
+    #[prost(bool, optional, tag = "2")]
+    pub biased: Option<bool>,
+}
+
+/// Per process: stack samples and losses per (event, thread).
+#[derive(Clone, PartialEq, Message)]
+pub struct SampleTotals {
+    /// Process id.
+    #[prost(uint64, optional, tag = "1")]
+    pub pid: Option<u64>,
+    /// One per (event, thread).
+    #[prost(message, repeated, tag = "2")]
+    pub threads: Vec<ThreadSampleTotals>,
+    /// Names of the program's events.
+    #[prost(message, repeated, tag = "3")]
+    pub events: Vec<EventNameMsg>,
+}
+
+/// One (event, thread)'s samples and losses.
+#[derive(Clone, PartialEq, Message)]
+pub struct ThreadSampleTotals {
+    /// The event's tag.
+    #[prost(uint64, optional, tag = "1")]
+    pub tag: Option<u64>,
+    /// Thread id.
+    #[prost(uint64, optional, tag = "2")]
+    pub tid: Option<u64>,
+    /// Samples written.
+    #[prost(uint64, optional, tag = "3")]
+    pub samples: Option<u64>,
+    /// Sum of their periods (CPU ns for CPU time).
+    #[prost(uint64, optional, tag = "4")]
+    pub weight: Option<u64>,
+    /// Timer expirations merged into recorded samples (their CPU time is
+    /// in the samples' weights: not lost).
+    #[prost(uint64, optional, tag = "5")]
+    pub lost_overrun: Option<u64>,
+    /// Samples lost in the client (ring full, inside the client).
+    #[prost(uint64, optional, tag = "6")]
+    pub lost_dropped: Option<u64>,
+}
+
+/// A program's name for a tag.
+#[derive(Clone, PartialEq, Message)]
+pub struct EventNameMsg {
+    /// The tag.
+    #[prost(uint64, optional, tag = "1")]
+    pub tag: Option<u64>,
+    /// Its name.
+    #[prost(string, optional, tag = "2")]
+    pub name: Option<String>,
 }
 
 /// Per-callsite statistics of one dump of a (process, heap).
@@ -241,6 +309,7 @@ mod tests {
                 exact: Some(true),
                 callsites: vec![CallsiteStatsMsg::from_stats(3, &stats)],
             }),
+            ..Extension::default()
         };
         let mut p = TracePacket {
             timestamp: Some(9),

@@ -81,7 +81,7 @@ mod writer;
 
 pub use data::{
     CallstackValues, Counters, DumpPoint, HeapProfile, MemorySample, ProcessInfo, ResolvedFrame,
-    TraceData, Truncation,
+    SampleProfile, SampledStack, TraceData, Truncation,
 };
 pub use reader::read_trace;
 pub use writer::{

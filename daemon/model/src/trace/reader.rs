@@ -16,6 +16,8 @@
 //! [`super::module_symbols`]) name the frames that have no name, wherever
 //! in the trace they are. A trace that ends inside a packet or inside a
 //! dump is [`TraceData::truncated`].
+mod samples;
+
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
@@ -65,6 +67,8 @@ struct Reader {
     clocks: Option<(u64, u64)>,
     /// Offline symbols (`ModuleSymbols` packets), applied at the end.
     symbols: ModuleSymbolTable,
+    /// Stack samples (`PerfSample` packets).
+    samples: samples::SampleReader,
 }
 
 fn add_counters(t: &mut Counters, new: Counters, old: Counters) {
@@ -97,6 +101,13 @@ impl Reader {
         }
         let generation = seq.generation;
         let boot = p.timestamp;
+        let (heap_stats, stack_ext, totals) = match ext {
+            Some(e) => (e.heap_stats, e.stack_sample, e.sample_totals),
+            None => (None, None, None),
+        };
+        if let Some(t) = totals {
+            self.samples.totals(t);
+        }
         match p.data {
             Some(trace_packet::Data::ProcessTree(t)) => {
                 for pr in t.processes {
@@ -147,9 +158,23 @@ impl Reader {
             }
             Some(trace_packet::Data::ProfilePacket(pp)) => self.profile_packet(offset, seq_id, pp),
             Some(trace_packet::Data::ModuleSymbols(m)) => self.symbols.add(m),
+            Some(trace_packet::Data::PerfSample(ps)) => {
+                let mut warnings = Vec::new();
+                let tables = &self.seqs.entry(seq_id).or_default().tables;
+                self.samples.sample(
+                    (seq_id, generation),
+                    tables,
+                    &ps,
+                    stack_ext.as_ref(),
+                    &mut warnings,
+                );
+                for w in warnings {
+                    self.warn(w);
+                }
+            }
             _ => {}
         }
-        if let Some(e) = ext.and_then(|e| e.heap_stats) {
+        if let Some(e) = heap_stats {
             let heap = e.heap_name.clone().unwrap_or_else(|| "unknown".to_owned());
             let pid = e.pid.unwrap_or(0) as u32;
             let acc = self.heaps.entry((pid, heap)).or_default();
@@ -420,6 +445,8 @@ impl Reader {
             }
             self.data.heaps.push(profile);
         }
+        let samples = std::mem::take(&mut self.samples);
+        self.data.samples = samples.finish(&self.symbols);
         self.data
     }
 }

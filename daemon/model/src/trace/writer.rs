@@ -7,6 +7,8 @@ use heapprofd_proto::perfetto::{
     TracePacket, clock, clock_snapshot, profile_packet, trace_packet,
 };
 
+mod samples;
+
 use super::TraceError;
 use super::bits::Bits;
 use super::extension::{CallsiteStatsMsg, Extension, HeapStats, append_extension};
@@ -40,6 +42,15 @@ pub struct ClockReadings {
 }
 
 impl ClockReadings {
+    /// A MONOTONIC time as BOOTTIME (the stack samples' clock).
+    pub fn monotonic_to_boottime(&self, mono_ns: u64) -> u64 {
+        if mono_ns >= self.monotonic_ns {
+            self.boottime_ns.saturating_add(mono_ns - self.monotonic_ns)
+        } else {
+            self.boottime_ns.saturating_sub(self.monotonic_ns - mono_ns)
+        }
+    }
+
     /// A MONOTONIC_COARSE time as BOOTTIME (same rate; they differ by the
     /// time suspended, taken from these readings).
     pub fn coarse_to_boottime(&self, coarse_ns: u64) -> u64 {
@@ -443,6 +454,7 @@ impl<W: Write> TraceWriter<W> {
     ) -> Result<DumpSummary, TraceError> {
         let (bytes0, packets0) = (self.bytes, self.packets);
         self.write_processes(profile)?;
+        self.write_stack_samples(profile, interner)?;
         let mut summary = DumpSummary::default();
         let (tree, processes) = profile.split_mut();
         for p in processes.values_mut() {
@@ -611,6 +623,7 @@ impl<W: Write> TraceWriter<W> {
                     exact: Some(exact),
                     callsites: chunk,
                 }),
+                ..Extension::default()
             };
             self.emit_with_extension(
                 TracePacket {

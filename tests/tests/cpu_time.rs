@@ -1,0 +1,375 @@
+//! CPU-time profiling and the stack-request API end to end, against
+//! ground truth the programs measure themselves (`tests/programs/cpu/`):
+//!
+//! * `cpu_split.c`: two threads burn a known 90/10 split of CPU time
+//!   (measured on their own thread CPU clocks), a third only sleeps, and
+//!   the program prints its CPU time from `getrusage`. `record --cpu-time
+//!   5ms --no-heap` must give the split within 3 points, the process's CPU
+//!   time within 5% (samples plus timer overruns, times the period), no
+//!   sample of the sleeping thread, stacks that reach the threads' start,
+//!   and a trace the official schema accepts (`check_trace.py --strict`).
+//! * `stack_requests.c`: a SIGPROF handler (`setitimer`) calls
+//!   `heapprofd_request_stack` while the program computes or loops in
+//!   malloc/free (heap profiling on, so handlers also land in the client's
+//!   hooks). Every call that returned 0 is one sample of the named event in
+//!   the trace, every other call a counted loss of its thread (sent with
+//!   its next sample: the program makes a last request, with a null
+//!   ucontext, after the timer stops); errno is unchanged; the stacks start
+//!   at the interrupted code, not the handler.
+//!
+//! * `jep509.c`: JDK's JEP 509 example made native: ten fast requests
+//!   (10 ms of CPU each) and one slow one (100 ms, mostly waiting) to a
+//!   local server; at `--cpu-time 1ms` the CPU profile puts (nearly) all
+//!   the time in the fast requests' handler.
+//!
+//! * `short_threads.c`: twenty threads one after the other, each burning
+//!   20 ms of CPU (less than the watcher's 50 ms scan): they arm their
+//!   timers as they start (the client's `pthread_create`), so their CPU is
+//!   sampled whole.
+//! * `page_faults.c`: a known number of first-touch page faults in
+//!   `touch_pages`; `record --event page-faults --period 10` counts them
+//!   (samples times the period) and puts them there.
+//!
+//! No timed assertion: shares and totals are of CPU time, which the
+//! machine's load does not change.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use heapprofd_tests::client_harness::{compile, workspace_root};
+use heapprofd_tests::record_harness::{check_trace, heapprofd_ok, record, scratch_dir};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The programs, built once: -O2 with debug information, no frame pointers.
+fn programs() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = workspace_root().join("tests/programs/cpu");
+        let dir = std::env::temp_dir().join(format!("heapprofd-cpu-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let include = workspace_root().join("client/include");
+        for p in [
+            "cpu_split",
+            "stack_requests",
+            "jep509",
+            "page_faults",
+            "short_threads",
+        ] {
+            compile(&[
+                "gcc",
+                "-O2",
+                "-g",
+                "-Wall",
+                "-Werror",
+                "-pthread",
+                "-I",
+                &s(&include),
+                "-o",
+                &s(&dir.join(p)),
+                &s(&src.join(format!("{p}.c"))),
+            ]);
+        }
+        dir
+    })
+}
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// `report --cpu --format json`'s profiles.
+fn cpu_report(trace: &Path) -> Vec<Value> {
+    let out = heapprofd_ok(&[
+        "report",
+        "--cpu",
+        "--top",
+        "1000",
+        "--format",
+        "json",
+        &s(trace),
+    ]);
+    let v: Value = serde_json::from_str(&out.stdout).expect("report JSON");
+    v["profiles"].as_array().cloned().unwrap_or_default()
+}
+
+fn functions(profile: &Value) -> Vec<String> {
+    profile["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["function"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn cpu_time_gives_the_split_and_the_process_cpu_time() {
+    let dir = scratch_dir("cpu-split");
+    let trace = dir.join("cpu.pftrace");
+    let prog = programs().join("cpu_split");
+    let out = record(
+        &[
+            "--no-service",
+            "--cpu-time",
+            "5ms",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "3000", "90"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let rusage_ns: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rusage_ns "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rusage line in {}", out.stdout));
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    assert_eq!(profiles.len(), 1, "{profiles:?}");
+    let p = &profiles[0];
+    assert_eq!(p["event"], "cpu-time");
+    let threads = p["threads"].as_array().unwrap();
+    let by_name = |n: &str| threads.iter().find(|t| t["name"] == n);
+    // CPU time a thread used: its samples' weights (each the period times
+    // one plus the expirations the kernel merged into its signal) and the
+    // expirations it lost, one period each.
+    let cpu = |t: &Value| u(&t["weight"]) + u(&t["lost_dropped"]) * 5_000_000;
+    let hot = cpu(by_name("hot").expect("samples of the hot thread"));
+    let cold = cpu(by_name("cold").expect("samples of the cold thread"));
+    let share = 100.0 * hot as f64 / (hot + cold) as f64;
+    assert!(
+        (share - 90.0).abs() <= 3.0,
+        "hot thread's share {share:.1}% (hot {hot}, cold {cold}), expected 90 +- 3"
+    );
+    assert!(
+        by_name("sleeper").is_none(),
+        "a sleeping thread got samples: {threads:?}"
+    );
+    let sampled_ns: u64 = threads.iter().map(cpu).sum();
+    let err = (sampled_ns as f64 - rusage_ns as f64).abs() / rusage_ns as f64;
+    assert!(
+        err <= 0.05,
+        "sampled CPU {sampled_ns} ns vs getrusage {rusage_ns} ns: {:.1}% apart",
+        err * 100.0
+    );
+    let f = functions(p);
+    for want in ["hot_work", "cold_work", "start_thread"] {
+        assert!(f.iter().any(|x| x == want), "{want} missing from {f:?}");
+    }
+    pprof_is_a_cpu_profile(&trace, &dir);
+}
+
+/// `convert --cpu --pprof`: a `cpu`/`nanoseconds` profile `go tool pprof`
+/// reads (where Go is installed; else its string table is checked).
+fn pprof_is_a_cpu_profile(trace: &Path, dir: &Path) {
+    let out = dir.join("cpu.pb.gz");
+    heapprofd_ok(&["convert", "--cpu", &s(trace), "--pprof", &s(&out)]);
+    let go = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", "-tagfocus", "thread=hot"])
+        .arg(&out)
+        .output();
+    match go {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(text.contains("Type: cpu"), "{text}");
+            assert!(text.contains("hot_work"), "{text}");
+            assert!(!text.contains("cold_work"), "tagfocus thread=hot: {text}");
+        }
+        _ => {
+            let raw = std::process::Command::new("gzip")
+                .args(["-dc"])
+                .arg(&out)
+                .output()
+                .expect("gzip");
+            let text = String::from_utf8_lossy(&raw.stdout);
+            for want in ["cpu", "nanoseconds", "hot_work", "thread"] {
+                assert!(text.contains(want), "{want} missing from the profile");
+            }
+        }
+    }
+}
+
+#[test]
+fn stacks_requested_from_sigprof_handlers_including_inside_malloc() {
+    let dir = scratch_dir("stack-requests");
+    let trace = dir.join("req.pftrace");
+    let prog = programs().join("stack_requests");
+    let out = record(
+        &["--no-service", "-i", "4096", "-o", &s(&trace)],
+        &[&s(&prog), "300"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("requests "))
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
+    let w: Vec<&str> = line.split(' ').collect();
+    let (requests, recorded): (u64, u64) = (w[1].parse().unwrap(), w[3].parse().unwrap());
+    assert_eq!(w[5], "0", "errno changed in a handler: {line}");
+    assert!(recorded > 20, "{line}");
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "prof-ticks")
+        .unwrap_or_else(|| panic!("no prof-ticks samples: {profiles:?}"));
+    assert_eq!(u(&p["samples"]), recorded, "{line}");
+    let t = &p["threads"][0];
+    let not_profiling: u64 = w[7].parse().unwrap();
+    assert_eq!(
+        u(&t["samples"]) + u(&t["lost_dropped"]) + not_profiling,
+        requests,
+        "every request is a sample, a counted loss, or made before the profile: {t} ({line})"
+    );
+    let f = functions(p);
+    for want in ["busy_compute", "alloc_loop", "main"] {
+        assert!(f.iter().any(|x| x == want), "{want} missing from {f:?}");
+    }
+    assert!(
+        !f.iter().any(|x| x == "on_prof"),
+        "the handler's frame is in a stack: {f:?}"
+    );
+}
+
+#[test]
+fn jep509_example_cpu_goes_to_the_fast_requests() {
+    let dir = scratch_dir("jep509");
+    let trace = dir.join("jep.pftrace");
+    let prog = programs().join("jep509");
+    let out = record(
+        &[
+            "--no-service",
+            "--cpu-time",
+            "1ms",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog)],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    assert!(out.stdout.contains("jep509 done"), "{}", out.stdout);
+    let profiles = cpu_report(&trace);
+    let p = &profiles[0];
+    let incl = |name: &str| {
+        p["by_inclusive"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["function"] == name)
+            .map_or(0, |f| u(&f["inclusive_weight"]))
+    };
+    let (fast, slow) = (incl("handle_fast"), incl("handle_slow"));
+    // 100 ms of CPU in the fast handler, 0.2 ms in the slow one.
+    assert!(
+        fast >= 50_000_000,
+        "handle_fast has {fast} ns of CPU, expected about 100 ms: {p}"
+    );
+    assert!(
+        fast as f64 >= 0.9 * (fast + slow) as f64,
+        "handle_fast {fast} ns, handle_slow {slow} ns: the slow request's waiting must not count"
+    );
+}
+
+#[test]
+fn page_fault_events_are_counted_where_they_happen() {
+    let dir = scratch_dir("page-faults");
+    let trace = dir.join("pf.pftrace");
+    let prog = programs().join("page_faults");
+    let out = record(
+        &[
+            "--no-service",
+            "--event",
+            "page-faults",
+            "--period",
+            "10",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "100"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let touched: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("touched "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "page-faults")
+        .unwrap_or_else(|| panic!("no page-faults samples: {profiles:?}"));
+    let in_touch = p["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "touch_pages")
+        .map_or(0, |f| u(&f["inclusive_weight"]));
+    // Every first touch faults once; the period rounds down by under 10.
+    assert!(
+        in_touch + 10 >= touched && in_touch <= touched + touched / 20,
+        "touch_pages has {in_touch} page faults, the program made {touched}"
+    );
+}
+
+#[test]
+fn threads_shorter_than_a_scan_are_sampled_whole() {
+    let dir = scratch_dir("short-threads");
+    let trace = dir.join("short.pftrace");
+    let prog = programs().join("short_threads");
+    let out = record(
+        &[
+            "--no-service",
+            "--cpu-time",
+            "2ms",
+            "--no-heap",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "20", "20"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let burned: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("burned "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
+    let profiles = cpu_report(&trace);
+    let p = &profiles[0];
+    let sampled = p["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "short_work")
+        .map_or(0, |f| u(&f["inclusive_weight"]));
+    let threads = p["threads"].as_array().unwrap().len();
+    // Each thread's CPU after its last signal is never sampled: at most a
+    // scheduler tick (4 ms here) and a period, 8 ms allowed per thread.
+    // Armed by the scans alone, a thread would be missed until the next
+    // scan: about a fifth of this CPU would be seen.
+    assert!(
+        sampled + 20 * 8_000_000 >= burned,
+        "short_work sampled {sampled} ns of the {burned} ns the threads burned ({threads} threads)"
+    );
+    // (A thread whose CPU all falls between two ticks of a loaded machine
+    // may get no signal: most must have samples.)
+    assert!(threads >= 15, "{threads} threads sampled of 20");
+}
