@@ -70,6 +70,8 @@ pub mod ownalloc;
 mod patching;
 mod protections;
 mod unprofilable;
+mod walkstack;
+mod walktables;
 
 pub use init::ACTIVATION_SIGNAL;
 

@@ -63,4 +63,5 @@ pub mod state;
 pub mod tls;
 pub mod trigger;
 pub mod unload;
+pub mod walkbounds;
 pub mod watcher;
