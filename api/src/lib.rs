@@ -1,7 +1,9 @@
 //! `heapprofd-api`: report a custom allocator's allocations into named
 //! heaps of heapprofd-rs (the custom allocator API of Perfetto's
 //! `heap_profile.h`, as `client/include/heapprofd.h` has it for C), and
-//! label what threads allocate with user contexts ([`Context`]).
+//! label what threads allocate with user contexts ([`Context`]), and walk
+//! a stack in the process from any signal handler ([`walk`], the
+//! stack-request API's in-process walk).
 //!
 //! ```no_run
 //! use heapprofd_api::HeapInfo;
@@ -44,6 +46,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 mod context;
 pub use context::{Context, ContextGuard, MAX_PAIRS};
+pub mod walk;
 
 /// What an enabled callback is given (`AHeapProfileEnableCallbackInfo`):
 /// pass it to [`sampling_interval`].
