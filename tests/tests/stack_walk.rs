@@ -11,6 +11,9 @@
 //!   three functions, and while it loops on `malloc`/`free` (so handlers
 //!   interrupt the allocator itself, glibc's and the client's hooks); every
 //!   walk starts at the interrupted pc (unbiased), none crashes or hangs.
+//! - Walks interrupting the table updates of a `dlopen`/`dlclose` loop on
+//!   the same thread end, or fail with NO_UNWIND_INFO in code of the
+//!   library being loaded or unloaded; none crashes.
 //! - Failures, not crashes: a pc in no object, a stack of garbage return
 //!   addresses, a stack pointer on no stack, recursion past the depth
 //!   limit.
@@ -249,6 +252,37 @@ fn handlers_interrupting_malloc_walk_it() {
         inner.len()
     );
     assert!(in_client > 0, "no walk started in the client's hooks");
+}
+
+/// The REASON lines: (reason, count).
+fn reasons(out: &str) -> Vec<(u32, u64)> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("REASON "))
+        .map(|l| {
+            let (r, n) = l.split_once(' ').unwrap();
+            (r.parse().unwrap(), n.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn walks_interrupting_dlopen_and_dlclose_are_safe() {
+    let lib = programs().join("libwalklib.so");
+    let out = walk_prog(&["dlchurn", "5000", &lib.to_string_lossy()]);
+    let walks = counter(&out, "WALKS");
+    assert!(walks >= 5000, "{out}");
+    assert!(
+        counter(&out, "ALLOCS") > 0,
+        "no dlopen/dlclose round: {out}"
+    );
+    assert_eq!(counter(&out, "MISMATCHED"), 0, "{out}");
+    // Most walks end. The others interrupted code of the library while
+    // glibc loaded or unloaded it (its constructors, destructors), when
+    // the tables do not hold it: NO_UNWIND_INFO (1), never anything else.
+    let failed: u64 = reasons(&out).iter().map(|r| r.1).sum();
+    assert!(reasons(&out).iter().all(|r| r.0 == 1), "{out}");
+    assert_eq!(counter(&out, "ENDED") + failed, walks, "{out}");
+    assert!(counter(&out, "ENDED") * 2 > walks, "{out}");
 }
 
 #[test]

@@ -9,6 +9,8 @@
  *                  and a second thread sends SIGPROF to the burner until N
  *                  walks were made; the handler walks from its ucontext
  *   malloc N       the same, with the main thread looping malloc/free
+ *   dlchurn N LIB  the same, with the main thread looping dlopen(LIB) and
+ *                  dlclose (ALLOCS counts the rounds)
  *   corrupt        walks of made-up contexts: pc 0x40 (no object), a pc in
  *                  the program with a stack of garbage return addresses,
  *                  a stack pointer on no stack
@@ -171,6 +173,8 @@ static void *flood(void *arg) {
 #include <link.h>
 int main(int argc, char **argv);
 
+static const char *dl_path;
+
 static int signal_mode(int use_malloc, uint64_t n) {
   target = n;
   /* main's extent (exported: -rdynamic), for "the walk reached main". */
@@ -193,7 +197,17 @@ static int signal_mode(int use_malloc, uint64_t n) {
   pthread_create(&t, NULL, flood, NULL);
   uint64_t x = 1, allocs = 0;
   while (!stop) {
-    if (use_malloc) {
+    if (dl_path) {
+      /* Each dlopen of a path and each dlclose rebuilds the client's
+       * tables: the handler's walks interrupt those updates. */
+      void *h = dlopen(dl_path, RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        fprintf(stderr, "dlopen %s: %s\n", dl_path, dlerror());
+        exit(1);
+      }
+      dlclose(h);
+      allocs++;
+    } else if (use_malloc) {
       void *p[8];
       for (int i = 0; i < 8; i++) p[i] = malloc(16 + (size_t)((x + i * 977) % 4000));
       for (int i = 0; i < 8; i++) free(p[i]);
@@ -302,6 +316,10 @@ int main(int argc, char **argv) {
   if (prep != 0) return 1;
   if (!strcmp(mode, "chain")) {
     a_fn(argc);
+  } else if (!strcmp(mode, "dlchurn")) {
+    dl_path = argc > 3 ? argv[3] : NULL;
+    if (!dl_path) return 2;
+    signal_mode(0, strtoull(argv[2], NULL, 10));
   } else if (!strcmp(mode, "sigprof") || !strcmp(mode, "malloc")) {
     uint64_t n = argc > 2 ? strtoull(argv[2], NULL, 10) : 100000;
     signal_mode(!strcmp(mode, "malloc"), n);
