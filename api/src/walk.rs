@@ -231,10 +231,8 @@ mod tests {
         assert!(!prepare());
         let mut c = Count(0);
         // SAFETY: a null context.
-        assert_eq!(
-            unsafe { walk_stack(core::ptr::null(), &mut c) },
-            WalkResult::Unavailable
-        );
+        let r = unsafe { walk_stack(core::ptr::null(), &mut c) };
+        assert_eq!(r, WalkResult::Unavailable);
         assert_eq!(c.0, 0);
     }
 

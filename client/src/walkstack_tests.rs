@@ -122,7 +122,7 @@ fn the_callers_stack_is_walked_to_its_root_without_allocating() {
     // The first frame returns into walk_here; the test harness's frames
     // (std's thread start) follow, every one in a loaded object.
     let first = seen.pcs()[0];
-    let here = walk_here as usize as u64;
+    let here = walk_here as *const () as usize as u64;
     assert!(
         first > here && first < here + 512,
         "{first:#x} vs {here:#x}"
@@ -153,7 +153,7 @@ fn an_interrupted_context_starts_at_its_pc() {
     assert_eq!(rc, WALK_ENDED, "{seen:?}");
     assert_eq!(seen.begun.unwrap().1, 0);
     // getcontext's saved pc is its return address into this test.
-    let here = an_interrupted_context_starts_at_its_pc as usize as u64;
+    let here = an_interrupted_context_starts_at_its_pc as *const () as usize as u64;
     assert!(seen.pcs()[0] > here && seen.pcs()[0] < here + 4096);
 }
 
@@ -183,7 +183,7 @@ fn a_pc_in_no_object_is_a_failure_not_a_crash() {
 fn a_stack_pointer_on_no_stack_is_a_failure() {
     heapprofd_walk_prepare();
     let mut seen = Seen::new();
-    let pc = walk_here as usize as u64;
+    let pc = walk_here as *const () as usize as u64;
     let start = Start::At {
         pc,
         sp: 0x1000,

@@ -144,10 +144,8 @@ pub(crate) fn read() -> Result<Reading, Unavailable> {
             }
             // SAFETY: the slot is current and counts us: no update frees
             // its table until we stop reading.
-            return Ok(Reading {
-                slot,
-                tables: unsafe { &*p },
-            });
+            let tables = unsafe { &*p };
+            return Ok(Reading { slot, tables });
         }
         slot.readers.fetch_sub(1, Ordering::SeqCst);
     }
@@ -375,9 +373,12 @@ mod tests {
     fn tables_cover_this_function_and_libc() {
         refresh();
         let r = read().expect("prepared");
-        let here = tables_cover_this_function_and_libc as usize as u64;
+        let here = tables_cover_this_function_and_libc as *const () as usize as u64;
         assert!(r.tables().contains(here));
-        assert!(r.tables().contains(libc::getpid as usize as u64));
+        assert!(
+            r.tables()
+                .contains(libc::getpid as *const () as usize as u64)
+        );
         assert!(!r.tables().contains(0x1000));
         assert!(r.tables().unwinder.max_known_code_address() > here);
     }
