@@ -145,8 +145,9 @@ static WALK: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
 
 /// Looks the client up and has it build its unwind tables from the
 /// objects loaded now (`heapprofd_walk_prepare`). Not from a signal
-/// handler. Call again after a `dlopen` of a bare library name. False
-/// without the client.
+/// handler. Call again after every `dlopen` (a preloaded client does not
+/// see it; `dlclose` updates the tables by itself). False without the
+/// client.
 pub fn prepare() -> bool {
     // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names.
     let (p, w) = unsafe {

@@ -260,10 +260,11 @@ static inline void heapprofd_context_release(uint64_t id) {
  *   Looks the client up (dlsym) and builds its unwind tables from the
  *   objects loaded now: every loaded object's .eh_frame_hdr/.eh_frame, read
  *   in place. Call it once, outside any signal handler, before walking
- *   (also from handlers); call it again after a dlopen of a bare name
- *   (no '/'), whose objects the client cannot see being added (a dlopen of
- *   a path and every dlclose update the tables by themselves). Returns 0,
- *   or HEAPPROFD_WALK_UNAVAILABLE (-1) without the client.
+ *   (also from handlers), and again after every dlopen: a preloaded
+ *   client does not see dlopen, so until then a pc in the new objects
+ *   fails with NO_UNWIND_INFO (every dlclose updates the tables by
+ *   itself, before and after the object goes). Returns 0, or
+ *   HEAPPROFD_WALK_UNAVAILABLE (-1) without the client.
  *
  * int heapprofd_walk_stack(const void *ucontext,
  *                          const struct heapprofd_stack_callbacks *cb,

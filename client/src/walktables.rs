@@ -4,9 +4,11 @@
 //! and the sorted executable ranges of those objects.
 //!
 //! Built outside signal handlers only: when the program prepares the API
-//! (`heapprofd_walk_prepare`, which the header and the Rust crate call on
-//! first use), after a `dlopen` of a path (`dlhook`) and around every
-//! `dlclose` (`dlclosehook`). Building allocates through the library's own
+//! (`heapprofd_walk_prepare`, which the header and the Rust crate call
+//! before any walk, and again after a `dlopen`), after a `dlopen` of a
+//! path through the `dlopen` hook (`dlhook`: only a patched client's, a
+//! preloaded one does not interpose `dlopen`) and around every `dlclose`
+//! (`dlclosehook`). Building allocates through the library's own
 //! allocator with the reentrancy guard held; a walk only reads.
 //!
 //! Double buffering: two slots, each a table pointer and a count of the
@@ -205,20 +207,28 @@ pub(crate) fn before_unload(handle: *mut c_void) {
 
 /// Waits (bounded, 2 s) until nobody reads `slot`. False on timeout.
 fn drain(slot: &Slot) -> bool {
-    for i in 0..2_000_000u32 {
-        if slot.readers.load(Ordering::SeqCst) == 0 {
-            return true;
-        }
-        if i > 1000 {
+    let now = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec we pass.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    let deadline = now() + 2_000_000_000;
+    let mut spins = 0u32;
+    while slot.readers.load(Ordering::SeqCst) != 0 {
+        spins = spins.saturating_add(1);
+        if spins > 1000 {
+            if now() > deadline {
+                return false;
+            }
             // SAFETY: no preconditions.
             unsafe { libc::sched_yield() };
         }
-        if i > 10_000 {
-            // SAFETY: sleeping 1 µs.
-            unsafe { libc::usleep(1) };
-        }
     }
-    false
+    true
 }
 
 fn update(without_bias: Option<u64>) {

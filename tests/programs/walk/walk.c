@@ -14,7 +14,8 @@
  *   corrupt        walks of made-up contexts: pc 0x40 (no object), a pc in
  *                  the program with a stack of garbage return addresses,
  *                  a stack pointer on no stack
- *   bench N        N walks of leaf's own stack in a loop: ns per walk
+ *   bench N [D]    N walks of a stack D frames deeper than chain's, in a
+ *                  loop: the thread's CPU time per walk (docs/PERFORMANCE.md)
  *   deep           recursion 300 deep, then a walk (depth limit)
  *   noclient       the header's no-op without the client
  */
@@ -86,15 +87,21 @@ static uint64_t bench_n;
 NOINLINE void bench_leaf(void) {
   static struct seen s;
   struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
   uint64_t ok = 0;
   for (uint64_t i = 0; i < bench_n; i++) ok += heapprofd_walk_stack(NULL, &cbs, &s) == 0;
-  clock_gettime(CLOCK_MONOTONIC, &t1);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
   double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
-  printf("BENCH %" PRIu64 " walks, %" PRIu64 " ended, %d frames each, %.0f ns per walk\n", bench_n,
+  printf("BENCH %" PRIu64 " walks, %" PRIu64 " ended, %d frames each, %.0f ns CPU per walk\n", bench_n,
          ok, s.n, ns / (double)bench_n);
 }
-NOINLINE void c_fn(int x) { if (x) { if (bench_n) bench_leaf(); else leaf(); } sink += x; }
+static int bench_depth;
+NOINLINE int bench_recurse(int n) {
+  if (n <= 0) bench_leaf();
+  else sink += bench_recurse(n - 1);
+  return n;
+}
+NOINLINE void c_fn(int x) { if (x) { if (bench_n) bench_recurse(bench_depth); else leaf(); } sink += x; }
 NOINLINE void b_fn(int x) { c_fn(x + 1); sink += x; }
 NOINLINE void a_fn(int x) { b_fn(x * 2); sink += x; }
 
@@ -327,6 +334,7 @@ int main(int argc, char **argv) {
     corrupt_mode();
   } else if (!strcmp(mode, "bench")) {
     bench_n = argc > 2 ? strtoull(argv[2], NULL, 10) : 1000000;
+    bench_depth = argc > 3 ? atoi(argv[3]) : 0;
     a_fn(argc);
   } else if (!strcmp(mode, "deep")) {
     recurse(300);
