@@ -9,8 +9,9 @@
 //! - Real signal handlers: SIGPROF (`setitimer`, and a thread sending
 //!   SIGPROF to the burner one at a time) while the program burns CPU in
 //!   three functions, and while it loops on `malloc`/`free` (so handlers
-//!   interrupt the allocator itself, glibc's and the client's hooks); every
-//!   walk starts at the interrupted pc (unbiased), none crashes or hangs.
+//!   interrupt the allocator itself, glibc's and the client's hooks), on
+//!   the main thread and on a thread of its own; every walk starts at the
+//!   interrupted pc (unbiased) and reaches the root, none crashes or hangs.
 //! - Walks interrupting the table updates of a `dlopen`/`dlclose` loop on
 //!   the same thread end, or fail with NO_UNWIND_INFO in code of the
 //!   library being loaded or unloaded; none crashes.
@@ -219,6 +220,26 @@ fn sigprof_walks_start_at_the_interrupted_function() {
     assert_eq!(counter(&out, "ENDED"), walks, "{out}");
     assert_eq!(counter(&out, "REACHED_MAIN"), walks, "{out}");
     // The burner spends nearly all its time in burn_c (the innermost loop).
+    let inner = inner(&out);
+    let in_burn = inner.iter().filter(|(s, _)| s.starts_with("burn_")).count();
+    assert!(
+        in_burn * 10 >= inner.len() * 9,
+        "{in_burn} of {}",
+        inner.len()
+    );
+}
+
+#[test]
+fn sigprof_walks_on_a_thread_reach_its_start_function() {
+    // The thread's stack bounds come from /proc/self/maps on its first
+    // walk (it never sampled), then from its TLS block.
+    let out = walk_prog(&["sigprof", "5000", "thread"]);
+    let walks = counter(&out, "WALKS");
+    assert!(walks >= 5000, "{out}");
+    assert_eq!(counter(&out, "MISMATCHED"), 0, "{out}");
+    assert_eq!(counter(&out, "ENDED"), walks, "{out}");
+    // REACHED_MAIN counts walks through burn_thread here.
+    assert_eq!(counter(&out, "REACHED_MAIN"), walks, "{out}");
     let inner = inner(&out);
     let in_burn = inner.iter().filter(|(s, _)| s.starts_with("burn_")).count();
     assert!(

@@ -9,6 +9,9 @@
  *                  and a second thread sends SIGPROF to the burner until N
  *                  walks were made; the handler walks from its ucontext
  *   malloc N       the same, with the main thread looping malloc/free
+ *                  (either with a third argument "thread": the burner is a
+ *                  thread of its own, REACHED_MAIN counts walks reaching
+ *                  its start function burn_thread)
  *   dlchurn N LIB  the same, with the main thread looping dlopen(LIB) and
  *                  dlclose (ALLOCS counts the rounds)
  *   corrupt        walks of made-up contexts: pc 0x40 (no object), a pc in
@@ -155,6 +158,7 @@ NOINLINE uint64_t burn_a(uint64_t x) {
 }
 
 static pthread_t burner;
+static int burner_ready;
 static uint64_t target;
 /* Sends SIGPROF to the burner, one at a time: the next once the handler
  * has counted the walk (or after a while: a signal merged with the
@@ -182,26 +186,11 @@ int main(int argc, char **argv);
 
 static const char *dl_path;
 
-static int signal_mode(int use_malloc, uint64_t n) {
-  target = n;
-  /* main's extent (exported: -rdynamic), for "the walk reached main". */
-  Dl_info mi;
-  const ElfW(Sym) *msym = NULL;
-  if (dladdr1((void *)(uintptr_t)&main, &mi, (void **)&msym, RTLD_DL_SYMENT) && msym) {
-    main_lo = (uint64_t)(uintptr_t)mi.dli_saddr;
-    main_hi = main_lo + msym->st_size;
-  }
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_sigprof;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGPROF, &sa, NULL);
-  struct itimerval it = {{0, 1000}, {0, 1000}};
-  setitimer(ITIMER_PROF, &it, NULL);
-  burner = pthread_self();
-  pthread_t t;
-  pthread_create(&t, NULL, flood, NULL);
+static int use_malloc_;
+static uint64_t x_, allocs_;
+
+/* The loop the signals interrupt (on the main thread, or on its own). */
+static void burn_loop(void) {
   uint64_t x = 1, allocs = 0;
   while (!stop) {
     if (dl_path) {
@@ -214,7 +203,7 @@ static int signal_mode(int use_malloc, uint64_t n) {
       }
       dlclose(h);
       allocs++;
-    } else if (use_malloc) {
+    } else if (use_malloc_) {
       void *p[8];
       for (int i = 0; i < 8; i++) p[i] = malloc(16 + (size_t)((x + i * 977) % 4000));
       for (int i = 0; i < 8; i++) free(p[i]);
@@ -224,6 +213,56 @@ static int signal_mode(int use_malloc, uint64_t n) {
       x = burn_a(x);
     }
   }
+  x_ = x;
+  allocs_ = allocs;
+}
+
+/* The root of the burner thread's walks in "thread" runs. */
+NOINLINE void *burn_thread(void *arg) {
+  (void)arg;
+  burner = pthread_self();
+  __atomic_store_n(&burner_ready, 1, __ATOMIC_RELEASE);
+  burn_loop();
+  return NULL;
+}
+
+static int signal_mode(int use_malloc, uint64_t n, int on_thread) {
+  target = n;
+  use_malloc_ = use_malloc;
+  /* The root function's extent (exported: -rdynamic), for "the walk
+   * reached main" (or the burner thread's start function). */
+  Dl_info mi;
+  const ElfW(Sym) *msym = NULL;
+  void *root = on_thread ? (void *)(uintptr_t)&burn_thread : (void *)(uintptr_t)&main;
+  if (dladdr1(root, &mi, (void **)&msym, RTLD_DL_SYMENT) && msym) {
+    main_lo = (uint64_t)(uintptr_t)mi.dli_saddr;
+    main_hi = main_lo + msym->st_size;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigprof;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGPROF, &sa, NULL);
+  pthread_t bt;
+  if (on_thread) {
+    pthread_create(&bt, NULL, burn_thread, NULL);
+    while (!__atomic_load_n(&burner_ready, __ATOMIC_ACQUIRE)) sched_yield();
+    /* Only the burner takes SIGPROF (the timer's is process-wide). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPROF);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+  } else {
+    burner = pthread_self();
+  }
+  struct itimerval it = {{0, 1000}, {0, 1000}};
+  setitimer(ITIMER_PROF, &it, NULL);
+  pthread_t t;
+  pthread_create(&t, NULL, flood, NULL);
+  if (on_thread) pthread_join(bt, NULL);
+  else burn_loop();
+  uint64_t x = x_, allocs = allocs_;
   struct itimerval off = {{0, 0}, {0, 0}};
   setitimer(ITIMER_PROF, &off, NULL);
   pthread_join(t, NULL);
@@ -326,10 +365,11 @@ int main(int argc, char **argv) {
   } else if (!strcmp(mode, "dlchurn")) {
     dl_path = argc > 3 ? argv[3] : NULL;
     if (!dl_path) return 2;
-    signal_mode(0, strtoull(argv[2], NULL, 10));
+    signal_mode(0, strtoull(argv[2], NULL, 10), 0);
   } else if (!strcmp(mode, "sigprof") || !strcmp(mode, "malloc")) {
     uint64_t n = argc > 2 ? strtoull(argv[2], NULL, 10) : 100000;
-    signal_mode(!strcmp(mode, "malloc"), n);
+    int on_thread = argc > 3 && !strcmp(argv[3], "thread");
+    signal_mode(!strcmp(mode, "malloc"), n, on_thread);
   } else if (!strcmp(mode, "corrupt")) {
     corrupt_mode();
   } else if (!strcmp(mode, "bench")) {
