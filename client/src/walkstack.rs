@@ -104,6 +104,13 @@ impl Drop for CacheHold {
     }
 }
 
+/// In a fork child: the caches other threads were using are free.
+pub(crate) fn forget_walks() {
+    for b in &CACHE_BUSY {
+        b.store(false, Ordering::Release);
+    }
+}
+
 /// `int heapprofd_walk_prepare(void)`: builds (or rebuilds) the unwind
 /// tables from the objects loaded now, and the walks' caches. Not from a
 /// signal handler. Returns 0.
