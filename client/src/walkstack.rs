@@ -104,11 +104,14 @@ impl Drop for CacheHold {
     }
 }
 
-/// In a fork child: the caches other threads were using are free.
-pub(crate) fn forget_walks() {
+/// In a fork child: the walks other threads of the parent were making do
+/// not exist here; their caches are free and their table reader counts
+/// would hold back every update.
+unsafe extern "C" fn forget_walks() {
     for b in &CACHE_BUSY {
         b.store(false, Ordering::Release);
     }
+    walktables::forget_readers();
 }
 
 /// `int heapprofd_walk_prepare(void)`: builds (or rebuilds) the unwind
@@ -117,6 +120,11 @@ pub(crate) fn forget_walks() {
 #[cfg_attr(not(test), unsafe(export_name = "heapprofd_walk_prepare"))]
 pub extern "C" fn heapprofd_walk_prepare() -> c_int {
     let saved = errno::get();
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registering a handler valid for the process lifetime.
+    ATFORK.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(forget_walks));
+    });
     {
         let _g = Guard::enter();
         for p in &CACHE_PTRS {

@@ -4,6 +4,7 @@
 
 use super::*;
 use core::cell::Cell;
+use heapprofd_client_core::walkbounds::walk_bounds;
 use std::alloc::{GlobalAlloc, Layout, System};
 
 unsafe extern "C" {
@@ -204,4 +205,116 @@ fn no_callbacks_is_einval() {
         heapprofd_rs_walk_stack(core::ptr::null(), core::ptr::null(), core::ptr::null_mut())
     };
     assert_eq!(rc, WALK_EINVAL);
+}
+
+// Two tiny functions with known unwind rules: one whose CFA is rsp + 16
+// after its push, one with no CFI at all (framehop falls back to frame
+// pointers there).
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".pushsection .text.heapprofd_rs_walk_test_fns,\"ax\",@progbits",
+    ".p2align 4",
+    "heapprofd_rs_walk_test_push:",
+    ".cfi_startproc",
+    "push rbx",
+    ".cfi_adjust_cfa_offset 8",
+    "heapprofd_rs_walk_test_after_push:",
+    "pop rbx",
+    ".cfi_adjust_cfa_offset -8",
+    "ret",
+    ".cfi_endproc",
+    ".p2align 4",
+    "heapprofd_rs_walk_test_no_cfi:",
+    "nop",
+    "nop",
+    "ret",
+    ".popsection",
+);
+
+#[cfg(target_arch = "x86_64")]
+fn asm_label(which: u8) -> u64 {
+    let p: u64;
+    // SAFETY: only takes a label's address.
+    unsafe {
+        if which == 0 {
+            core::arch::asm!("lea {p}, [rip + heapprofd_rs_walk_test_after_push]", p = out(reg) p);
+        } else {
+            core::arch::asm!("lea {p}, [rip + heapprofd_rs_walk_test_no_cfi]", p = out(reg) p);
+        }
+    }
+    p
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_rule_reading_past_the_stack_top_is_out_of_bounds() {
+    heapprofd_walk_prepare();
+    let local = 0u64;
+    let (_, top) = walk_bounds(&local as *const u64 as u64).expect("on a stack");
+    // After the push the return address is at rsp + 8: with rsp 8 bytes
+    // below the top, that is the first byte past it.
+    let start = Start::At {
+        pc: asm_label(0),
+        sp: top - 8,
+        fp: 0,
+        lr: 0,
+    };
+    let mut seen = Seen::new();
+    assert_eq!(
+        walk(start, &CB, (&mut *seen as *mut Seen).cast()),
+        WALK_FAILED
+    );
+    assert_eq!(seen.failure, Some(OUT_OF_BOUNDS), "{seen:?}");
+    assert_eq!(seen.pcs(), vec![asm_label(0)]);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_frame_pointer_below_the_stack_pointer_is_a_bad_frame() {
+    heapprofd_walk_prepare();
+    let local = 0u64;
+    let sp = &local as *const u64 as u64 & !15;
+    // A return address into the function (a first frame would get
+    // framehop's instruction analysis, which sees the `ret` coming).
+    let start = Start::Caller {
+        ra: asm_label(1) + 2,
+        sp,
+        fp: sp - 64,
+    };
+    let mut seen = Seen::new();
+    assert_eq!(
+        walk(start, &CB, (&mut *seen as *mut Seen).cast()),
+        WALK_FAILED
+    );
+    assert_eq!(seen.failure, Some(BAD_FRAME), "{seen:?}");
+}
+
+#[test]
+fn a_fork_child_forgets_the_walks_of_the_parents_threads() {
+    heapprofd_walk_prepare();
+    // A walk in progress (here: this thread's, which the child does not
+    // continue) while the process forks.
+    let held = walktables::read().expect("prepared");
+    // SAFETY: the child only updates the tables and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let t0 = walktables::current_table();
+        walktables::refresh();
+        let t1 = walktables::current_table();
+        walktables::refresh();
+        let t2 = walktables::current_table();
+        // Both updates published (else one waited 2 s for the parent's
+        // reader and kept the old table).
+        let ok = t0 != t1 && t1 != t2;
+        // SAFETY: leaving the child without running the harness.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    drop(held);
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
 }

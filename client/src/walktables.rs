@@ -154,6 +154,14 @@ pub(crate) fn read() -> Result<Reading, Unavailable> {
     Err(Unavailable::Updating)
 }
 
+/// The current table (tests).
+#[cfg(test)]
+pub(crate) fn current_table() -> *const Tables {
+    SLOTS[CURRENT.load(Ordering::SeqCst) & 1]
+        .tables
+        .load(Ordering::SeqCst)
+}
+
 /// Whether tables were ever built (the API is prepared).
 pub(crate) fn prepared() -> bool {
     !SLOTS[CURRENT.load(Ordering::SeqCst) & 1]
@@ -164,21 +172,15 @@ pub(crate) fn prepared() -> bool {
 
 /// Builds the tables from the objects loaded now and makes them current.
 pub(crate) fn refresh() {
-    static ATFORK: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registering a handler valid for the process lifetime.
-    ATFORK.call_once(|| unsafe {
-        libc::pthread_atfork(None, None, Some(forget_readers));
-    });
     update(None);
 }
 
 /// In a fork child: walks that other threads of the parent were making
 /// do not exist here; their counts would hold back every update.
-unsafe extern "C" fn forget_readers() {
+pub(crate) fn forget_readers() {
     for s in &SLOTS {
         s.readers.store(0, Ordering::SeqCst);
     }
-    crate::walkstack::forget_walks();
 }
 
 /// Refreshes only if the API was prepared (the `dlopen`/`dlclose` hooks:
@@ -405,42 +407,6 @@ mod tests {
         );
         assert!(!r.tables().contains(0x1000));
         assert!(r.tables().unwinder.max_known_code_address() > here);
-    }
-
-    fn current_table() -> *mut Tables {
-        SLOTS[CURRENT.load(Ordering::SeqCst) & 1]
-            .tables
-            .load(Ordering::SeqCst)
-    }
-
-    #[test]
-    fn a_fork_child_forgets_the_walks_of_the_parents_threads() {
-        refresh();
-        // A walk in progress (here: this thread's, which the child does
-        // not continue) while the process forks.
-        let held = read().expect("prepared");
-        // SAFETY: the child only updates the tables and exits.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let t0 = current_table();
-            refresh();
-            let t1 = current_table();
-            refresh();
-            let t2 = current_table();
-            // Both updates published (else one waited 2 s for the
-            // parent's reader and kept the old table).
-            let ok = t0 != t1 && t1 != t2;
-            // SAFETY: leaving the child without running the harness.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-        }
-        drop(held);
-        let mut status = 0;
-        // SAFETY: waiting for our child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "{status:#x}"
-        );
     }
 
     #[test]
