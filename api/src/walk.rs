@@ -30,12 +30,14 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 /// A frame's type (`HEAPPROFD_FRAME_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameType {
-    /// A pc in no loaded object (JIT code, a corrupt return address); the
-    /// walk then fails with [`WalkFailure::NoUnwindInfo`].
+    /// A pc in no loaded object nor perf map range (a corrupt return
+    /// address, JIT code not in the map); the walk then fails with
+    /// [`WalkFailure::NoUnwindInfo`].
     Unknown,
     /// A pc in a loaded object.
     Native,
-    /// Reserved: JIT code named by a perf map (not delivered yet).
+    /// JIT code named by the process's perf map (`/tmp/perf-PID.map`, as
+    /// [`prepare`] last read it), unwound through its frame pointer.
     Jit,
     /// Reserved: an inlined frame (not delivered yet).
     Inlined,
@@ -58,7 +60,7 @@ impl FrameType {
 /// Why a walk ended before the outermost frame (`HEAPPROFD_WALK_*` reasons).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WalkFailure {
-    /// A pc in no loaded object.
+    /// A pc in no loaded object nor perf map range.
     NoUnwindInfo,
     /// A frame's unwind rule needed memory outside the walked stack.
     OutOfBounds,
@@ -144,7 +146,8 @@ type PrepareFn = unsafe extern "C" fn() -> c_int;
 static WALK: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
 
 /// Looks the client up and has it build its unwind tables from the
-/// objects loaded now (`heapprofd_walk_prepare`). Not from a signal
+/// objects loaded now and the process's perf map
+/// (`heapprofd_walk_prepare`). Not from a signal
 /// handler. Call again after every `dlopen` (a preloaded client does not
 /// see it; `dlclose` updates the tables by itself). False without the
 /// client.

@@ -259,7 +259,7 @@ static inline void heapprofd_context_release(uint64_t id) {
  * int heapprofd_walk_prepare(void)
  *   Looks the client up (dlsym) and builds its unwind tables from the
  *   objects loaded now: every loaded object's .eh_frame_hdr/.eh_frame, read
- *   in place. Call it once, outside any signal handler, before walking
+ *   in place, and the JIT ranges of /tmp/perf-PID.map if it exists. Call it once, outside any signal handler, before walking
  *   (also from handlers), and again after every dlopen: a preloaded
  *   client does not see dlopen, so until then a pc in the new objects
  *   fails with NO_UNWIND_INFO (every dlclose updates the tables by
@@ -286,13 +286,17 @@ static inline void heapprofd_context_release(uint64_t id) {
  *     other frame's pc is a return address (symbolize pc - 1), as gdb's
  *     `bt` shows them.
  *   - types: HEAPPROFD_FRAME_NATIVE, a pc in a loaded object (the
- *     program, a library, the vDSO); HEAPPROFD_FRAME_UNKNOWN, a pc in no
- *     loaded object (JIT code: the client does not read perf maps, so JIT
- *     frames are UNKNOWN; or a corrupt return address), after which the
- *     walk fails with NO_UNWIND_INFO. HEAPPROFD_FRAME_JIT and
- *     HEAPPROFD_FRAME_INLINED are reserved: no walk delivers them yet
- *     (inlined frames are omitted: the walk reports physical frames).
- *   - reasons: HEAPPROFD_WALK_NO_UNWIND_INFO (a pc in no loaded object),
+ *     program, a library, the vDSO), unwound by its .eh_frame;
+ *     HEAPPROFD_FRAME_JIT, a pc in a range of the process's perf map
+ *     (/tmp/perf-PID.map, as read by the last heapprofd_walk_prepare: call
+ *     it again after the JIT adds code), unwound through its frame pointer
+ *     (JITs keep them); HEAPPROFD_FRAME_UNKNOWN, a pc in neither (JIT code
+ *     not in the map, or a corrupt return address), after which the walk
+ *     fails with NO_UNWIND_INFO. HEAPPROFD_FRAME_INLINED is reserved: no
+ *     walk delivers it (inlined frames are omitted: the walk reports
+ *     physical frames).
+ *   - reasons: HEAPPROFD_WALK_NO_UNWIND_INFO (a pc in no loaded object
+ *     nor perf map range),
  *     HEAPPROFD_WALK_OUT_OF_BOUNDS (a frame's unwind rule needed memory
  *     outside the walked stack: a corrupt frame), HEAPPROFD_WALK_DEPTH_LIMIT
  *     (more than HEAPPROFD_WALK_MAX_FRAMES frames),
@@ -321,7 +325,7 @@ static inline void heapprofd_context_release(uint64_t id) {
 
 #define HEAPPROFD_FRAME_UNKNOWN 0
 #define HEAPPROFD_FRAME_NATIVE 1
-#define HEAPPROFD_FRAME_JIT 2     /* reserved */
+#define HEAPPROFD_FRAME_JIT 2
 #define HEAPPROFD_FRAME_INLINED 3 /* reserved */
 
 #define HEAPPROFD_WALK_NO_UNWIND_INFO 1

@@ -72,6 +72,7 @@ mod newobjects;
 mod originals;
 pub mod ownalloc;
 mod patching;
+mod perfmap;
 mod protections;
 mod unprofilable;
 mod walkstack;

@@ -30,13 +30,15 @@ use heapprofd_client_core::walkbounds::walk_bounds;
 
 use crate::walktables::{self, ArchRegs, Unavailable, WalkCache};
 
-/// `HEAPPROFD_FRAME_UNKNOWN`: a pc in no loaded object (JIT code, or a
-/// corrupt return address).
+/// `HEAPPROFD_FRAME_UNKNOWN`: a pc in no loaded object and no perf map
+/// range (JIT code not in the map, or a corrupt return address).
 pub(crate) const FRAME_UNKNOWN: c_int = 0;
 /// `HEAPPROFD_FRAME_NATIVE`: a pc in a loaded object.
 pub(crate) const FRAME_NATIVE: c_int = 1;
+/// `HEAPPROFD_FRAME_JIT`: a pc in JIT code the perf map names.
+pub(crate) const FRAME_JIT: c_int = 2;
 
-/// `HEAPPROFD_WALK_NO_UNWIND_INFO`: a pc in no loaded object.
+/// `HEAPPROFD_WALK_NO_UNWIND_INFO`: a pc in no loaded object nor JIT range.
 pub(crate) const NO_UNWIND_INFO: c_int = 1;
 /// `HEAPPROFD_WALK_OUT_OF_BOUNDS`: a frame's unwind rule read outside the stack.
 pub(crate) const OUT_OF_BOUNDS: c_int = 2;
@@ -286,11 +288,17 @@ fn frames(start: Start, cb: &Callbacks, user: *mut c_void) -> Result<(), c_int> 
     };
     for _ in 0..MAX_FRAMES {
         let pc = addr.address();
-        if !tables.contains(addr.address_for_lookup()) {
+        let lookup = addr.address_for_lookup();
+        if tables.contains(lookup) {
+            deliver(FRAME_NATIVE, pc);
+        } else if tables.is_jit(lookup) {
+            // No unwind info: framehop's frame-pointer rule (JITs keep
+            // frame pointers), reads still bounded to the stack.
+            deliver(FRAME_JIT, pc);
+        } else {
             deliver(FRAME_UNKNOWN, pc);
             return Err(NO_UNWIND_INFO);
         }
-        deliver(FRAME_NATIVE, pc);
         match tables
             .unwinder
             .unwind_frame(addr, &mut regs, hold.cache(), &mut read)

@@ -78,6 +78,8 @@ pub(crate) struct Tables {
     /// Executable ranges `[start, end)` of the objects, sorted, with the
     /// object's load bias.
     pub(crate) ranges: Vec<(u64, u64, u64)>,
+    /// JIT code ranges from the process's perf map, sorted (`perfmap`).
+    pub(crate) jit: Vec<(u64, u64)>,
 }
 
 impl Tables {
@@ -85,6 +87,12 @@ impl Tables {
     pub(crate) fn contains(&self, pc: u64) -> bool {
         let i = self.ranges.partition_point(|r| r.0 <= pc);
         i > 0 && self.ranges.get(i - 1).is_some_and(|r| pc < r.1)
+    }
+
+    /// Whether `pc` is in JIT code the perf map named when the tables were built.
+    pub(crate) fn is_jit(&self, pc: u64) -> bool {
+        let i = self.jit.partition_point(|r| r.0 <= pc);
+        i > 0 && self.jit.get(i - 1).is_some_and(|r| pc < r.1)
     }
 }
 
@@ -287,6 +295,7 @@ fn build(skip_bias: Option<u64>) -> Tables {
         tables: Tables {
             unwinder: WalkUnwinder::new(),
             ranges: Vec::with_capacity(64),
+            jit: crate::perfmap::jit_ranges(),
         },
         skip_bias,
     };

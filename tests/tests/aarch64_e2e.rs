@@ -167,8 +167,9 @@ fn c_program_with_300_distinct_stacks_exact() {
 /// The in-process stack walk (`heapprofd_walk_stack`) on aarch64: the C
 /// program of `tests/tests/stack_walk.rs`, built `-O2
 /// -fomit-frame-pointer`, walks its own stack to `_start`, from SIGPROF
-/// handlers (each walk starting at the interrupted pc and reaching main)
-/// and fails with the right reason on corrupt contexts.
+/// handlers (each walk starting at the interrupted pc and reaching main),
+/// through generated code a perf map names (JIT), and fails with the
+/// right reason on corrupt contexts.
 #[test]
 fn in_process_walk_under_qemu() {
     let dir = scratch_dir("aarch64-walk");
@@ -217,6 +218,14 @@ fn in_process_walk_under_qemu() {
     assert_eq!(w[1], w[3], "every walk ended: {line}");
     assert_eq!(w[5], "0", "every walk started at the ucontext's pc: {line}");
     assert_eq!(w[1], w[7], "every walk reached main: {line}");
+    let jit = walk(&["jit"]);
+    let kinds: Vec<&str> = jit
+        .lines()
+        .filter_map(|l| l.strip_prefix("FRAME "))
+        .map(|l| &l[..1])
+        .collect();
+    assert_eq!(kinds, ["1", "2", "1", "1", "1", "1", "1"], "{jit}");
+    assert!(jit.ends_with("END\n"), "{jit}");
     let corrupt = walk(&["corrupt"]);
     assert!(
         corrupt.contains("CASE nopc\nRC 1 BIASED 0\nFRAME 0 40\nFAIL 1\n"),

@@ -15,6 +15,8 @@
 //! - Walks interrupting the table updates of a `dlopen`/`dlclose` loop on
 //!   the same thread end, or fail with NO_UNWIND_INFO in code of the
 //!   library being loaded or unloaded; none crashes.
+//! - A frame in generated code named by `/tmp/perf-PID.map` is JIT, and
+//!   the walk continues through it (frame pointers) to `_start`.
 //! - Failures, not crashes: a pc in no object, a stack of garbage return
 //!   addresses, a stack pointer on no stack, recursion past the depth
 //!   limit.
@@ -329,6 +331,32 @@ fn corrupt_contexts_fail_with_their_reason() {
     assert_eq!(last, "FAIL 1");
     // A stack pointer on no stack: NO_STACK (6), no frame.
     assert_eq!(case("nostack"), (vec![], "FAIL 6".to_string()), "{out}");
+}
+
+/// The JIT line's range: (start, size).
+fn jit_range(out: &str) -> (u64, u64) {
+    let l = out
+        .lines()
+        .find(|l| l.starts_with("JIT "))
+        .expect("JIT line");
+    let w: Vec<&str> = l.split_whitespace().collect();
+    (
+        u64::from_str_radix(w[1], 16).unwrap(),
+        u64::from_str_radix(w[2], 16).unwrap(),
+    )
+}
+
+#[test]
+fn a_frame_in_code_the_perf_map_names_is_jit_and_the_walk_goes_on() {
+    let out = walk_prog(&["jit"]);
+    let (start, size) = jit_range(&out);
+    let (f, last) = frames(&out);
+    // jit_leaf, the generated code (a return address inside it), run_jit,
+    // main, libc's two start frames, _start.
+    let kinds: Vec<u32> = f.iter().map(|x| x.0).collect();
+    assert_eq!(kinds, vec![1, 2, 1, 1, 1, 1, 1], "{out}");
+    assert!(f[1].1 > start && f[1].1 <= start + size, "{out}");
+    assert_eq!(last, "END", "{out}");
 }
 
 #[test]

@@ -19,6 +19,8 @@
  *                  a stack pointer on no stack
  *   bench N [D]    N walks of a stack D frames deeper than chain's, in a
  *                  loop: the thread's CPU time per walk (docs/PERFORMANCE.md)
+ *   jit            jit_leaf walks from under a function generated at run
+ *                  time (frame pointer, named in /tmp/perf-PID.map)
  *   deep           recursion 300 deep, then a walk (depth limit)
  *   noclient       the header's no-op without the client
  */
@@ -32,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/time.h>
 #include <time.h>
 #include <ucontext.h>
@@ -114,6 +117,9 @@ static volatile uint64_t walks, ended, mismatched, reasons[16];
 #define KEEP 4096
 static uint64_t inner[KEEP];
 static uint64_t reached_main;
+/* The first failed walk's first frames, named after the run. */
+static int fail_n;
+static uint64_t fail_pcs[8];
 static uint64_t main_lo, main_hi;
 static volatile int stop;
 
@@ -125,6 +131,10 @@ static void on_sigprof(int sig, siginfo_t *si, void *ucv) {
   uint64_t w = walks;
   if (rc == HEAPPROFD_WALK_ENDED) ended++;
   else if (sig_seen.reason > 0 && sig_seen.reason < 16) reasons[sig_seen.reason]++;
+  if (rc != HEAPPROFD_WALK_ENDED && !fail_n) {
+    fail_n = sig_seen.n < 8 ? sig_seen.n : 8;
+    for (int i = 0; i < fail_n; i++) fail_pcs[i] = sig_seen.pcs[i];
+  }
   if (sig_seen.n > 0) {
 #if defined(__x86_64__)
     uint64_t pc = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
@@ -272,6 +282,12 @@ static int signal_mode(int use_malloc, uint64_t n, int on_thread) {
          walks, ended, mismatched, reached_main, allocs, x & 1);
   for (int r = 1; r < 16; r++)
     if (reasons[r]) printf("REASON %d %" PRIu64 "\n", r, reasons[r]);
+  for (int i = 0; i < fail_n; i++) {
+    Dl_info info;
+    int ok = dladdr((void *)(uintptr_t)fail_pcs[i], &info);
+    printf("FAILED_FRAME %" PRIx64 " %s %s\n", fail_pcs[i], ok && info.dli_sname ? info.dli_sname : "?",
+           ok && info.dli_fname ? info.dli_fname : "?");
+  }
   /* Where the kept walks started, by function (or object). */
   uint64_t kept = walks < KEEP ? walks : KEEP;
   for (uint64_t i = 0; i < kept; i++) {
@@ -345,6 +361,43 @@ NOINLINE int recurse(int n) {
   return r + 1;
 }
 
+/* ---- jit: a frame in generated code that a perf map names ---- */
+static struct seen jit_seen;
+NOINLINE void jit_leaf(void) {
+  int rc = heapprofd_walk_stack(NULL, &cbs, &jit_seen);
+  print_seen(&jit_seen, rc);
+  sink++;
+}
+NOINLINE void run_jit(void (*code)(void (*)(void))) {
+  code(jit_leaf);
+  sink++;
+}
+static int jit_mode(void) {
+  /* void code(void (*f)(void)) { f(); } with a frame pointer, as JITs do. */
+#if defined(__x86_64__)
+  static const unsigned char code[] = {0x55, 0x48, 0x89, 0xe5, 0xff, 0xd7, 0x5d, 0xc3};
+#else
+  static const uint32_t code[] = {0xa9bf7bfd, 0x910003fd, 0xd63f0000, 0xa8c17bfd, 0xd65f03c0};
+#endif
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *p = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return 1;
+  memcpy(p, code, sizeof code);
+  __builtin___clear_cache((char *)p, (char *)p + sizeof code);
+  if (mprotect(p, page, PROT_READ | PROT_EXEC)) return 1;
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+  FILE *f = fopen(path, "w");
+  if (!f) return 1;
+  fprintf(f, "%lx %zx jit_trampoline\n", (unsigned long)(uintptr_t)p, sizeof code);
+  fclose(f);
+  int prep = heapprofd_walk_prepare(); /* reads the perf map */
+  printf("JIT %lx %zx PREPARE %d\n", (unsigned long)(uintptr_t)p, sizeof code, prep);
+  run_jit((void (*)(void (*)(void)))(void *)p);
+  unlink(path);
+  return 0;
+}
+
 static int noclient_mode(void) {
   struct seen s;
   s.n = -1;
@@ -376,6 +429,8 @@ int main(int argc, char **argv) {
     bench_n = argc > 2 ? strtoull(argv[2], NULL, 10) : 1000000;
     bench_depth = argc > 3 ? atoi(argv[3]) : 0;
     a_fn(argc);
+  } else if (!strcmp(mode, "jit")) {
+    jit_mode();
   } else if (!strcmp(mode, "deep")) {
     recurse(300);
   }
