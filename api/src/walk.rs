@@ -240,6 +240,52 @@ mod tests {
         assert_eq!(c.0, 0);
     }
 
+    /// The value of `#define NAME VALUE` in the C header.
+    fn header_value(name: &str) -> i32 {
+        let h = include_str!("../../client/include/heapprofd.h");
+        let line = h
+            .lines()
+            .find(|l| l.starts_with("#define") && l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("{name} not in heapprofd.h"));
+        let v = line.split_whitespace().nth(2).unwrap();
+        v.trim_matches(|c| c == '(' || c == ')').parse().unwrap()
+    }
+
+    #[test]
+    fn the_values_are_the_headers() {
+        for (name, t) in [
+            ("HEAPPROFD_FRAME_UNKNOWN", FrameType::Unknown),
+            ("HEAPPROFD_FRAME_NATIVE", FrameType::Native),
+            ("HEAPPROFD_FRAME_JIT", FrameType::Jit),
+            ("HEAPPROFD_FRAME_INLINED", FrameType::Inlined),
+        ] {
+            assert_eq!(FrameType::from_raw(header_value(name)), t, "{name}");
+        }
+        for (name, r) in [
+            ("HEAPPROFD_WALK_NO_UNWIND_INFO", WalkFailure::NoUnwindInfo),
+            ("HEAPPROFD_WALK_OUT_OF_BOUNDS", WalkFailure::OutOfBounds),
+            ("HEAPPROFD_WALK_DEPTH_LIMIT", WalkFailure::DepthLimit),
+            ("HEAPPROFD_WALK_BAD_FRAME", WalkFailure::BadFrame),
+            (
+                "HEAPPROFD_WALK_TABLES_UPDATING",
+                WalkFailure::TablesUpdating,
+            ),
+            ("HEAPPROFD_WALK_NO_STACK", WalkFailure::NoStack),
+            ("HEAPPROFD_WALK_BUSY", WalkFailure::Busy),
+            ("HEAPPROFD_WALK_NOT_PREPARED", WalkFailure::NotPrepared),
+        ] {
+            assert_eq!(WalkFailure::from_raw(header_value(name)), r, "{name}");
+        }
+        assert_eq!(
+            header_value("HEAPPROFD_WALK_MAX_FRAMES") as usize,
+            MAX_FRAMES
+        );
+        assert_eq!(
+            header_value("HEAPPROFD_WALK_MAX_CONCURRENT") as usize,
+            MAX_CONCURRENT
+        );
+    }
+
     #[test]
     fn raw_values_map_to_their_names() {
         assert_eq!(FrameType::from_raw(1), FrameType::Native);

@@ -318,3 +318,40 @@ fn a_fork_child_forgets_the_walks_of_the_parents_threads() {
         "{status:#x}"
     );
 }
+
+/// The header's `#define NAME VALUE` lines.
+fn header_value(name: &str) -> i64 {
+    let h = include_str!("../include/heapprofd.h");
+    let line = h
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
+        .unwrap_or_else(|| panic!("{name} not in heapprofd.h"));
+    let v = line.split_whitespace().nth(2).unwrap();
+    v.trim_matches(|c| c == '(' || c == ')').parse().unwrap()
+}
+
+#[test]
+fn the_header_has_the_values_the_client_uses() {
+    let pairs: [(&str, c_int); 17] = [
+        ("HEAPPROFD_FRAME_UNKNOWN", FRAME_UNKNOWN),
+        ("HEAPPROFD_FRAME_NATIVE", FRAME_NATIVE),
+        ("HEAPPROFD_FRAME_JIT", FRAME_JIT),
+        ("HEAPPROFD_WALK_NO_UNWIND_INFO", NO_UNWIND_INFO),
+        ("HEAPPROFD_WALK_OUT_OF_BOUNDS", OUT_OF_BOUNDS),
+        ("HEAPPROFD_WALK_DEPTH_LIMIT", DEPTH_LIMIT),
+        ("HEAPPROFD_WALK_BAD_FRAME", BAD_FRAME),
+        ("HEAPPROFD_WALK_TABLES_UPDATING", TABLES_UPDATING),
+        ("HEAPPROFD_WALK_NO_STACK", NO_STACK),
+        ("HEAPPROFD_WALK_BUSY", BUSY),
+        ("HEAPPROFD_WALK_NOT_PREPARED", NOT_PREPARED),
+        ("HEAPPROFD_WALK_ENDED", WALK_ENDED),
+        ("HEAPPROFD_WALK_FAILED", WALK_FAILED),
+        ("HEAPPROFD_WALK_UNAVAILABLE", -1),
+        ("HEAPPROFD_WALK_EINVAL", WALK_EINVAL),
+        ("HEAPPROFD_WALK_MAX_FRAMES", MAX_FRAMES as c_int),
+        ("HEAPPROFD_WALK_MAX_CONCURRENT", CACHES as c_int),
+    ];
+    for (name, v) in pairs {
+        assert_eq!(header_value(name), i64::from(v), "{name}");
+    }
+}
