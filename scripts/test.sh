@@ -35,15 +35,15 @@ cargo build --release --target aarch64-unknown-linux-gnu -p heapprofd-client
 
 # What ships to an Android device, type-checked for both Android ABIs (no
 # NDK linker here, so no link).
-step "android: cargo check of the client (both front-ends), shmem, proto, unwinder; the daemon for aarch64"
+step "android: cargo check of everything that ships to a device, for both Android ABIs"
+# The client (both front-ends), the heapprofd-rs binary (daemon, unwinder,
+# record --pid injection: its ptrace requests are raw on Android, where nix
+# and the libc crate lack them), shmem, proto and the API crate.
 for t in aarch64-linux-android x86_64-linux-android; do
-  cargo check --target "$t" -p heapprofd-shmem -p heapprofd-proto \
-    -p heapprofd-client-core -p heapprofd-client -p heapprofd-android -p heapprofd-unwinder
+  cargo check --target "$t" -p heapprofd-shmem -p heapprofd-proto -p heapprofd-api \
+    -p heapprofd-client-core -p heapprofd-client -p heapprofd-android -p heapprofd-unwinder \
+    -p heapprofd-daemon -p heapprofd-inject
 done
-# The daemon (its Android triggers: the heapprofd.enable properties) for
-# aarch64 only: its x86_64 ptrace injection does not build against the
-# x86_64 Android libc (no PTRACE_GETSIGMASK, nix has no seize/getregs there).
-cargo check --target aarch64-linux-android -p heapprofd-daemon
 
 step "tests"
 cargo test --workspace

@@ -14,6 +14,9 @@
 //!   tests and reading their JSON.
 //! * [`service_harness`]: a `heapprofd-rs daemon` in a scratch directory,
 //!   its log lines, `record` against it, preloaded programs.
+//! * [`symbolize_harness`]: `--no-symbolize` traces, `symbolize` runs,
+//!   their frames and `ModuleSymbols` read back, stripped binaries and
+//!   debug files.
 //! * [`browser`]: a headless Chromium over the DevTools protocol (the HTML
 //!   page's tests).
 
@@ -26,3 +29,4 @@ pub mod hostile_peer;
 pub mod record_harness;
 pub mod report_harness;
 pub mod service_harness;
+pub mod symbolize_harness;

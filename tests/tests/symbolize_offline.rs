@@ -7,78 +7,14 @@
 //! as trace_processor does, and heapprofd-rs's own `report` and `convert`
 //! show the names.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
-use heapprofd_tests::client_harness::run;
-use heapprofd_tests::record_harness::{
-    check_trace, heapprofd, heapprofd_ok, record, record_programs, scratch_dir,
+use heapprofd_tests::record_harness::{heapprofd_ok, record_programs, scratch_dir};
+use heapprofd_tests::symbolize_harness::{
+    N, build_id_file, leaf_allocations, program_samples, symbolize, trace_build_id,
+    unsymbolized_trace,
 };
-
-const N: usize = 5;
-
-/// `many_stacks N` copied to `dir/bin/`, recorded at `-i 1` with
-/// `--no-symbolize`: the program, the trace.
-fn unsymbolized_trace(dir: &Path) -> (PathBuf, PathBuf) {
-    std::fs::create_dir_all(dir.join("bin")).unwrap();
-    let prog = dir.join("bin/many_stacks");
-    std::fs::copy(record_programs().path("many_stacks"), &prog).unwrap();
-    let trace = dir.join("raw.pftrace");
-    let out = record(
-        &["-i", "1", "--no-symbolize", "-o", trace.to_str().unwrap()],
-        &[prog.to_str().unwrap(), &N.to_string()],
-        Duration::from_secs(300),
-    );
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    (prog, trace)
-}
-
-/// Per sample of `many_stacks` in the trace: its frames' names, from the
-/// frame's own name or else its offline symbols (innermost inline first,
-/// so reversed), outermost caller first; and its allocation count.
-fn program_samples(trace: &Path, prog: &Path) -> Vec<(Vec<String>, u64)> {
-    let t = check_trace(trace);
-    let mut v = Vec::new();
-    for s in t.json["summary"]["heap_samples"].as_array().unwrap() {
-        let frames = s["frames"].as_array().unwrap();
-        if !frames
-            .iter()
-            .any(|f| f["mapping"] == prog.to_str().unwrap())
-        {
-            continue;
-        }
-        let mut names = Vec::new();
-        for f in frames {
-            if let Some(n) = f["function"].as_str() {
-                names.push(n.to_string());
-            } else if let Some(syms) = f["symbols"].as_array() {
-                names.extend(syms.iter().rev().map(|x| x.as_str().unwrap().to_string()));
-            } else {
-                names.push("?".into());
-            }
-        }
-        v.push((names, s["alloc_count"].as_u64().unwrap()));
-    }
-    v
-}
-
-fn symbolize(args: &[&str]) -> heapprofd_tests::client_harness::Output {
-    let mut c: Command = heapprofd();
-    c.arg("symbolize").args(args);
-    run(c, Duration::from_secs(120))
-}
-
-fn leaf_allocations(samples: &[(Vec<String>, u64)]) -> u64 {
-    samples
-        .iter()
-        .filter(|(f, _)| f.last().is_some_and(|l| l == "stack_leaf"))
-        .map(|(f, c)| {
-            assert!(f.iter().any(|x| x == "main"), "{f:?}");
-            c
-        })
-        .sum()
-}
 
 /// heapprofd-rs's own `report` and `convert --collapsed` read the offline
 /// symbols too: the symbolized trace names `stack_leaf`, the input does
@@ -141,21 +77,8 @@ fn symbols_by_build_id_from_the_symbol_directories() {
 
     // Only `.build-id/xx/rest.debug` (the program under its build id).
     let by_id = dir.join("by-id");
-    let t = check_trace(&raw);
-    let build_id = t.json["summary"]["heap_samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|s| s["frames"].as_array().unwrap().iter())
-        .find(|f| f["mapping"] == prog.to_str().unwrap())
-        .and_then(|f| f["build_id"].as_str())
-        .expect("the program's build id")
-        .to_string();
-    let debug = by_id
-        .join(".build-id")
-        .join(&build_id[..2])
-        .join(format!("{}.debug", &build_id[2..]));
-    std::fs::create_dir_all(debug.parent().unwrap()).unwrap();
+    let build_id = trace_build_id(&raw, &prog);
+    let debug = build_id_file(&by_id, &build_id);
     std::fs::copy(&prog, &debug).unwrap();
     let out_trace = dir.join("sym-by-id.pftrace");
     let out = symbolize(&[

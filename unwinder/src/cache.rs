@@ -285,6 +285,30 @@ impl ModuleCache {
     /// The module of an open file (`path` is what symbolization reports and
     /// where `.gnu_debuglink` targets are looked for).
     pub fn module_for_file(&self, file: &File, path: &Path) -> Option<Arc<Module>> {
+        self.module_for_file_mapped(file, path, None)
+    }
+
+    /// The module of an open file found at `path` for a mapping of
+    /// `mapped_path` elsewhere (offline symbolization: the binary of a
+    /// device's `/system/lib64/libc.so` found in a symbol directory); a
+    /// `.gnu_debuglink` target is looked for under the debug directories
+    /// at both places. A module of the same build id already cached is
+    /// returned as it is.
+    pub fn module_for_file_mapped_at(
+        &self,
+        file: &File,
+        path: &Path,
+        mapped_path: &Path,
+    ) -> Option<Arc<Module>> {
+        self.module_for_file_mapped(file, path, Some(mapped_path))
+    }
+
+    fn module_for_file_mapped(
+        &self,
+        file: &File,
+        path: &Path,
+        mapped_path: Option<&Path>,
+    ) -> Option<Arc<Module>> {
         let meta = file.metadata().ok()?;
         let key = FileKey {
             dev: meta.dev(),
@@ -313,7 +337,7 @@ impl ModuleCache {
             lock(&self.inner).stats.failures += 1;
             return None;
         };
-        Some(self.insert(Some(key), info, bytes, path))
+        Some(self.insert(Some(key), info, bytes, path, mapped_path))
     }
 
     /// The vDSO module of a process, read from its memory.
@@ -336,7 +360,7 @@ impl ModuleCache {
             lock(&self.inner).stats.failures += 1;
             return None;
         };
-        Some(self.insert(None, info, bytes, Path::new("[vdso]")))
+        Some(self.insert(None, info, bytes, Path::new("[vdso]"), None))
     }
 
     fn insert(
@@ -345,6 +369,7 @@ impl ModuleCache {
         info: ElfInfo,
         bytes: Arc<FileBytes>,
         path: &Path,
+        mapped_path: Option<&Path>,
     ) -> Arc<Module> {
         let mut inner = lock(&self.inner);
         if let Some(id) = &info.build_id
@@ -364,7 +389,7 @@ impl ModuleCache {
             path: path.to_path_buf(),
             elf: info,
             bytes,
-            symbolizer: ModuleSymbolizer::new(),
+            symbolizer: ModuleSymbolizer::new(mapped_path.map(Path::to_path_buf)),
             options: Arc::clone(&self.options),
         });
         inner.stats.modules_loaded += 1;

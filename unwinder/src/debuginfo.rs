@@ -4,8 +4,10 @@
 //! 1. `<debug dir>/.build-id/xx/rest.debug` for the module's build id (the
 //!    candidate's own build id must match);
 //! 2. `.gnu_debuglink`: `<dir>/<name>`, `<dir>/.debug/<name>`,
-//!    `<debug dir>/<dir>/<name>`, each accepted only if the CRC32 of the
-//!    whole candidate equals the one stored in the link;
+//!    `<debug dir>/<dir>/<name>` (and, for a module found offline, under
+//!    each debug dir at the directory it was mapped from), each accepted
+//!    only if the CRC32 of the whole candidate equals the one stored in the
+//!    link (the others are reported as refused);
 //! 3. the module itself, when it carries `.debug_info`.
 //!
 //! A debug file's `.gnu_debugaltlink` (dwz) names a supplementary file,
@@ -86,35 +88,79 @@ pub fn find_by_build_id(debug_dirs: &[PathBuf], build_id: &[u8]) -> Option<Debug
     None
 }
 
-/// Follows a `.gnu_debuglink` (name, crc) for the module at `module_path`.
+/// What following a `.gnu_debuglink` found.
+#[derive(Debug, Default)]
+pub struct Debuglink {
+    /// The first candidate whose CRC32 is the link's.
+    pub found: Option<DebugFile>,
+    /// Candidates that exist but whose CRC32 is not the link's (another
+    /// build's debug file): refused.
+    pub refused: Vec<PathBuf>,
+}
+
+/// The places a `.gnu_debuglink` target `name` is looked for, in order, as
+/// gdb does: beside the module, in `.debug/` beside it, then under each
+/// debug directory at the module's directory. `mapped_path` is where the
+/// module was mapped when that is not where its file was found (offline
+/// symbolization: a device path); its directory is tried under the debug
+/// directories too.
+pub fn debuglink_candidates(
+    debug_dirs: &[PathBuf],
+    module_path: &Path,
+    mapped_path: Option<&Path>,
+    name: &str,
+) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    let Some(dir) = module_path.parent() else {
+        return v;
+    };
+    v.push(dir.join(name));
+    v.push(dir.join(".debug").join(name));
+    let mut dirs = vec![dir];
+    if let Some(m) = mapped_path.and_then(Path::parent)
+        && m != dir
+    {
+        dirs.push(m);
+    }
+    for d in debug_dirs {
+        for m in &dirs {
+            let rel = m.strip_prefix("/").unwrap_or(m);
+            v.push(d.join(rel).join(name));
+        }
+    }
+    v.retain(|p| p != module_path);
+    v.dedup();
+    v
+}
+
+/// Follows a `.gnu_debuglink` (name, crc) for the module at `module_path`
+/// (see [`debuglink_candidates`]); a candidate is accepted only if the
+/// CRC32 of its whole file is the link's.
 pub fn find_by_debuglink(
     debug_dirs: &[PathBuf],
     module_path: &Path,
+    mapped_path: Option<&Path>,
     name: &[u8],
     crc: u32,
-) -> Option<DebugFile> {
-    let name = std::str::from_utf8(name).ok()?;
+) -> Debuglink {
+    let mut out = Debuglink::default();
+    let Ok(name) = std::str::from_utf8(name) else {
+        return out;
+    };
     if name.is_empty() || name.contains('/') {
-        return None;
+        return out;
     }
-    let dir = module_path.parent()?;
-    let mut candidates = vec![dir.join(name), dir.join(".debug").join(name)];
-    for d in debug_dirs {
-        let rel = dir.strip_prefix("/").unwrap_or(dir);
-        candidates.push(d.join(rel).join(name));
-    }
-    for path in candidates {
-        if path == module_path {
-            continue;
-        }
+    for path in debuglink_candidates(debug_dirs, module_path, mapped_path, name) {
         let Some(bytes) = map_file(&path) else {
             continue;
         };
         if crc32fast::hash(&bytes) == crc {
-            return Some(DebugFile { path, bytes });
+            out.found = Some(DebugFile { path, bytes });
+            return out;
         }
+        out.refused.push(path);
     }
-    None
+    out
 }
 
 /// Finds the dwz supplementary file named by a debug file's `.gnu_debugaltlink`.
@@ -186,18 +232,51 @@ mod tests {
     #[test]
     fn debuglink_rejects_bad_names_and_crc() {
         let dirs = vec![PathBuf::from("/usr/lib/debug")];
-        assert!(find_by_debuglink(&dirs, Path::new("/bin/ls"), b"", 0).is_none());
-        assert!(find_by_debuglink(&dirs, Path::new("/bin/ls"), b"../etc/x", 0).is_none());
-        assert!(find_by_debuglink(&dirs, Path::new("/bin/ls"), b"\xff", 0).is_none());
-        // A real file with the wrong CRC is not accepted.
+        let find =
+            |module: &Path, name: &[u8], crc| find_by_debuglink(&dirs, module, None, name, crc);
+        assert!(find(Path::new("/bin/ls"), b"", 0).found.is_none());
+        assert!(find(Path::new("/bin/ls"), b"../etc/x", 0).found.is_none());
+        assert!(find(Path::new("/bin/ls"), b"\xff", 0).found.is_none());
+        // A real file with the wrong CRC is not accepted, and is named.
         let tmp = std::env::temp_dir().join(format!("hp-dl-{}", std::process::id()));
         std::fs::create_dir_all(&tmp).unwrap();
         std::fs::write(tmp.join("x.debug"), b"not it").unwrap();
         let module = tmp.join("x");
-        assert!(find_by_debuglink(&dirs, &module, b"x.debug", 1).is_none());
+        let wrong = find(&module, b"x.debug", 1);
+        assert!(wrong.found.is_none());
+        assert_eq!(wrong.refused, [tmp.join("x.debug")]);
         let crc = crc32fast::hash(b"not it");
-        let found = find_by_debuglink(&dirs, &module, b"x.debug", crc).unwrap();
-        assert_eq!(found.path, tmp.join("x.debug"));
+        let found = find(&module, b"x.debug", crc);
+        assert_eq!(found.found.unwrap().path, tmp.join("x.debug"));
+        assert!(found.refused.is_empty());
         std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn debuglink_places_in_order() {
+        let dirs = [PathBuf::from("/sym"), PathBuf::from("/usr/lib/debug")];
+        let c = debuglink_candidates(
+            &dirs,
+            Path::new("/sym/bin/app"),
+            Some(Path::new("/system/bin/app")),
+            "app.debug",
+        );
+        let want = [
+            "/sym/bin/app.debug",
+            "/sym/bin/.debug/app.debug",
+            "/sym/sym/bin/app.debug",
+            "/sym/system/bin/app.debug",
+            "/usr/lib/debug/sym/bin/app.debug",
+            "/usr/lib/debug/system/bin/app.debug",
+        ];
+        assert_eq!(c, want.map(PathBuf::from));
+        // Not mapped elsewhere: gdb's three places.
+        let c = debuglink_candidates(&dirs[1..], Path::new("/usr/bin/ls"), None, "ls.debug");
+        let want = [
+            "/usr/bin/ls.debug",
+            "/usr/bin/.debug/ls.debug",
+            "/usr/lib/debug/usr/bin/ls.debug",
+        ];
+        assert_eq!(c, want.map(PathBuf::from));
     }
 }

@@ -46,6 +46,9 @@ pub struct SymbolSources {
     pub mini_debug_info: bool,
     /// Number of function symbols in the table.
     pub symbols: usize,
+    /// Files the `.gnu_debuglink` named whose CRC32 was not the link's:
+    /// another build's debug file, not used.
+    pub refused_debug_files: Vec<PathBuf>,
 }
 
 /// Settings for symbolization, shared by all modules of a cache.
@@ -191,6 +194,10 @@ fn cache_answer(map: &mut AddrMap<Arc<[SymbolFrame]>>, svma: u64, frames: &Arc<[
 pub(crate) struct ModuleSymbolizer {
     state: Mutex<Option<SymState>>,
     by_addr: RwLock<AddrMap<Arc<[SymbolFrame]>>>,
+    /// Where the module was mapped, when its file was found elsewhere
+    /// (offline symbolization): a `.gnu_debuglink` target is looked for
+    /// at that directory under the debug directories too.
+    mapped_path: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ModuleSymbolizer {
@@ -200,10 +207,11 @@ impl std::fmt::Debug for ModuleSymbolizer {
 }
 
 impl ModuleSymbolizer {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(mapped_path: Option<PathBuf>) -> Self {
         ModuleSymbolizer {
             state: Mutex::new(None),
             by_addr: RwLock::new(AddrMap::default()),
+            mapped_path,
         }
     }
 
@@ -220,7 +228,7 @@ impl ModuleSymbolizer {
         }
         let frames: Arc<[SymbolFrame]> = {
             let mut guard = lock(&self.state);
-            let state = guard.get_or_insert_with(|| load_state(module_path, bytes, options));
+            let state = guard.get_or_insert_with(|| self.load_state(module_path, bytes, options));
             lookup(state, svma).into()
         };
         cache_answer(&mut write(&self.by_addr), svma, &frames);
@@ -262,7 +270,7 @@ impl ModuleSymbolizer {
         options: &SymbolizeOptions,
     ) -> SymState {
         let taken = lock(&self.state).take();
-        taken.unwrap_or_else(|| load_state(module_path, bytes, options))
+        taken.unwrap_or_else(|| self.load_state(module_path, bytes, options))
     }
 
     /// Puts a checked-out state back, unless another was loaded meanwhile.
@@ -279,7 +287,7 @@ impl ModuleSymbolizer {
     ) -> SymbolSources {
         let mut guard = lock(&self.state);
         guard
-            .get_or_insert_with(|| load_state(module_path, bytes, options))
+            .get_or_insert_with(|| self.load_state(module_path, bytes, options))
             .sources
             .clone()
     }
@@ -287,6 +295,15 @@ impl ModuleSymbolizer {
     /// Number of addresses cached.
     pub(crate) fn cached_addresses(&self) -> usize {
         read(&self.by_addr).len()
+    }
+
+    fn load_state(
+        &self,
+        module_path: &Path,
+        bytes: &Arc<FileBytes>,
+        options: &SymbolizeOptions,
+    ) -> SymState {
+        load_state(module_path, self.mapped_path.as_deref(), bytes, options)
     }
 }
 
@@ -342,7 +359,12 @@ fn lookup(state: &SymState, svma: u64) -> Vec<SymbolFrame> {
     out
 }
 
-fn load_state(module_path: &Path, bytes: &Arc<FileBytes>, options: &SymbolizeOptions) -> SymState {
+fn load_state(
+    module_path: &Path,
+    mapped_path: Option<&Path>,
+    bytes: &Arc<FileBytes>,
+    options: &SymbolizeOptions,
+) -> SymState {
     let mut sources = SymbolSources::default();
     let mut table = SymbolTable::default();
     let Ok(file) = object::File::parse(&***bytes) else {
@@ -359,7 +381,15 @@ fn load_state(module_path: &Path, bytes: &Arc<FileBytes>, options: &SymbolizeOpt
         .and_then(|id| debuginfo::find_by_build_id(&options.debug_dirs, id))
         .or_else(|| {
             let (name, crc) = file.gnu_debuglink().ok().flatten()?;
-            debuginfo::find_by_debuglink(&options.debug_dirs, module_path, name, crc)
+            let link = debuginfo::find_by_debuglink(
+                &options.debug_dirs,
+                module_path,
+                mapped_path,
+                name,
+                crc,
+            );
+            sources.refused_debug_files = link.refused;
+            link.found
         });
 
     let mut dwarf = None;
@@ -491,7 +521,7 @@ mod tests {
 
     #[test]
     fn garbage_module_gives_unnamed_frame() {
-        let s = ModuleSymbolizer::new();
+        let s = ModuleSymbolizer::new(None);
         let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
         let f = s.symbolize(
             Path::new("/x"),
@@ -512,7 +542,7 @@ mod tests {
 
     #[test]
     fn a_warm_up_in_progress_never_blocks_symbolize() {
-        let s = ModuleSymbolizer::new();
+        let s = ModuleSymbolizer::new(None);
         let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
         let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
         // The warming thread is preempted with the state checked out: a
@@ -531,7 +561,7 @@ mod tests {
 
     #[test]
     fn the_address_cache_is_bounded() {
-        let s = ModuleSymbolizer::new();
+        let s = ModuleSymbolizer::new(None);
         let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
         let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
         for a in 0..MAX_CACHED_ADDRESSES as u64 {

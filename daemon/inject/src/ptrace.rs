@@ -28,6 +28,12 @@
 //! passed on), `PTRACE_GETSIGMASK` (nix has no wrapper), and the XSAVE
 //! area (`PTRACE_GETREGSET NT_X86_XSTATE`, whose size nix's fixed
 //! register sets cannot hold).
+//!
+//! On Android (type-checked, never run: there is no device here) the
+//! `libc` crate takes the request as `c_int` and lacks `PTRACE_SEIZE`,
+//! `PTRACE_INTERRUPT` and `PTRACE_GETSIGMASK`, and nix has none of the
+//! four wrappers; [`bionic`] makes the same requests raw, with the
+//! kernel's request numbers. Linux builds do exactly what they did.
 
 use std::fs::File;
 use std::io;
@@ -35,8 +41,22 @@ use std::marker::PhantomData;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
+#[cfg(not(target_os = "android"))]
 use nix::sys::ptrace as nix_ptrace;
+#[cfg(not(target_os = "android"))]
 use nix::unistd::Pid;
+
+/// A ptrace request as the target's `libc` declares it.
+#[cfg(not(target_os = "android"))]
+type Request = libc::c_uint;
+/// A ptrace request as the target's `libc` declares it.
+#[cfg(target_os = "android")]
+type Request = libc::c_int;
+
+#[cfg(not(target_os = "android"))]
+const PTRACE_GETSIGMASK: Request = libc::PTRACE_GETSIGMASK;
+#[cfg(target_os = "android")]
+const PTRACE_GETSIGMASK: Request = bionic::PTRACE_GETSIGMASK;
 
 /// `NT_X86_XSTATE`: the whole XSAVE area (x87, SSE, AVX, AVX-512...).
 pub(crate) const NT_X86_XSTATE: libc::c_int = 0x202;
@@ -122,7 +142,7 @@ impl std::fmt::Display for CallError {
     }
 }
 
-fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<libc::c_long> {
+fn ptrace(req: Request, tid: i32, addr: usize, data: usize) -> io::Result<libc::c_long> {
     // SAFETY: the requests used here read or write only the buffers their
     // callers pass (registers, iovecs, siginfo) or none.
     let r = unsafe { libc::ptrace(req, tid, addr, data) };
@@ -148,10 +168,13 @@ impl Tracee {
     /// `PTRACE_SEIZE`s thread `tid` of process `pid` (the thread keeps
     /// running) and opens the process's memory.
     pub(crate) fn seize(pid: u32, tid: i32) -> io::Result<Tracee> {
+        #[cfg(not(target_os = "android"))]
         nix_ptrace::seize(
             Pid::from_raw(tid),
             nix_ptrace::Options::PTRACE_O_TRACESYSGOOD,
         )?;
+        #[cfg(target_os = "android")]
+        bionic::seize(tid)?;
         let mem = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -173,9 +196,13 @@ impl Tracee {
 
     /// Asks the thread to stop (`PTRACE_INTERRUPT`); see [`Tracee::wait`].
     pub(crate) fn interrupt(&self) -> io::Result<()> {
-        Ok(nix_ptrace::interrupt(self.pid())?)
+        #[cfg(not(target_os = "android"))]
+        return Ok(nix_ptrace::interrupt(self.pid())?);
+        #[cfg(target_os = "android")]
+        return bionic::interrupt(self.tid);
     }
 
+    #[cfg(not(target_os = "android"))]
     fn pid(&self) -> Pid {
         Pid::from_raw(self.tid)
     }
@@ -246,7 +273,7 @@ impl Tracee {
     pub(crate) fn sigmask(&self) -> io::Result<u64> {
         let mut mask = 0u64;
         ptrace(
-            libc::PTRACE_GETSIGMASK,
+            PTRACE_GETSIGMASK,
             self.tid,
             std::mem::size_of::<u64>(),
             &mut mask as *mut u64 as usize,
@@ -256,12 +283,18 @@ impl Tracee {
 
     /// Reads the general registers.
     pub(crate) fn regs(&self) -> io::Result<Regs> {
-        Ok(nix_ptrace::getregs(self.pid())?)
+        #[cfg(not(target_os = "android"))]
+        return Ok(nix_ptrace::getregs(self.pid())?);
+        #[cfg(target_os = "android")]
+        return bionic::regs(self.tid);
     }
 
     /// Writes the general registers.
     pub(crate) fn set_regs(&self, r: &Regs) -> io::Result<()> {
-        Ok(nix_ptrace::setregs(self.pid(), *r)?)
+        #[cfg(not(target_os = "android"))]
+        return Ok(nix_ptrace::setregs(self.pid(), *r)?);
+        #[cfg(target_os = "android")]
+        return bionic::set_regs(self.tid, r);
     }
 
     /// Reads the extended (FPU/vector) state: the XSAVE area, or the FXSAVE
@@ -435,5 +468,38 @@ impl Drop for Tracee {
             };
             let _ = ptrace(libc::PTRACE_DETACH, self.tid, 0, sig as usize);
         }
+    }
+}
+
+/// The requests nix and Android's `libc` crate do not provide, made raw
+/// with the numbers of the kernel's `linux/ptrace.h`.
+#[cfg(target_os = "android")]
+mod bionic {
+    use std::io;
+
+    use super::{Regs, Request, ptrace};
+
+    const PTRACE_SEIZE: Request = 0x4206;
+    const PTRACE_INTERRUPT: Request = 0x4207;
+    pub(super) const PTRACE_GETSIGMASK: Request = 0x420a;
+    const PTRACE_O_TRACESYSGOOD: usize = 1;
+
+    pub(super) fn seize(tid: i32) -> io::Result<()> {
+        ptrace(PTRACE_SEIZE, tid, 0, PTRACE_O_TRACESYSGOOD).map(|_| ())
+    }
+
+    pub(super) fn interrupt(tid: i32) -> io::Result<()> {
+        ptrace(PTRACE_INTERRUPT, tid, 0, 0).map(|_| ())
+    }
+
+    pub(super) fn regs(tid: i32) -> io::Result<Regs> {
+        let mut r = std::mem::MaybeUninit::<Regs>::zeroed();
+        ptrace(libc::PTRACE_GETREGS, tid, 0, r.as_mut_ptr() as usize)?;
+        // SAFETY: zeroed plain-old-data the kernel filled on success.
+        Ok(unsafe { r.assume_init() })
+    }
+
+    pub(super) fn set_regs(tid: i32, r: &Regs) -> io::Result<()> {
+        ptrace(libc::PTRACE_SETREGS, tid, 0, r as *const Regs as usize).map(|_| ())
     }
 }

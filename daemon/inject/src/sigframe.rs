@@ -55,9 +55,13 @@ pub(crate) const NR_RT_SIGRETURN: u64 = 15;
 pub(crate) const FRAME_LEN: usize = 8 + UCONTEXT_LEN + 128;
 /// The kernel's `struct ucontext` on x86_64.
 const UCONTEXT_LEN: usize = 8 + 8 + 24 + 256 + 8;
-// glibc's ucontext_t starts like the kernel's (its sigmask is longer).
+// glibc's (and bionic's) ucontext_t starts like the kernel's (its sigmask is longer).
 const _: () = assert!(std::mem::offset_of!(libc::ucontext_t, uc_mcontext) == 40);
+#[cfg(not(target_os = "android"))]
 const _: () = assert!(std::mem::offset_of!(libc::ucontext_t, uc_sigmask) == 296);
+// bionic names its sigmask union `uc_sigmask64`.
+#[cfg(target_os = "android")]
+const _: () = assert!(std::mem::offset_of!(libc::ucontext_t, uc_sigmask64) == 296);
 const _: () = assert!(std::mem::size_of::<libc::mcontext_t>() == 256);
 
 /// `uc_flags`: the frame holds an XSAVE area, `ss` is in the context and

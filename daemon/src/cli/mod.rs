@@ -59,8 +59,9 @@ pub enum Command {
     Report(ReportArgs),
     /// Convert a trace to pprof, folded stacks or a flame graph SVG.
     Convert(ConvertArgs),
-    /// Add symbols to a trace recorded with --no-symbolize (or on a
-    /// device): binaries matched by build id in the --symbols directories.
+    /// Add symbols to a trace recorded with --no-symbolize, on a device or
+    /// by Perfetto's own heapprofd: binaries matched by build id in the
+    /// --symbols directories.
     Symbolize(crate::offline_symbols::SymbolizeArgs),
 }
 

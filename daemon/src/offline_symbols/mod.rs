@@ -30,8 +30,13 @@ pub struct SymbolizeArgs {
     pub trace: PathBuf,
     /// Directories holding the binaries (unstripped, or with their debug
     /// files), searched in order like PERFETTO_BINARY_PATH: DIR/<mapping
-    /// path>, DIR/<file name>, DIR/.build-id/xx/rest.debug; matched by
-    /// build id. Several: `DIR:DIR` or the option repeated.
+    /// path>, DIR/<file name> (each also without a `base.apk!` prefix),
+    /// DIR/.build-id/xx/rest.debug; matched by build id. A stripped
+    /// binary's debug file is found by build id (DIR/.build-id/...,
+    /// /usr/lib/debug/.build-id/...) or by its .gnu_debuglink (beside it,
+    /// in .debug/ beside it, or under a DIR or /usr/lib/debug at the
+    /// mapping's directory; CRC32 checked). Several: `DIR:DIR` or the
+    /// option repeated.
     #[arg(
         long = "symbols",
         value_name = "DIR[:DIR...]",
@@ -102,11 +107,24 @@ pub fn run(args: &SymbolizeArgs) -> Result<i32> {
                     .collect(),
             });
         }
+        let sources = module.symbol_sources();
+        for refused in &sources.refused_debug_files {
+            eprintln!(
+                "heapprofd-rs: warning: {} is not {}'s debug file (its CRC32 is not the one \
+                 the .gnu_debuglink names): not used",
+                refused.display(),
+                found.display()
+            );
+        }
         log::info!(
-            "{path}: {} of {} addresses from {}",
+            "{path}: {} of {} addresses from {}{}",
             syms.len(),
             pcs.len(),
-            found.display()
+            found.display(),
+            sources
+                .debug_file
+                .map(|d| format!(" and {}", d.display()))
+                .unwrap_or_default()
         );
         addresses += syms.len();
         packets.push(TracePacket {
