@@ -1,8 +1,10 @@
 //! `heapprofd-api`: report a custom allocator's allocations into named
 //! heaps of heapprofd-rs (the custom allocator API of Perfetto's
 //! `heap_profile.h`, as `client/include/heapprofd.h` has it for C), and
-//! label what threads allocate with user contexts ([`Context`]), and
-//! record the stack a signal handler interrupted ([`request_stack`]).
+//! label what threads allocate with user contexts ([`Context`]), record
+//! the stack a signal handler interrupted ([`request_stack`]), and walk a
+//! stack in the process from any signal handler ([`walk`], the
+//! stack-request API's in-process walk).
 //!
 //! ```no_run
 //! use heapprofd_api::HeapInfo;
@@ -47,6 +49,7 @@ mod context;
 mod stack;
 pub use context::{Context, ContextGuard, MAX_PAIRS};
 pub use stack::{register_event, request_stack};
+pub mod walk;
 
 /// What an enabled callback is given (`AHeapProfileEnableCallbackInfo`):
 /// pass it to [`sampling_interval`].

@@ -83,6 +83,11 @@
  *    and writes a sample of `tag`'s event (its first frame is the
  *    interrupted pc, not the handler). Async-signal-safe: no allocation,
  *    no lock, errno preserved.
+ *
+ * The stack-request API, in-process walk (heapprofd_walk_*): the stack of
+ * the calling thread, or of the context a signal handler interrupted,
+ * walked synchronously in the process and handed to callbacks, for agents
+ * that want frames now. See the section below for the details.
  */
 #ifndef HEAPPROFD_RS_HEAPPROFD_H
 #define HEAPPROFD_RS_HEAPPROFD_H
@@ -287,6 +292,127 @@ static inline int heapprofd_request_stack(const void *ucontext, uint64_t tag) {
 }
 
 #undef HEAPPROFD_API_LOAD_
+
+/* ---- Stack-request API: the in-process walk -------------------------------
+ *
+ * int heapprofd_walk_prepare(void)
+ *   Looks the client up (dlsym) and builds its unwind tables from the
+ *   objects loaded now: every loaded object's .eh_frame_hdr/.eh_frame, read
+ *   in place, and the JIT ranges of /tmp/perf-PID.map if it exists. Call it once, outside any signal handler, before walking
+ *   (also from handlers), and again after every dlopen: a preloaded
+ *   client does not see dlopen, so until then a pc in the new objects
+ *   fails with NO_UNWIND_INFO (every dlclose updates the tables by
+ *   itself, before and after the object goes). Returns 0, or
+ *   HEAPPROFD_WALK_UNAVAILABLE (-1) without the client.
+ *
+ * int heapprofd_walk_stack(const void *ucontext,
+ *                          const struct heapprofd_stack_callbacks *cb,
+ *                          void *user)
+ *   Walks a stack now, on the calling thread, and reports it:
+ *   begin(thread, biased, user), then frame(type, pc, user) from the
+ *   innermost frame outwards, then exactly one of end(thread, user) (the
+ *   outermost frame was reached) or failure(thread, reason, user) (the
+ *   frames delivered before it are right; the rest is missing). `thread`
+ *   is the kernel thread id. Any callback may be NULL.
+ *   - ucontext: a signal handler's third argument (ucontext_t *): the walk
+ *     starts at the interrupted instruction, unbiased (biased = 0; the
+ *     first pc is the interrupted pc itself, the handler's frames are not
+ *     part of it). NULL: the caller's own stack, biased = 1, the first pc
+ *     being the return address into the function that called
+ *     heapprofd_walk_stack (this header's wrapper is inlined at -O1 and
+ *     above; at -O0 the wrapper is that function).
+ *   - pc: the first frame of an unbiased walk is the interrupted pc; every
+ *     other frame's pc is a return address (symbolize pc - 1), as gdb's
+ *     `bt` shows them.
+ *   - types: HEAPPROFD_FRAME_NATIVE, a pc in a loaded object (the
+ *     program, a library, the vDSO), unwound by its .eh_frame;
+ *     HEAPPROFD_FRAME_JIT, a pc in a range of the process's perf map
+ *     (/tmp/perf-PID.map, as read by the last heapprofd_walk_prepare: call
+ *     it again after the JIT adds code), unwound through its frame pointer
+ *     (JITs keep them); HEAPPROFD_FRAME_UNKNOWN, a pc in neither (JIT code
+ *     not in the map, or a corrupt return address), after which the walk
+ *     fails with NO_UNWIND_INFO. HEAPPROFD_FRAME_INLINED is reserved: no
+ *     walk delivers it (inlined frames are omitted: the walk reports
+ *     physical frames).
+ *   - reasons: HEAPPROFD_WALK_NO_UNWIND_INFO (a pc in no loaded object
+ *     nor perf map range),
+ *     HEAPPROFD_WALK_OUT_OF_BOUNDS (a frame's unwind rule needed memory
+ *     outside the walked stack: a corrupt frame), HEAPPROFD_WALK_DEPTH_LIMIT
+ *     (more than HEAPPROFD_WALK_MAX_FRAMES frames),
+ *     HEAPPROFD_WALK_BAD_FRAME (the unwind went backwards, did not advance
+ *     or overflowed), HEAPPROFD_WALK_TABLES_UPDATING (a dlopen or dlclose
+ *     kept replacing the tables during the walk), HEAPPROFD_WALK_NO_STACK
+ *     (the stack pointer is on no stack the client knows),
+ *     HEAPPROFD_WALK_BUSY (HEAPPROFD_WALK_MAX_CONCURRENT walks already in
+ *     progress in the process), HEAPPROFD_WALK_NOT_PREPARED (the client's
+ *     tables were never built: its heapprofd_walk_prepare was not called).
+ *   - returns HEAPPROFD_WALK_ENDED (0, end was called),
+ *     HEAPPROFD_WALK_FAILED (1, failure was called),
+ *     HEAPPROFD_WALK_UNAVAILABLE (-1: no client, or heapprofd_walk_prepare
+ *     was never called in this translation unit; no callback runs: the
+ *     no-op), HEAPPROFD_WALK_EINVAL (-2: cb is NULL).
+ *   Async-signal-safe (once prepared): nothing is allocated or looked up,
+ *   no lock is taken, errno is kept; memory is read only from the walked
+ *   stack (from its stack pointer to its top) and from loaded objects, so
+ *   a corrupt frame ends the walk with a failure, not a crash. The walk
+ *   uses a few KiB of the calling stack (mind a small sigaltstack). A walk
+ *   may interrupt a dlopen or dlclose that is updating the tables. Limits:
+ *   a walk with NULL from inside a signal handler stops at the signal
+ *   frame (pass the handler's ucontext instead); callbacks run inside the
+ *   walk, in the handler if the walk is, and must not dlclose.
+ */
+
+#define HEAPPROFD_FRAME_UNKNOWN 0
+#define HEAPPROFD_FRAME_NATIVE 1
+#define HEAPPROFD_FRAME_JIT 2
+#define HEAPPROFD_FRAME_INLINED 3 /* reserved */
+
+#define HEAPPROFD_WALK_NO_UNWIND_INFO 1
+#define HEAPPROFD_WALK_OUT_OF_BOUNDS 2
+#define HEAPPROFD_WALK_DEPTH_LIMIT 3
+#define HEAPPROFD_WALK_BAD_FRAME 4
+#define HEAPPROFD_WALK_TABLES_UPDATING 5
+#define HEAPPROFD_WALK_NO_STACK 6
+#define HEAPPROFD_WALK_BUSY 7
+#define HEAPPROFD_WALK_NOT_PREPARED 8
+
+#define HEAPPROFD_WALK_ENDED 0
+#define HEAPPROFD_WALK_FAILED 1
+#define HEAPPROFD_WALK_UNAVAILABLE (-1)
+#define HEAPPROFD_WALK_EINVAL (-2)
+
+#define HEAPPROFD_WALK_MAX_FRAMES 256
+#define HEAPPROFD_WALK_MAX_CONCURRENT 8
+
+struct heapprofd_stack_callbacks {
+  void (*begin)(uint64_t thread, int biased, void *user);
+  void (*frame)(int type, uint64_t pc, void *user);
+  void (*end)(uint64_t thread, void *user);
+  void (*failure)(uint64_t thread, int reason, void *user);
+};
+
+/* The client's walk functions, looked up by heapprofd_walk_prepare only. */
+static int (*heapprofd_walk_fn_)(const void *, const struct heapprofd_stack_callbacks *, void *);
+
+static inline int heapprofd_walk_prepare(void) {
+  int (*prepare)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "heapprofd_walk_prepare");
+  int (*walk)(const void *, const struct heapprofd_stack_callbacks *, void *) =
+      (int (*)(const void *, const struct heapprofd_stack_callbacks *, void *))dlsym(
+          RTLD_DEFAULT, "heapprofd_walk_stack");
+  if (!prepare || !walk) return HEAPPROFD_WALK_UNAVAILABLE;
+  int rc = prepare();
+  __atomic_store_n(&heapprofd_walk_fn_, walk, __ATOMIC_RELEASE);
+  return rc;
+}
+
+static inline int heapprofd_walk_stack(const void *ucontext,
+                                       const struct heapprofd_stack_callbacks *cb, void *user) {
+  int (*f)(const void *, const struct heapprofd_stack_callbacks *, void *) =
+      __atomic_load_n(&heapprofd_walk_fn_, __ATOMIC_ACQUIRE);
+  return f ? f(ucontext, cb, user) : HEAPPROFD_WALK_UNAVAILABLE;
+}
+
+/* ---- end of the in-process walk ---------------------------------------- */
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 //! The `dlclose` hook: the daemon unwinds the samples taken in an object
 //! before the object goes, and learns afterwards that the maps changed
-//! (`heapprofd_client_core::unload`).
+//! (`heapprofd_client_core::unload`); the in-process walk's tables drop
+//! the object first and are rebuilt after (`walktables`).
 //!
 //! Exported (a preloaded client interposes it: the program's `dlclose`
 //! calls reach it) and patched (an attached client redirects the GOT
@@ -25,8 +26,13 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     type F = unsafe extern "C" fn(*mut c_void) -> c_int;
     // SAFETY: the original is glibc's dlclose.
     let real: F = unsafe { originals::real::<F>(&DLCLOSE) };
+    // The walk's tables stop reading the object before it can go, and
+    // take back what stays loaded afterwards (`walktables`).
+    crate::walktables::before_unload(handle);
     // SAFETY: the caller's handle, forwarded.
-    heapprofd_client_core::unload::unloading(|| unsafe { real(handle) })
+    let rc = heapprofd_client_core::unload::unloading(|| unsafe { real(handle) });
+    crate::walktables::refresh_if_prepared();
+    rc
 }
 
 #[cfg(test)]

@@ -67,6 +67,7 @@ extern "C" fn dlopen_wrapped(file: *const c_char, mode: c_int) -> *mut c_void {
     let h = unsafe { core::mem::transmute::<usize, DlopenFn>(real)(file, mode) };
     if !h.is_null() {
         after_dlopen();
+        crate::walktables::refresh_if_prepared();
     }
     h
 }

@@ -16,7 +16,8 @@
 //!   allocations, the core's included, go to glibc's `__libc_*` directly
 //!   ([`ownalloc::LibcAlloc`], the `#[global_allocator]`).
 //! * **Only the ABI exported.** A version script (`exports.map`) keeps every
-//!   symbol but the hooks and the custom allocator API local.
+//!   symbol but the hooks and the public APIs (custom heaps, user contexts,
+//!   the in-process stack walk) local.
 //!
 //! # Environment
 //! * `HEAPPROFD_SOCKET=PATH`: connect to the daemon at start-up.
@@ -39,7 +40,10 @@
 //! (objects unloaded: the daemon catches up first). `attach` has the
 //! entry points the daemon calls in a running process. `heapapi` exports
 //! the custom allocator API (Perfetto's `AHeapInfo_*` / `AHeapProfile_*`)
-//! over the core's `heaps`.
+//! over the core's `heaps`. `walkstack` exports the stack-request API's
+//! in-process walk (`heapprofd_walk_stack`, `heapprofd_walk_prepare`)
+//! over `walktables` (framehop over the loaded objects' own `.eh_frame`):
+//! the only unwinding the client does.
 //!
 //! Linking the rlib into a program interposes that program's malloc with
 //! these hooks and installs [`ownalloc::LibcAlloc`] as its Rust allocator; the
@@ -68,10 +72,13 @@ mod newobjects;
 mod originals;
 pub mod ownalloc;
 mod patching;
+mod perfmap;
 mod protections;
 mod stackapi;
 mod threadhook;
 mod unprofilable;
+mod walkstack;
+mod walktables;
 
 pub use init::ACTIVATION_SIGNAL;
 

@@ -105,7 +105,8 @@ fn socket_env(r: &Receiver) -> String {
 /// The malloc family, every C++ `operator new`/`delete` (the allocator's
 /// own are recorded, libstdc++'s forwarded) and the exec family with
 /// `posix_spawn`, `system`, `popen` (children keep the profiler),
-/// `dlclose` (samples unwound before an object goes), nothing else.
+/// `dlclose` (samples unwound before an object goes), the custom heap,
+/// user context and in-process walk APIs, nothing else.
 #[test]
 fn exports_exactly_the_hooks() {
     let out = run(
@@ -185,6 +186,9 @@ fn exports_exactly_the_hooks() {
         "heapprofd_request_stack",
         "heapprofd_register_event",
         "pthread_create",
+        // The stack-request API's in-process walk.
+        "heapprofd_walk_prepare",
+        "heapprofd_walk_stack",
     ];
     want.sort_unstable();
     assert_eq!(names, want);

@@ -149,25 +149,40 @@ fn pthread_stack() -> Option<(u64, u64)> {
         }
         let lo = addr as u64;
         let block_end = lo.checked_add(size as u64)?;
-        let mut hi = block_end;
-        // glibc keeps the thread descriptor and the static TLS area at the
-        // top of the stack block, above every frame. Our own TLS block is
-        // in that area: the copy never needs to go past it.
-        let own_tls = crate::tls::state() as u64;
-        if own_tls > lo && own_tls < hi {
-            hi = own_tls;
-        }
-        // Better: the frames start right below the whole static TLS area
-        // (64 bytes of slack for glibc's alignment rounding).
-        let tls_size = TLS_STATIC_SIZE.load(Ordering::Relaxed);
-        if tls_size != 0 {
-            let top = block_end.saturating_sub(tls_size).saturating_add(64);
-            if top > lo && top < hi {
-                hi = top;
-            }
-        }
-        Some((lo, hi))
+        Some((lo, frames_top(lo, block_end)))
     }
+}
+
+/// The main thread's stack bounds found by the constructor, if any.
+pub(crate) fn main_stack_bounds() -> Option<(u64, u64)> {
+    let (lo, hi) = (
+        MAIN_STACK_LO.load(Ordering::Relaxed),
+        MAIN_STACK_HI.load(Ordering::Relaxed),
+    );
+    (hi != 0).then_some((lo, hi))
+}
+
+/// Where the frames of a non-main thread whose stack block is
+/// `[lo, block_end)` end: below glibc's thread descriptor and static TLS.
+pub(crate) fn frames_top(lo: u64, block_end: u64) -> u64 {
+    let mut hi = block_end;
+    // glibc keeps the thread descriptor and the static TLS area at the
+    // top of the stack block, above every frame. Our own TLS block is
+    // in that area: the copy never needs to go past it.
+    let own_tls = crate::tls::state() as u64;
+    if own_tls > lo && own_tls < hi {
+        hi = own_tls;
+    }
+    // Better: the frames start right below the whole static TLS area
+    // (64 bytes of slack for glibc's alignment rounding).
+    let tls_size = TLS_STATIC_SIZE.load(Ordering::Relaxed);
+    if tls_size != 0 {
+        let top = block_end.saturating_sub(tls_size).saturating_add(64);
+        if top > lo && top < hi {
+            hi = top;
+        }
+    }
+    hi
 }
 
 /// The stack range to copy for a sample taken at `sp`: the end of whichever

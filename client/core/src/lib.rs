@@ -39,7 +39,9 @@
 //! state (Perfetto's `AHeapInfo_*` / `AHeapProfile_*`: named heaps with
 //! their own samplers, reported into the session like sampled mallocs);
 //! [`contexts`] the user contexts (`heapprofd_context_*`: the table of
-//! immutable key/value maps, the thread's installed one, the filters). [`tls`] (per-thread state, the guard),
+//! immutable key/value maps, the thread's installed one, the filters).
+//! [`walkbounds`] is the memory a front-end's in-process stack walk may
+//! read (the walked stack, from its stack pointer up). [`tls`] (per-thread state, the guard),
 //! [`procmaps`] (raw `/proc/self/maps` reading), [`env`], [`errno`] and
 //! [`log`] are the allocation-free plumbing.
 
@@ -68,4 +70,5 @@ pub mod threadslots;
 pub mod tls;
 pub mod trigger;
 pub mod unload;
+pub mod walkbounds;
 pub mod watcher;
