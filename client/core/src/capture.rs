@@ -197,15 +197,6 @@ pub(crate) fn stack_end_for(st: *mut ThreadState, sp: u64) -> Option<u64> {
     altstack_end(sp)
 }
 
-/// The main thread's stack bounds found by the constructor.
-pub(crate) fn main_stack_bounds() -> Option<(u64, u64)> {
-    let (lo, hi) = (
-        MAIN_STACK_LO.load(Ordering::Relaxed),
-        MAIN_STACK_HI.load(Ordering::Relaxed),
-    );
-    (hi != 0).then_some((lo, hi))
-}
-
 /// A glibc thread's frames lie below its static TLS area, at the top of
 /// its stack block, where our own TLS block is: an upper bound of the
 /// thread's frames found without allocating (a non-main thread only; the
