@@ -153,6 +153,17 @@ const CLIENT_FILE: &[u8] = heapprofd_proto::attach::CLIENT_FILE_NAME.as_bytes();
 static OTHER_COPY_FIRST: core::sync::atomic::AtomicBool =
     core::sync::atomic::AtomicBool::new(false);
 
+/// Set when an object after this library in load order defines `malloc`
+/// (the C library): this library was preloaded (`LD_PRELOAD` or
+/// `/etc/ld.so.preload`), not `dlopen`ed later.
+static PRELOADED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Whether this library was loaded before the C library (preloaded), as
+/// far as the walks so far saw.
+pub(crate) fn preloaded() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
 /// Whether another copy of the client was loaded before this library (it
 /// does the work; this one must not start sessions or take signals).
 pub(crate) fn another_copy_first() -> bool {
@@ -268,8 +279,12 @@ unsafe extern "C" fn visit(
             MAIN_DYNAMIC.store(id, Ordering::Relaxed);
         }
         let base = info.dlpi_addr as usize;
-        if !w.saw_us && dynsym::lookup(base, &d, MALLOC).is_some() {
-            w.malloc_before_us = true;
+        if dynsym::lookup(base, &d, MALLOC).is_some() {
+            if w.saw_us {
+                PRELOADED.store(true, Ordering::Relaxed);
+            } else {
+                w.malloc_before_us = true;
+            }
         }
         for h in w.tables.iter().flat_map(|t| t.iter()) {
             if h.original() != 0 {

@@ -15,6 +15,12 @@
 //! - A library before the client that defines `malloc` is what the
 //!   program's calls reach: a session of the client behind it could not
 //!   see them, so it is refused and named (`EarlierAllocator`).
+//! - `HEAPPROFD_SOCKET` is for the library `LD_PRELOAD` names: with
+//!   `record --client-lib` another front-end (the emulated bionic libc) is
+//!   the one preloaded, and the installed copy, which `LD_PRELOAD` does not
+//!   name, leaves the socket to it (it connected, or sent a notice, beside
+//!   that front-end's session). A copy under another file name stands for
+//!   the installed one here: `LD_PRELOAD` names no `libheapprofd_client.so`.
 //!
 //! Every run has a timeout, so a loop fails the test instead of hanging.
 
@@ -184,4 +190,41 @@ fn two_copies_of_the_client_run_dormant_and_profiled() {
         assert!(ss[0].get("mallocs") > 0, "{what}: no samples");
     }
     let _ = std::fs::remove_dir_all(copy.parent().expect("dir"));
+}
+
+#[test]
+fn a_copy_that_ld_preload_does_not_name_leaves_the_socket_alone() {
+    let want = expected();
+    let dir = second_copy("renamed").parent().expect("dir").to_path_buf();
+    let renamed = dir.join("libinstalled_copy.so");
+    std::fs::rename(dir.join("libheapprofd_client.so"), &renamed).expect("rename");
+    let r = Receiver::start(
+        Path::new(RECEIVER),
+        &unique_socket("not-named"),
+        &["--interval", "4096"],
+    );
+    let sock = r.socket.to_string_lossy().into_owned();
+    let out = churn(
+        &[&shim(), &renamed],
+        &[
+            ("HEAPPROFD_SOCKET", &sock),
+            ("HEAPPROFD_BLOCKING_INIT", "1"),
+        ],
+    );
+    assert_ran("a copy LD_PRELOAD does not name", &out, &want);
+    assert!(
+        out.stderr.lines().all(|l| l.starts_with("chain_shim: ")),
+        "{}",
+        out.stderr
+    );
+    // Nothing reached the socket: no session, no notice.
+    let lines = r.finish(RUN_TIMEOUT);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.starts_with("listening ") || l == "done sessions=0"),
+        "the receiver heard from the copy:\n{}",
+        lines.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
