@@ -23,8 +23,9 @@
 //!    `/etc/ld.so.preload` loaded while `LD_PRELOAD` names another
 //!    front-end), connects: synchronously with
 //!    `HEAPPROFD_BLOCKING_INIT=1` (start-up allocations are not missed),
-//!    otherwise on a new thread; else, if it interposes and a profiling
-//!    service's startup-trigger store wants this program
+//!    otherwise on a new thread; else, if it was preloaded and a profiling
+//!    service's startup-trigger store wants this program (one that does
+//!    not interpose only tells the service why it runs unprofiled)
 //!    (`heapprofd_client_core::trigger`: raw system calls, nothing
 //!    allocated), connects to that service synchronously. Otherwise it stays
 //!    dormant: every hook costs a load and a branch.
@@ -95,7 +96,10 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
             SocketPath::from_env_or(trigger::service_socket),
             env::is_1(c"HEAPPROFD_BLOCKING_INIT"),
         )
-    } else if interpose::interposing() {
+    } else if interpose::interposing() || originals::preloaded() {
+        // A preloaded copy that does not interpose (an allocator in
+        // `LD_PRELOAD` before the installed client) is refused below: the
+        // service it asked is told why, and names the program.
         match trigger::startup_service() {
             // From the first allocation, as bionic's startup profiling;
             // silently (the program may be anyone's).

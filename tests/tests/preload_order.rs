@@ -15,6 +15,8 @@
 //! - A library before the client that defines `malloc` is what the
 //!   program's calls reach: a session of the client behind it could not
 //!   see them, so it is refused and named (`EarlierAllocator`).
+//!   A startup profile by name asked for it tells the service so, which
+//!   names it in `record`'s summary.
 //! - `HEAPPROFD_SOCKET` is for the library `LD_PRELOAD` names: with
 //!   `record --client-lib` another front-end (the emulated bionic libc) is
 //!   the one preloaded, and the installed copy, which `LD_PRELOAD` does not
@@ -28,9 +30,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use heapprofd_proto::service::DIR_ENV;
 use heapprofd_tests::client_harness::{
     Output, Receiver, client_so, programs, run, sessions, unique_socket,
 };
+use heapprofd_tests::record_harness::scratch_dir;
+use heapprofd_tests::service_harness::{Service, signal, wait_exit};
 
 const RECEIVER: &str = env!("CARGO_BIN_EXE_heapprofd-test-receiver");
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -226,5 +231,36 @@ fn a_copy_that_ld_preload_does_not_name_leaves_the_socket_alone() {
         "the receiver heard from the copy:\n{}",
         lines.join("\n")
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_startup_profile_names_a_program_whose_malloc_comes_first() {
+    let want = expected();
+    let dir = scratch_dir("preload-order-svc");
+    let svc = Service::start(&dir.join("svc"));
+    let trace = dir.join("t.pftrace");
+    let mut rec = svc.record(&["-n", "churn", "-i", "4096"], &trace);
+    svc.wait_store("name 1 churn");
+    let out = churn(
+        &[&shim(), &client_so()],
+        &[(DIR_ENV, &svc.dir.to_string_lossy())],
+    );
+    assert_ran("shim before a client a startup profile wants", &out, &want);
+    assert!(
+        out.stderr.lines().all(|l| l.starts_with("chain_shim: ")),
+        "{}",
+        out.stderr
+    );
+    svc.wait_log(") runs unprofiled: a library loaded before the profiler");
+    signal(&rec.0, libc::SIGINT);
+    let (code, err) = wait_exit(&mut rec.0, "record -n");
+    assert_eq!(code, 0, "record -n failed:\n{err}");
+    assert!(
+        err.contains("not profiled: a library loaded before the profiler"),
+        "record's summary:\n{err}"
+    );
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "daemon failed:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
