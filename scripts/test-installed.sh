@@ -50,6 +50,8 @@ fi
 NO_CLIENT_TESTS=(
   without_the_client_everything_is_a_no_op  # api: no client to find
   without_the_client_contexts_are_none      # api: the same, for contexts
+  without_the_client_every_call_is_a_no_op  # api: the same, for stack requests
+  without_the_client_nothing_is_called      # api: the same, for the in-process walk
   glibc_is_the_original_in_the_test_binary  # client: the installed copy interposes first
   a_dynamically_linked_child_is_probed      # inject: asserts the child has no client
   works_when_dlopened_after_start           # client_e2e: a client dlopened into a process
