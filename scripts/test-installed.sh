@@ -13,9 +13,10 @@
 # 2. the test binaries the "tests" step built run again (nothing is
 #    rebuilt: same profile, same flags): every crate's tests with
 #    `cargo test --workspace --exclude heapprofd-tests CARGO_TEST_ARGS`, and
-#    the end-to-end test binaries of tests/tests/ listed in E2E, but for the
-#    tests whose subject is a process without the client (NO_CLIENT_TESTS;
-#    below, with why, and why the other end-to-end binaries are not here);
+#    the end-to-end test binaries of tests/tests/ listed in E2E (all but the
+#    ptrace-injection ones and system_install), but for the tests whose
+#    subject is a process without the client (NO_CLIENT_TESTS; below, with
+#    why, and why the other end-to-end binaries are not here);
 # 3. `heapprofd-rs uninstall`, then /etc/ld.so.preload must be what it was
 #    (bytes, mode, owner; or absent again) and the install's directories
 #    gone. A trap runs this step on every exit: a failed test, Ctrl-C,
@@ -49,25 +50,37 @@ fi
 NO_CLIENT_TESTS=(
   without_the_client_everything_is_a_no_op  # api: no client to find
   without_the_client_contexts_are_none      # api: the same, for contexts
+  without_the_client_every_call_is_a_no_op  # api: the same, for stack requests
+  without_the_client_nothing_is_called      # api: the same, for the in-process walk
   glibc_is_the_original_in_the_test_binary  # client: the installed copy interposes first
   a_dynamically_linked_child_is_probed      # inject: asserts the child has no client
   works_when_dlopened_after_start           # client_e2e: a client dlopened into a process
                                             # without one (installed, it is a second copy)
+  without_the_client_the_header_is_a_no_op  # stack_walk: asserts no client answers
+  binary_without_its_client_names_where_it_looked
+                                            # install_layout: a heapprofd-rs without its
+                                            # client; installed, record uses the installed one
 )
-# The end-to-end test binaries of tests/tests/ run here: those seen to pass
-# with the client installed (2026-12-02). Not yet: corpus (two tests,
-# children_resetting_ld_preload_are_profiled and cxx_under_jemalloc_linked,
-# ran 13 minutes without ending when tried: not understood yet) and the
-# binaries after it in that run, not reached (record_*, report_views,
-# service_*, symbolize_offline, unprofiled_e2e, heapprofd_layout,
-# hostile_peers, install_layout, custom_heaps); bionic_e2e (its
-# every_entry_forwards test hung 12 minutes, futex); aarch64_e2e (qemu's
-# guest loader reads the host's /etc/ld.so.preload, an x86_64 library; not
-# tried). Never: attach_e2e and attach_kill (record --pid's ptrace hijack of
-# programs without the client: installed, every target has a dormant client
-# that record --pid wakes instead), system_install (installs and
-# uninstalls the real system itself).
-E2E=(client_e2e contexts)
+# The end-to-end test binaries of tests/tests/ run here: all but those whose
+# subject is loading the client with ptrace into programs that have none:
+# attach_e2e, attach_kill (record --pid's hijack), service_inject and
+# service_users_pid (the service's; their targets sit in read(2) until told
+# to allocate and the tests wait for the session first, while a dormant
+# installed client, woken by the signal instead, connects at its next
+# allocation); and system_install, which installs and uninstalls the real
+# system itself. Measured in a private mount namespace with the client in
+# /etc/ld.so.preload (2026-12-03, 2 cores shared with other builds, load
+# about 6, debug test binaries): these binaries took 238 s in all, the
+# longest stack_walk 63 s, client_e2e 19 s, corpus 18 s, record_analysis
+# 16 s; the rest 2-14 s each.
+E2E=(
+  aarch64_e2e android_adb bionic_e2e client_e2e contexts corpus cpu_time
+  custom_heaps heapprofd_layout hostile_peers install_layout preload_order
+  record_analysis record_churn record_e2e record_truth report_views
+  service_e2e service_multi service_record service_scale service_users
+  stack_walk symbolize_debug_files symbolize_offline symbolize_perfetto
+  unprofiled_e2e
+)
 
 before=$(mktemp -d /tmp/heapprofd-installed-suite.XXXXXX)
 # What /etc/ld.so.preload is now: bytes, and mode and owner.

@@ -1,13 +1,19 @@
 //! One hooked function as one record: its name, the original it replaces,
 //! and our hook (as heaptrack's `heaptrack_inject.cpp` keeps them).
 //!
-//! The original is what the name stands for without us: the first
-//! definition, in load order, in an object other than this library
-//! (`originals` finds it by reading the objects' symbol tables). Every
-//! hook forwards to it, so a program is served by the allocator that would
-//! have served it without the client (glibc, or jemalloc, tcmalloc,
-//! mimalloc... preloaded after the client or linked into the program), and
-//! GOT patching redirects only slots that hold it.
+//! The original is what a call that reaches our hook stands for without
+//! us: the next definition after this library in load order (what
+//! `dlsym(RTLD_NEXT)` would give), or, in a library loaded after every
+//! definition (`dlopen`ed by an attach), the first one (`originals` finds
+//! it by reading the objects' symbol tables). Every hook forwards to it,
+//! so a program is served by the allocator that would have served it
+//! without the client (glibc, or jemalloc, tcmalloc, mimalloc... preloaded
+//! after the client or linked into the program), and GOT patching
+//! redirects only slots that hold it. A definition before this library
+//! (an `LD_PRELOAD` before the installed client, heaptrack's preload, an
+//! allocator in the executable) is kept apart as `earlier`: such a
+//! definition may itself forward to us through `dlsym(RTLD_NEXT)`, so it
+//! is never what we forward to while something follows us.
 //!
 //! The records are defined next to the hooks they describe (`hooks`,
 //! `cxxhooks`, `exechooks`, `dlhook`, `dlclosehook`), so a hook can reach its own
@@ -42,7 +48,8 @@ pub(crate) enum Kind {
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct Hook {
-    /// The function the name stands for without us (0 = not known yet:
+    /// What the hook forwards to: the next definition after us, else the
+    /// first (see the module's doc; 0 = not known yet:
     /// the hooks then resolve it, see `originals::real`, and GOT patching
     /// leaves slots of this name alone). A slot is redirected only if it holds this (or an
     /// unresolved lazy-binding stub), and gets it back at the end.
@@ -54,6 +61,11 @@ pub(crate) struct Hook {
     /// The object defining the original (the address of its `PT_DYNAMIC`,
     /// 0 = not known).
     pub(crate) owner: AtomicUsize,
+    /// The first definition before this library in load order (0 = none
+    /// seen): what the program's own calls reach when it is not ours.
+    pub(crate) earlier: AtomicUsize,
+    /// The object defining `earlier` (its `PT_DYNAMIC`, 0 = none).
+    pub(crate) earlier_owner: AtomicUsize,
     /// The symbol name.
     pub(crate) name: &'static CStr,
     /// Our replacement (null where this architecture has none).
@@ -76,6 +88,8 @@ impl Hook {
             original: AtomicUsize::new(0),
             recorded: AtomicU8::new(0),
             owner: AtomicUsize::new(0),
+            earlier: AtomicUsize::new(0),
+            earlier_owner: AtomicUsize::new(0),
             name,
             hook,
             kind,

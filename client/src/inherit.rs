@@ -76,7 +76,7 @@ pub(crate) fn active() -> bool {
 /// was started to be profiled with its children (`HEAPPROFD_SOCKET` set).
 /// Called once by the constructor.
 pub(crate) fn capture() {
-    if env::get(SOCKET_ENV).is_none() {
+    if !addressed_to_us() {
         return;
     }
     // SAFETY: the constructor runs before the program's threads; nothing
@@ -107,6 +107,29 @@ pub(crate) fn capture() {
         }
     }
     ACTIVE.store(true, Ordering::Release);
+}
+
+/// Whether the process was started with `HEAPPROFD_SOCKET` for this
+/// library: set, and this library was `dlopen`ed (the program loads it to
+/// be profiled) or `LD_PRELOAD` names a copy of the client (`record`
+/// preloads one; the exec hooks keep it there). A copy that only
+/// `/etc/ld.so.preload` loaded, in a process `record --client-lib` started
+/// with another library first (the emulated bionic libc, whose front-end
+/// the socket is for), leaves the variables to that library: it neither
+/// connects nor puts itself into the `LD_PRELOAD` of the programs the
+/// process starts.
+pub(crate) fn addressed_to_us() -> bool {
+    if env::get(SOCKET_ENV).is_none() {
+        return false;
+    }
+    if !crate::originals::preloaded() {
+        return true;
+    }
+    let name = heapprofd_proto::attach::CLIENT_FILE_NAME.as_bytes();
+    env::get(c"LD_PRELOAD").is_some_and(|v| {
+        v.split(|&b| b == b':' || b == b' ')
+            .any(|e| e.rsplit(|&b| b == b'/').next() == Some(name))
+    })
 }
 
 /// The path this library was loaded from (as `LD_PRELOAD` named it).

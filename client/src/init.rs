@@ -18,10 +18,14 @@
 //!    heapprofd) unless `HEAPPROFD_NO_SIGNAL=1` or the program already has a
 //!    handler for it (only a `SIG_DFL` disposition is replaced; a program
 //!    that installs its own handler later simply wins);
-//! 4. if `HEAPPROFD_SOCKET` is set, connects: synchronously with
+//! 4. if `HEAPPROFD_SOCKET` is set for this library
+//!    (`inherit::addressed_to_us`: not for a copy only
+//!    `/etc/ld.so.preload` loaded while `LD_PRELOAD` names another
+//!    front-end), connects: synchronously with
 //!    `HEAPPROFD_BLOCKING_INIT=1` (start-up allocations are not missed),
-//!    otherwise on a new thread; else, if it interposes and a profiling
-//!    service's startup-trigger store wants this program
+//!    otherwise on a new thread; else, if it was preloaded and a profiling
+//!    service's startup-trigger store wants this program (one that does
+//!    not interpose only tells the service why it runs unprofiled)
 //!    (`heapprofd_client_core::trigger`: raw system calls, nothing
 //!    allocated), connects to that service synchronously. Otherwise it stays
 //!    dormant: every hook costs a load and a branch.
@@ -36,7 +40,7 @@
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::Ordering;
 
-use heapprofd_client_core::socket_path::{SOCKET_ENV, SocketPath};
+use heapprofd_client_core::socket_path::SocketPath;
 use heapprofd_client_core::state::{CONNECTING, IDLE, STATE};
 use heapprofd_client_core::tls::Guard;
 use heapprofd_client_core::{
@@ -87,12 +91,15 @@ extern "C" fn constructor(_argc: c_int, _argv: *mut *mut c_char, _envp: *mut *mu
     // profiling service whose startup-trigger store wants this program (a
     // preloaded library only: one loaded later cannot see the program's
     // start anyway). Otherwise the library stays dormant.
-    let (path, blocking) = if env::get(SOCKET_ENV).is_some() {
+    let (path, blocking) = if inherit::addressed_to_us() {
         (
             SocketPath::from_env_or(trigger::service_socket),
             env::is_1(c"HEAPPROFD_BLOCKING_INIT"),
         )
-    } else if interpose::interposing() {
+    } else if interpose::interposing() || originals::preloaded() {
+        // A preloaded copy that does not interpose (an allocator in
+        // `LD_PRELOAD` before the installed client) is refused below: the
+        // service it asked is told why, and names the program.
         match trigger::startup_service() {
             // From the first allocation, as bionic's startup profiling;
             // silently (the program may be anyone's).

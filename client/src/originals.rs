@@ -2,11 +2,23 @@
 //! stands for without us, the one that would serve the program's call if
 //! the client were not loaded.
 //!
-//! That is the first definition in load order (`dl_iterate_phdr`'s order:
-//! the program, the preloaded libraries, their dependencies breadth-first,
-//! then what was `dlopen`ed) in an object other than this library: glibc's
+//! That is the first definition after this library in load order
+//! (`dl_iterate_phdr`'s order: the program, the preloaded libraries, their
+//! dependencies breadth-first, then what was `dlopen`ed): glibc's
 //! `malloc`, or jemalloc's when it is preloaded after the client or linked
-//! into the program; libstdc++'s `operator new`, or tcmalloc's. Symbol
+//! into the program; libstdc++'s `operator new`, or tcmalloc's. Only when
+//! nothing after this library defines the name (a library `dlopen`ed by an
+//! attach comes after libc) is it the first definition before it.
+//!
+//! A definition before this library is not forwarded to while one follows
+//! it: such a library may forward to the next definition itself, through
+//! `dlsym(RTLD_NEXT, ..)`, which is ours. A heaptrack preload, glibc's
+//! `libmemusage.so` or an emulated libc in `LD_PRELOAD` come before the
+//! client installed in `/etc/ld.so.preload` (glibc loads `LD_PRELOAD`
+//! first); forwarding back to them looped for ever (a stack overflow, or a
+//! spin at 100% CPU). That first definition before this library is kept
+//! in the record as `earlier`: what the program's own calls reach, so what
+//! GOT patching would have to replace ([`refusal`]). Symbol
 //! tables are read directly (`dynsym`), never through `dlsym`, which may
 //! allocate: this runs on the first call of any hook, possibly before the
 //! constructor and with nowhere yet to forward an allocation to.
@@ -28,7 +40,11 @@
 //!
 //! A program whose own executable defines `malloc` (an allocator linked
 //! statically into it) cannot be profiled: its calls are direct, no symbol
-//! lookup or GOT slot is involved ([`refusal`]).
+//! lookup or GOT slot is involved ([`refusal`]). Nor, by a library that
+//! does not interpose, can a program whose calls go to a `malloc` of a
+//! library before it that is not the original (an allocator in
+//! `LD_PRELOAD` before the installed client): the program's slots hold
+//! that library's `malloc`, which the hooks do not forward to.
 
 use core::ffi::{CStr, c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -45,6 +61,15 @@ pub(crate) const BUILT_IN_ALLOCATOR: Refusal = Refusal {
     message: b"the program's executable defines malloc itself (a statically linked \
 allocator): its calls cannot be intercepted; not profiled",
     unprofilable: Unprofilable::BuiltInAllocator,
+};
+
+/// The refusal when a library before this one in load order defines the
+/// malloc the program calls, and something after this one defines malloc
+/// too (the hooks forward there).
+pub(crate) const EARLIER_ALLOCATOR: Refusal = Refusal {
+    message: b"a library loaded before the client defines malloc (an allocator in \
+LD_PRELOAD before the client installed in /etc/ld.so.preload): not profiled",
+    unprofilable: Unprofilable::EarlierAllocator,
 };
 
 /// The refusal when no object defines malloc (cannot happen with glibc).
@@ -128,6 +153,17 @@ const CLIENT_FILE: &[u8] = heapprofd_proto::attach::CLIENT_FILE_NAME.as_bytes();
 static OTHER_COPY_FIRST: core::sync::atomic::AtomicBool =
     core::sync::atomic::AtomicBool::new(false);
 
+/// Set when an object after this library in load order defines `malloc`
+/// (the C library): this library was preloaded (`LD_PRELOAD` or
+/// `/etc/ld.so.preload`), not `dlopen`ed later.
+static PRELOADED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Whether this library was loaded before the C library (preloaded), as
+/// far as the walks so far saw.
+pub(crate) fn preloaded() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
 /// Whether another copy of the client was loaded before this library (it
 /// does the work; this one must not start sessions or take signals).
 pub(crate) fn another_copy_first() -> bool {
@@ -167,6 +203,16 @@ pub(crate) fn resolve(tables: &[&[&'static Hook]]) {
     };
     // SAFETY: the callback only reads the objects glibc reports.
     unsafe { libc::dl_iterate_phdr(Some(visit), (&mut w as *mut Walk<'_>).cast()) };
+    // Nothing after us defines these: forward to the first definition
+    // before us (a library loaded after libc: an attach's `dlopen`).
+    for h in tables.iter().flat_map(|t| t.iter()) {
+        let earlier = h.earlier.load(Ordering::Relaxed);
+        if h.original() == 0 && earlier != 0 {
+            h.owner
+                .store(h.earlier_owner.load(Ordering::Relaxed), Ordering::Relaxed);
+            h.original.store(earlier, Ordering::Relaxed);
+        }
+    }
     if w.saw_us {
         if w.other_copy_before_us {
             OTHER_COPY_FIRST.store(true, Ordering::Relaxed);
@@ -189,7 +235,16 @@ pub(crate) fn refusal(malloc: &Hook) -> Option<Refusal> {
     if owner == 0 {
         return Some(NO_MALLOC);
     }
-    (owner == MAIN_DYNAMIC.load(Ordering::Relaxed)).then_some(BUILT_IN_ALLOCATOR)
+    // What the program's calls reach: the first definition before us, if
+    // any (then we do not interpose), else the original.
+    let (called, called_owner) = match malloc.earlier.load(Ordering::Relaxed) {
+        0 => (malloc.original(), owner),
+        e => (e, malloc.earlier_owner.load(Ordering::Relaxed)),
+    };
+    if called_owner == MAIN_DYNAMIC.load(Ordering::Relaxed) {
+        return Some(BUILT_IN_ALLOCATOR);
+    }
+    (called != malloc.original()).then_some(EARLIER_ALLOCATOR)
 }
 
 /// The name interposition is decided on.
@@ -224,16 +279,26 @@ unsafe extern "C" fn visit(
             MAIN_DYNAMIC.store(id, Ordering::Relaxed);
         }
         let base = info.dlpi_addr as usize;
-        if !w.saw_us && dynsym::lookup(base, &d, MALLOC).is_some() {
-            w.malloc_before_us = true;
+        if dynsym::lookup(base, &d, MALLOC).is_some() {
+            if w.saw_us {
+                PRELOADED.store(true, Ordering::Relaxed);
+            } else {
+                w.malloc_before_us = true;
+            }
         }
         for h in w.tables.iter().flat_map(|t| t.iter()) {
             if h.original() != 0 {
                 continue;
             }
-            if let Some(addr) = dynsym::lookup(base, &d, h.name) {
+            let Some(addr) = dynsym::lookup(base, &d, h.name) else {
+                continue;
+            };
+            if w.saw_us {
                 h.owner.store(id, Ordering::Relaxed);
                 h.original.store(addr, Ordering::Relaxed);
+            } else if h.earlier.load(Ordering::Relaxed) == 0 {
+                h.earlier_owner.store(id, Ordering::Relaxed);
+                h.earlier.store(addr, Ordering::Relaxed);
             }
         }
     }

@@ -25,8 +25,7 @@
 
 use core::ffi::{c_int, c_void};
 use core::ops::Deref;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use framehop::{ExplicitModuleSectionInfo, Module, MustNotAllocateDuringUnwind, Unwinder};
 use heapprofd_client_core::tls::Guard;
@@ -109,8 +108,34 @@ static SLOTS: [Slot; 2] = [const {
     }
 }; 2];
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
-/// Serialises updates.
-static UPDATE: Mutex<()> = Mutex::new(());
+/// Serialises updates. A flag rather than a std `Mutex`: a fork child
+/// whose parent had another thread inside an update would wait for that
+/// thread for ever; [`forget_readers`] clears it (the child has no other
+/// thread, and a half-done update left only unpublished or not-current
+/// tables).
+static UPDATING: AtomicBool = AtomicBool::new(false);
+
+/// Holds [`UPDATING`] until dropped.
+struct UpdateLock;
+
+impl UpdateLock {
+    fn take() -> UpdateLock {
+        while UPDATING
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            // SAFETY: no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+        UpdateLock
+    }
+}
+
+impl Drop for UpdateLock {
+    fn drop(&mut self) {
+        UPDATING.store(false, Ordering::Release);
+    }
+}
 
 /// Why a walk could not read the tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,12 +208,14 @@ pub(crate) fn refresh() {
     update(None);
 }
 
-/// In a fork child: walks that other threads of the parent were making
-/// do not exist here; their counts would hold back every update.
+/// In a fork child: walks and updates that other threads of the parent
+/// were making do not exist here; their counts would hold back every
+/// update, their lock every refresh.
 pub(crate) fn forget_readers() {
     for s in &SLOTS {
         s.readers.store(0, Ordering::SeqCst);
     }
+    UPDATING.store(false, Ordering::SeqCst);
 }
 
 /// Refreshes only if the API was prepared (the `dlopen`/`dlclose` hooks:
@@ -264,7 +291,7 @@ fn drain(slot: &Slot) -> bool {
 fn update(without_bias: Option<u64>) {
     let _g = Guard::enter(); // None: already held by this thread's caller.
     let saved = heapprofd_client_core::errno::get();
-    let lock = UPDATE.lock().unwrap_or_else(PoisonError::into_inner);
+    let lock = UpdateLock::take();
     let new = Box::into_raw(Box::new(build(without_bias)));
     let cur = CURRENT.load(Ordering::SeqCst);
     let other = &SLOTS[(cur + 1) & 1];

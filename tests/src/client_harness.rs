@@ -135,6 +135,17 @@ pub fn programs() -> &'static Programs {
             &s("dlalloc.c"),
         ]);
         compile(&[
+            "gcc",
+            "-O2",
+            "-g",
+            "-shared",
+            "-fPIC",
+            "-o",
+            &o("libchain_shim.so"),
+            &s("chain_shim.c"),
+            "-ldl",
+        ]);
+        compile(&[
             "g++",
             "-O2",
             "-g",

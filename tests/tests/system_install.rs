@@ -8,8 +8,9 @@
 //!   real install is refused (exit 1).
 //! * On the real system (root only; skipped with a message otherwise, CI
 //!   runs it as root): install, then real programs started afterwards load
-//!   the client and work (bash, coreutils, dpkg, git, gcc, python3, perl,
-//!   sqlite3, node if present, a set-user-ID program as `nobody`, su, a
+//!   the client and work (bash, coreutils, dpkg, apt-get --simulate, git,
+//!   gcc, python3, perl, sqlite3, node and sudo if present, a set-user-ID
+//!   program as `nobody`, su, a
 //!   static program, a second copy of the client in `LD_PRELOAD`); a
 //!   startup profile by name through the service catches a program that
 //!   has no `LD_PRELOAD` of its own; `record -- CMD` still works beside the
@@ -445,6 +446,15 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
         sh("dpkg -l coreutils").contains("ii  coreutils"),
         "dpkg -l coreutils"
     );
+    // apt-get, read-only: a simulated install of a package that is there.
+    let coreutils = sh("dpkg-query -W -f='${Version}' coreutils");
+    let apt = sh("apt-get --simulate install coreutils");
+    assert!(
+        apt.contains(&format!(
+            "coreutils is already the newest version ({coreutils})"
+        )),
+        "apt-get --simulate install coreutils: {apt}"
+    );
     let repo = dir.join("repo");
     let g = |args: &[&str]| {
         run_ok(
@@ -534,6 +544,15 @@ fn system_wide_install_keeps_the_machine_working_and_uninstall_leaves_no_trace()
         "su nobody",
     );
     assert_eq!(su, "nobody\n");
+    if have("sudo") {
+        let sudo = run_ok(
+            Command::new("sudo").args(["-n", "-u", "nobody", "id", "-un"]),
+            "sudo -u nobody",
+        );
+        assert_eq!(sudo, "nobody\n");
+    } else {
+        eprintln!("system_install: sudo not installed, not run");
+    }
 
     // A startup profile by name: the program has no LD_PRELOAD, only the
     // installed client.

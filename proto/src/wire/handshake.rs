@@ -54,6 +54,10 @@ pub enum Unprofilable {
     /// The process exec'd (or spawned) a set-user-ID or set-group-ID
     /// program: the loader ignores `LD_PRELOAD` there.
     SecureExec = 4,
+    /// A library loaded before the client (in `LD_PRELOAD`, before the
+    /// client installed in `/etc/ld.so.preload`) defines the `malloc` the
+    /// program calls: the client's hooks forward past it.
+    EarlierAllocator = 5,
 }
 
 impl Unprofilable {
@@ -70,6 +74,7 @@ impl Unprofilable {
             2 => Unprofilable::StaticProgram,
             3 => Unprofilable::Program32Bit,
             4 => Unprofilable::SecureExec,
+            5 => Unprofilable::EarlierAllocator,
             _ => return Err(DecodeError::InvalidField("unprofilable")),
         })
     }
@@ -91,6 +96,10 @@ impl Unprofilable {
             Unprofilable::SecureExec => {
                 "it runs a set-user-ID or set-group-ID program, where the loader ignores \
                  LD_PRELOAD"
+            }
+            Unprofilable::EarlierAllocator => {
+                "a library loaded before the profiler (LD_PRELOAD, before the profiler \
+                 installed in /etc/ld.so.preload) defines the malloc it calls"
             }
         }
     }
