@@ -11,6 +11,20 @@ export CARGO_INCREMENTAL=0
 # "No space left on device" shows which step used it up.
 step() { printf '\n=== %s (disk free: %s)\n' "$*" "$(df -h --output=avail . | tail -1 | tr -d ' ')"; }
 
+# A hung test must fail its step, not use up CI's 90 minutes with nothing
+# landing: each test step runs under a limit well above its usual time, and
+# on expiry the log says which step and how to rerun it.
+bounded() {
+  local minutes=$1
+  shift
+  local rc=0
+  timeout --kill-after=30 "$((minutes * 60))" "$@" || rc=$?
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "step timed out after $minutes minutes (a test hung; the last test named above as 'running for over 60 seconds' is the one): $*" >&2
+  fi
+  return "$rc"
+}
+
 step "dependencies"
 scripts/install-deps.sh
 
@@ -48,13 +62,13 @@ for t in aarch64-linux-android x86_64-linux-android; do
 done
 
 step "tests"
-cargo test --workspace
+bounded 30 cargo test --workspace
 
 # The same test binaries again (no rebuild) with the dormant client in
 # every process through /etc/ld.so.preload; a trap uninstalls on every exit
 # and checks the file is restored exactly. Root only, else skipped.
 step "tests again with the client installed system-wide (scripts/test-installed.sh)"
-scripts/test-installed.sh
+bounded 25 scripts/test-installed.sh
 
 # Unit and integration tests of what runs in a profiled process (and the
 # unwinder), built for aarch64 and run by qemu-user (.cargo/config.toml).
@@ -62,7 +76,7 @@ scripts/test-installed.sh
 # left out: emulated, their writers outlast the ring's spinlock timeout.
 step "aarch64 tests under qemu-user"
 HEAPPROFD_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
-  cargo test --target aarch64-unknown-linux-gnu -p heapprofd-shmem -p heapprofd-proto \
+  bounded 20 cargo test --target aarch64-unknown-linux-gnu -p heapprofd-shmem -p heapprofd-proto \
   -p heapprofd-client-core -p heapprofd-client -p heapprofd-unwinder \
   -- --skip stress_many_writers_in_child_process
 
