@@ -30,6 +30,13 @@
 //!   `touch_pages`; `record --event page-faults --period 10` counts them
 //!   (samples times the period) and puts them there.
 //!
+//! * `spinner.c`: a target that burns CPU without ever allocating, alone
+//!   or beside a blocked thread; `record --pid --cpu-time` samples it
+//!   whether the client is injected with ptrace (single-threaded: the
+//!   synchronous attach arms the thread itself; threaded: the watcher) or
+//!   preloaded and dormant (a CPU profile activates it through ptrace, not
+//!   the signal, which would wait for an allocation that never comes).
+//!
 //! No timed assertion: shares and totals are of CPU time, which the
 //! machine's load does not change.
 
@@ -37,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use heapprofd_tests::attach_harness::{Target, attach};
 use heapprofd_tests::client_harness::{compile, workspace_root};
 use heapprofd_tests::record_harness::{check_trace, heapprofd_ok, record, scratch_dir};
 use serde_json::Value;
@@ -57,6 +65,7 @@ fn programs() -> &'static PathBuf {
             "jep509",
             "page_faults",
             "short_threads",
+            "spinner",
         ] {
             compile(&[
                 "gcc",
@@ -372,4 +381,51 @@ fn threads_shorter_than_a_scan_are_sampled_whole() {
     // (A thread whose CPU all falls between two ticks of a loaded machine
     // may get no signal: most must have samples.)
     assert!(threads >= 15, "{threads} threads sampled of 20");
+}
+
+#[test]
+fn attached_targets_that_never_allocate_get_cpu_samples() {
+    let dir = scratch_dir("cpu-attach");
+    let so = heapprofd_tests::record_harness::release_bins()
+        .client_so
+        .clone();
+    for (threads, preloaded) in [("1", false), ("2", false), ("1", true)] {
+        let mut c = std::process::Command::new(programs().join("spinner"));
+        c.arg(threads);
+        if preloaded {
+            c.env("LD_PRELOAD", &so);
+        }
+        let t = Target::start(c);
+        let trace = dir.join(format!("spin-{threads}-{preloaded}.pftrace"));
+        let args = [
+            "--cpu-time",
+            "5ms",
+            "--no-heap",
+            "-d",
+            "1s",
+            "-o",
+            &s(&trace),
+        ];
+        let out = attach(t.pid, &args);
+        let what = format!("threads {threads}, preloaded {preloaded}");
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{what}: record --pid failed:\n{}",
+            out.stderr
+        );
+        let profiles = cpu_report(&trace);
+        let p = profiles
+            .iter()
+            .find(|p| p["event"] == "cpu-time")
+            .unwrap_or_else(|| panic!("{what}: no CPU samples:\n{}", out.stderr));
+        assert!(u(&p["samples"]) > 0, "{what}: {p}");
+        let f = functions(p);
+        assert!(
+            f.iter().any(|x| x == "spin"),
+            "{what}: spin missing from {f:?}"
+        );
+        drop(t);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
