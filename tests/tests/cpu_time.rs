@@ -30,6 +30,10 @@
 //!   `touch_pages`; `record --event page-faults --period 10` counts them
 //!   (samples times the period) and puts them there.
 //!
+//! * `bad_walks.c`: stack requests whose context has pc 0x40: the remote
+//!   unwind fails, and each sample is still in the trace, its
+//!   `PerfSample.unwind_error` set (counted by `report --cpu`), its stack
+//!   ending in an `ERROR` frame.
 //! * `spinner.c`: a target that burns CPU without ever allocating, alone
 //!   or beside a blocked thread; `record --pid --cpu-time` samples it
 //!   whether the client is injected with ptrace (single-threaded: the
@@ -66,6 +70,7 @@ fn programs() -> &'static PathBuf {
             "page_faults",
             "short_threads",
             "spinner",
+            "bad_walks",
         ] {
             compile(&[
                 "gcc",
@@ -427,5 +432,40 @@ fn attached_targets_that_never_allocate_get_cpu_samples() {
         );
         drop(t);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn samples_whose_walk_fails_are_written_with_the_reason() {
+    let dir = scratch_dir("bad-walks");
+    let trace = dir.join("bad.pftrace");
+    let prog = programs().join("bad_walks");
+    let out = record(
+        &["--no-service", "-o", &s(&trace)],
+        &[&s(&prog), "10"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let w: Vec<u64> = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("bad "))
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout))
+        .split(" good ")
+        .map(|n| n.trim().parse().unwrap())
+        .collect();
+    let (bad, good) = (w[0], w[1]);
+    assert_eq!(bad, 10, "{}", out.stdout);
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "bad-walks")
+        .unwrap_or_else(|| panic!("no bad-walks samples: {profiles:?}"));
+    assert_eq!(u(&p["samples"]), bad + good, "{p}");
+    assert_eq!(u(&p["unwind_errors"]), bad, "{p}");
+    let f = functions(p);
+    assert!(f.iter().any(|x| x.starts_with("ERROR")), "{f:?}");
+    assert!(f.iter().any(|x| x == "good_request"), "{f:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
