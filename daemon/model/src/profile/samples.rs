@@ -31,7 +31,7 @@ pub struct StackSample {
     pub biased: bool,
     /// Why the walk stopped early (the stack then ends in an `ERROR`
     /// frame); written as the `PerfSample`'s `unwind_error`.
-    pub unwind_error: Option<crate::messages::StackUnwindError>,
+    pub unwind_error: Option<heapprofd_proto::perfetto::profiling::StackUnwindError>,
 }
 
 /// Per (event, thread) totals.
