@@ -34,6 +34,10 @@
 //!   unwind fails, and each sample is still in the trace, its
 //!   `PerfSample.unwind_error` set (counted by `report --cpu`), its stack
 //!   ending in an `ERROR` frame.
+//! * `exit_losses.c`: a thread loses samples after its last one, at exit
+//!   (requests from a heap's disabled callback, which runs inside the
+//!   client's destructor): the client sends them at exit, so the thread's
+//!   losses in the trace are exactly those.
 //! * `spinner.c`: a target that burns CPU without ever allocating, alone
 //!   or beside a blocked thread; `record --pid --cpu-time` samples it
 //!   whether the client is injected with ptrace (single-threaded: the
@@ -71,6 +75,7 @@ fn programs() -> &'static PathBuf {
             "short_threads",
             "spinner",
             "bad_walks",
+            "exit_losses",
         ] {
             compile(&[
                 "gcc",
@@ -467,5 +472,36 @@ fn samples_whose_walk_fails_are_written_with_the_reason() {
     let f = functions(p);
     assert!(f.iter().any(|x| x.starts_with("ERROR")), "{f:?}");
     assert!(f.iter().any(|x| x == "good_request"), "{f:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn losses_after_a_threads_last_sample_are_sent_at_exit() {
+    let dir = scratch_dir("exit-losses");
+    let trace = dir.join("exit.pftrace");
+    let prog = programs().join("exit_losses");
+    let out = record(
+        &[
+            "--no-service",
+            "--heaps",
+            "libc.malloc,exitpool",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "5"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    assert!(out.stdout.contains("recorded 5"), "{}", out.stdout);
+    assert!(out.stdout.contains("at_exit 3 lost 3"), "{}", out.stdout);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "exit-losses")
+        .unwrap_or_else(|| panic!("no exit-losses samples: {profiles:?}"));
+    let threads = p["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "{p}");
+    assert_eq!(u(&threads[0]["samples"]), 5, "{p}");
+    assert_eq!(u(&threads[0]["lost_dropped"]), 3, "{p}");
     let _ = std::fs::remove_dir_all(&dir);
 }
