@@ -22,6 +22,7 @@ use core::ffi::{c_int, c_void};
 use crate::elfdyn;
 
 /// `RTLD_DL_LINKMAP` (`<dlfcn.h>`): `dladdr1` returns the `link_map`.
+#[cfg(target_env = "gnu")]
 const RTLD_DL_LINKMAP: c_int = 2;
 
 /// Whether glibc's `dlopen(name)` called from the client loads what it
@@ -39,6 +40,7 @@ pub(crate) fn caller_independent(name: &[u8], caller: usize) -> bool {
 
 /// Whether the object holding `caller` (the main program if none does) is
 /// in the base namespace.
+#[cfg(target_env = "gnu")]
 fn in_base_namespace(caller: usize) -> bool {
     // SAFETY: zeroed Dl_info is a valid out-parameter.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
@@ -66,6 +68,13 @@ fn in_base_namespace(caller: usize) -> bool {
         )
     };
     rc == 0 && lmid == libc::LM_ID_BASE
+}
+
+/// Other libcs (bionic: this front-end is only type-checked there) have
+/// other rules: never call `dlopen` for the caller.
+#[cfg(not(target_env = "gnu"))]
+fn in_base_namespace(_caller: usize) -> bool {
+    false
 }
 
 /// What the search of a name from `caller` depends on.
