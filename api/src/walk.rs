@@ -148,9 +148,11 @@ static WALK: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
 /// Looks the client up and has it build its unwind tables from the
 /// objects loaded now and the process's perf map
 /// (`heapprofd_walk_prepare`). Not from a signal
-/// handler. Call again after every `dlopen` (a preloaded client does not
-/// see it; `dlclose` updates the tables by itself). False without the
-/// client.
+/// handler. `dlopen` and `dlclose` update the tables by themselves
+/// afterwards, except a `dlopen` of a bare name whose search depends on
+/// its caller (the calling object has a `DT_RUNPATH`, or an object other
+/// than the program a `DT_RPATH`): call again after one. False without
+/// the client.
 pub fn prepare() -> bool {
     // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names.
     let (p, w) = unsafe {

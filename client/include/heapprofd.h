@@ -299,10 +299,13 @@ static inline int heapprofd_request_stack(const void *ucontext, uint64_t tag) {
  *   Looks the client up (dlsym) and builds its unwind tables from the
  *   objects loaded now: every loaded object's .eh_frame_hdr/.eh_frame, read
  *   in place, and the JIT ranges of /tmp/perf-PID.map if it exists. Call it once, outside any signal handler, before walking
- *   (also from handlers), and again after every dlopen: a preloaded
- *   client does not see dlopen, so until then a pc in the new objects
- *   fails with NO_UNWIND_INFO (every dlclose updates the tables by
- *   itself, before and after the object goes). Returns 0, or
+ *   (also from handlers). Afterwards every dlclose (before and after the
+ *   object goes) and every dlopen update the tables by themselves,
+ *   except a dlopen of a name without '/' whose search depends on its
+ *   caller (the calling object has a DT_RUNPATH, or an object other than
+ *   the program has a DT_RPATH): call it again after such a dlopen, or a
+ *   pc in the new objects fails with NO_UNWIND_INFO; JIT code added to
+ *   the perf map later also needs a call. Returns 0, or
  *   HEAPPROFD_WALK_UNAVAILABLE (-1) without the client.
  *
  * int heapprofd_walk_stack(const void *ucontext,

@@ -31,7 +31,10 @@
 //!   a bare-name `dlopen` (a tail jump to glibc's) are only patched at the
 //!   next wrapped `dlopen`; if the daemon dies, the next sample finds the
 //!   socket closed and the hooks go back to pass-through (the GOT entries
-//!   then stay redirected to them).
+//!   then stay redirected to them). CPU timers and perf events are armed
+//!   here for the thread (the only one) and disarmed at the detach;
+//!   threads the program starts later are not sampled (no watcher scans
+//!   for them, and `pthread_create` is not patched).
 //!
 //! The result codes are part of the daemon/client contract (the daemon turns
 //! each into an error message): see [`AttachStatus`].
@@ -42,7 +45,7 @@ use heapprofd_client_core::session::{self, Session};
 use heapprofd_client_core::socket_path::SocketPath;
 use heapprofd_client_core::state::{CONNECTING, IDLE, PENDING, STATE};
 use heapprofd_client_core::tls::Guard;
-use heapprofd_client_core::{activation, connect, trigger, watcher};
+use heapprofd_client_core::{activation, connect, cputimer, trigger, watcher};
 use heapprofd_proto::attach::{AttachStatus, FLAG_SYNC};
 use heapprofd_proto::wire::Handshake;
 
@@ -106,6 +109,12 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     match connect::connect(&path, Handshake::FLAG_FROM_SIGNAL) {
         Some(s) => {
             SYNC_SESSION.store(s as *const Session as *mut Session, Ordering::SeqCst);
+            // CPU time or perf events: arm the process's thread (this one)
+            // now, as a watcher would; disarmed at the detach.
+            let (event, period) = s.perf_event();
+            if let Some(plan) = cputimer::Plan::of(s.cpu_period_ns(), event, period) {
+                cputimer::scan(&plan, 0);
+            }
             AttachStatus::Ok.code()
         }
         None => {
@@ -129,6 +138,7 @@ pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
     let p = SYNC_SESSION.swap(core::ptr::null_mut(), Ordering::SeqCst);
     // SAFETY: sessions are never freed.
     if let Some(s) = unsafe { p.as_ref() } {
+        cputimer::disarm_all();
         s.teardown(None);
         heapprofd_client_core::heaps::session_ended(s.mode_word());
         session::release(s);

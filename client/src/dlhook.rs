@@ -1,25 +1,34 @@
-//! The `dlopen` hook of a patched process: objects loaded later get patched.
+//! The `dlopen` hook: objects a call loads get patched (a patched,
+//! attached client) and the in-process walk's tables get them
+//! (`walktables`, once the program prepared the walk API).
 //!
-//! glibc's `dlopen` looks at its return address to find the calling object
-//! (its namespace, `RUNPATH` and `$ORIGIN`), so a wrapper that calls it
-//! would change what gets loaded. The hook is a few instructions of
-//! assembly: it asks [`dlopen_decide`] whether the file name needs no search
-//! and no substitution (it has a `/` and no `$`); then the result does not
-//! depend on the caller and the call goes to [`dlopen_wrapped`], which calls
-//! glibc's `dlopen` and patches the new objects right away. Every other call
-//! is a tail jump to glibc's `dlopen`, which then sees the caller's own
-//! return address; it sets `newobjects::NEW_OBJECTS`, and the next sampled
-//! allocation (or the watcher's poll of `dlpi_adds`) patches those objects.
+//! Reached through patched GOT slots (an attached client, or a preloaded
+//! one that does not interpose) and, exported, through interposition (a
+//! preloaded client). glibc's `dlopen` looks at its return address to find
+//! the calling object (its namespace, `RUNPATH` and `$ORIGIN`), so a
+//! wrapper that calls it could change what gets loaded. The hook is a few
+//! instructions of assembly: it asks [`dlopen_decide`], with the caller's
+//! return address, whether the call needs handling and loads the same
+//! object from here (`dlcaller`: a path in the caller's namespace, or a
+//! bare name whose search does not depend on the caller); then the call
+//! goes to [`dlopen_wrapped`], which calls glibc's `dlopen` and, once it
+//! returns, patches the new objects and rebuilds the walk's tables. Every
+//! other call is a tail jump to glibc's `dlopen`, which then sees the
+//! caller's own return address: a preloaded client whose program never
+//! prepared the walk API leaves every call to glibc that way; a patched
+//! one sets `newobjects::NEW_OBJECTS`, and the next sampled allocation
+//! (or the watcher's poll of `dlpi_adds`) patches those objects.
 //!
 //! glibc's `dlopen` (libc's since glibc 2.34, libdl's before) is the
 //! original of the hook's record, [`DLOPEN`]: the assembly jumps through
-//! that field.
+//! that field, which [`dlopen_decide`] resolves first.
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::sync::atomic::Ordering;
 
 use crate::hook::{Hook, Kind};
 use crate::newobjects::{NEW_OBJECTS, after_dlopen};
+use crate::{dlcaller, interpose, originals};
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe extern "C" {
@@ -37,16 +46,19 @@ pub(crate) static DLOPEN: Hook = Hook::new(
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(crate) static DLOPEN: Hook = Hook::new(c"dlopen", core::ptr::null(), Kind::Loader);
 
-/// Whether the hook should wrap this call (1) or tail-jump to glibc (0):
-/// only names that need no search and no substitution, while patched.
-extern "C" fn dlopen_decide(file: *const c_char) -> u32 {
-    if file.is_null() || DLOPEN.original.load(Ordering::Relaxed) == 0 {
-        return 0;
+/// Whether the hook should wrap this call (1) or tail-jump to glibc (0),
+/// `caller` being the hook's return address. Resolves glibc's `dlopen`
+/// first (the tail jump goes through the record).
+extern "C" fn dlopen_decide(file: *const c_char, caller: usize) -> u32 {
+    let _ = originals::target(&DLOPEN);
+    if file.is_null() {
+        return 0; // the program's own handle: nothing loaded
     }
     // SAFETY: dlopen's argument is a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(file) }.to_bytes();
-    let wrap = name.contains(&b'/') && !name.contains(&b'$');
-    if !wrap {
+    let patched = !interpose::interposing();
+    let wrap = wraps(name, caller, patched, crate::walktables::prepared());
+    if !wrap && patched {
         // Glibc's dlopen runs on its own: the objects it adds are patched
         // by the next sampled allocation (or the watcher's poll).
         NEW_OBJECTS.store(true, Ordering::Relaxed);
@@ -54,19 +66,29 @@ extern "C" fn dlopen_decide(file: *const c_char) -> u32 {
     u32::from(wrap)
 }
 
+/// The decision: interposing (`patched` false), the hook is reached by
+/// every `dlopen` of the program, and only one that prepared the walk API
+/// needs anything done; and only a call that loads the same from here.
+fn wraps(name: &[u8], caller: usize, patched: bool, prepared: bool) -> bool {
+    (patched || prepared) && dlcaller::caller_independent(name, caller)
+}
+
 type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
 
-/// A wrapped `dlopen`: glibc's, then the new objects are patched.
+/// A wrapped `dlopen`: glibc's, then the new objects are patched (if the
+/// client patches) and the walk's tables rebuilt (if prepared).
 extern "C" fn dlopen_wrapped(file: *const c_char, mode: c_int) -> *mut c_void {
     let real = DLOPEN.original();
     if real == 0 {
         return core::ptr::null_mut();
     }
-    // SAFETY: the original is glibc's dlopen (set from dlsym), called with
-    // the caller's arguments.
+    // SAFETY: the original is glibc's dlopen (resolved by the decision),
+    // called with the caller's arguments.
     let h = unsafe { core::mem::transmute::<usize, DlopenFn>(real)(file, mode) };
     if !h.is_null() {
-        after_dlopen();
+        if !interpose::interposing() {
+            after_dlopen();
+        }
         crate::walktables::refresh_if_prepared();
     }
     h
@@ -79,6 +101,7 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_dlopen_hook",
     ".hidden heapprofd_rs_dlopen_hook",
     ".type heapprofd_rs_dlopen_hook, @function",
+    export!("dlopen"),
     "heapprofd_rs_dlopen_hook:",
     ".cfi_startproc",
     "push rdi",
@@ -87,6 +110,7 @@ core::arch::global_asm!(
     ".cfi_adjust_cfa_offset 8",
     "sub rsp, 8",
     ".cfi_adjust_cfa_offset 8",
+    "mov rsi, qword ptr [rsp + 24]", // the caller's return address
     "call {decide}",
     "add rsp, 8",
     ".cfi_adjust_cfa_offset -8",
@@ -117,6 +141,7 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_dlopen_hook",
     ".hidden heapprofd_rs_dlopen_hook",
     ".type heapprofd_rs_dlopen_hook, %function",
+    export!("dlopen"),
     "heapprofd_rs_dlopen_hook:",
     ".cfi_startproc",
     "stp x29, x30, [sp, #-32]!",
@@ -125,6 +150,7 @@ core::arch::global_asm!(
     ".cfi_offset x30, -24",
     "mov x29, sp",
     "stp x0, x1, [sp, #16]",
+    "mov x1, x30", // the caller's return address
     "bl {decide}",
     "mov w9, w0",
     "ldp x0, x1, [sp, #16]",
@@ -150,7 +176,7 @@ core::arch::global_asm!(
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const _: (
-    extern "C" fn(*const c_char) -> u32,
+    extern "C" fn(*const c_char, usize) -> u32,
     extern "C" fn(*const c_char, c_int) -> *mut c_void,
 ) = (dlopen_decide, dlopen_wrapped);
 
@@ -159,14 +185,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decide_wraps_only_plain_paths() {
-        DLOPEN.original.store(1, Ordering::SeqCst);
-        assert_eq!(dlopen_decide(c"/usr/lib/libx.so".as_ptr()), 1);
-        assert_eq!(dlopen_decide(c"./libx.so".as_ptr()), 1);
-        assert_eq!(dlopen_decide(c"libx.so".as_ptr()), 0);
-        assert_eq!(dlopen_decide(c"$ORIGIN/libx.so".as_ptr()), 0);
-        assert_eq!(dlopen_decide(core::ptr::null()), 0);
-        DLOPEN.original.store(0, Ordering::SeqCst);
-        assert_eq!(dlopen_decide(c"/usr/lib/libx.so".as_ptr()), 0);
+    fn wraps_what_loads_the_same_from_here_when_needed() {
+        let here = wraps as *const () as usize;
+        for (patched, prepared) in [(true, false), (false, true), (true, true)] {
+            assert!(wraps(b"/usr/lib/libx.so", here, patched, prepared));
+            assert!(wraps(b"./libx.so", here, patched, prepared));
+            assert!(!wraps(b"$ORIGIN/libx.so", here, patched, prepared));
+        }
+        // Interposing, unprepared: every call goes to glibc untouched.
+        assert!(!wraps(b"/usr/lib/libx.so", here, false, false));
+    }
+
+    #[test]
+    fn decide_resolves_the_original_first() {
+        let here = wraps as *const () as usize;
+        assert_eq!(dlopen_decide(core::ptr::null(), here), 0);
+        assert_ne!(DLOPEN.original(), 0);
     }
 }

@@ -1,5 +1,5 @@
-//! Reading the dynamic sections of loaded objects (for `got` and
-//! `dynsym`).
+//! Reading the dynamic sections of loaded objects (for `got`, `dynsym`
+//! and `dlcaller`).
 //!
 //! Everything here reads the structures the dynamic loader itself used for
 //! an object that `dl_iterate_phdr` reports, while the loader's lock keeps
@@ -52,6 +52,11 @@ pub(crate) struct Dynamic {
     pub(crate) hash: usize,
     /// `DT_VERSYM` (0 = the object has no symbol versions).
     pub(crate) versym: usize,
+    /// Whether the object has a `DT_RPATH` (its search path for the
+    /// objects it and those it loaded `dlopen` by name).
+    pub(crate) rpath: bool,
+    /// Whether the object has a `DT_RUNPATH`.
+    pub(crate) runpath: bool,
 }
 
 /// # Safety
@@ -100,6 +105,8 @@ pub(crate) unsafe fn read_dynamic(info: &libc::dl_phdr_info) -> Option<Dynamic> 
             0x6fff_fef5 => d.gnu_hash = fix(v),      // DT_GNU_HASH
             4 => d.hash = fix(v),                    // DT_HASH
             0x6fff_fff0 => d.versym = fix(v),        // DT_VERSYM
+            15 => d.rpath = true,                    // DT_RPATH
+            29 => d.runpath = true,                  // DT_RUNPATH
             _ => {}
         }
         // SAFETY: still within the dynamic section (DT_NULL not reached).

@@ -141,10 +141,12 @@ fn accepts(name: &core::ffi::CStr) -> bool {
 static DESTRUCTOR: extern "C" fn() = destructor;
 
 /// At exit (after the program's own destructors, which may still report
-/// frees): the heaps of the running session are disabled.
+/// frees): the heaps of the running session are disabled, then the
+/// samples threads lost since their last sample are sent.
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn destructor() {
     heaps::at_exit();
+    heapprofd_client_core::stacksample::send_losses_at_exit();
 }
 
 #[cfg(test)]

@@ -39,8 +39,7 @@ pub(crate) enum Kind {
     /// Forwarded, never recorded, never patched (`malloc_usable_size`, the
     /// exec family).
     Forward,
-    /// `dlopen` (objects it loads get patched too; never exported) and
-    /// `dlclose` (exported): patched, never recorded.
+    /// `dlopen` and `dlclose` (both exported): patched, never recorded.
     Loader,
 }
 

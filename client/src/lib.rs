@@ -36,7 +36,9 @@
 //! passes, and the allocator's own slots), `protections` (page
 //! protections, the store into a RELRO slot),
 //! `elfdyn` (reading loaded objects' dynamic sections), `newobjects` and
-//! `dlhook` (objects loaded later, the `dlopen` hook); `dlclosehook`
+//! `dlhook` (objects loaded later, the `dlopen` hook, exported too: it
+//! also rebuilds the walk's tables; `dlcaller` says which calls it may
+//! make itself); `dlclosehook`
 //! (objects unloaded: the daemon catches up first). `attach` has the
 //! entry points the daemon calls in a running process. `heapapi` exports
 //! the custom allocator API (Perfetto's `AHeapInfo_*` / `AHeapProfile_*`)
@@ -55,6 +57,7 @@ mod attach;
 mod build_tag;
 mod contextapi;
 mod cxxhooks;
+mod dlcaller;
 mod dlclosehook;
 mod dlhook;
 mod dynsym;

@@ -5,9 +5,9 @@
 //!
 //! Built outside signal handlers only: when the program prepares the API
 //! (`heapprofd_walk_prepare`, which the header and the Rust crate call
-//! before any walk, and again after a `dlopen`), after a `dlopen` of a
-//! path through the `dlopen` hook (`dlhook`: only a patched client's, a
-//! preloaded one does not interpose `dlopen`) and around every `dlclose`
+//! before any walk), after a `dlopen` the `dlopen` hook makes itself
+//! (`dlhook`, exported and patched; `dlcaller` says which: the others the
+//! program follows with another prepare) and around every `dlclose`
 //! (`dlclosehook`). Building allocates through the library's own
 //! allocator with the reentrancy guard held; a walk only reads.
 //!

@@ -105,7 +105,8 @@ fn socket_env(r: &Receiver) -> String {
 /// The malloc family, every C++ `operator new`/`delete` (the allocator's
 /// own are recorded, libstdc++'s forwarded) and the exec family with
 /// `posix_spawn`, `system`, `popen` (children keep the profiler),
-/// `dlclose` (samples unwound before an object goes), the custom heap,
+/// `dlclose` (samples unwound before an object goes), `dlopen` (the walk's
+/// tables take in what it loads), the custom heap,
 /// user context and in-process walk APIs, nothing else.
 #[test]
 fn exports_exactly_the_hooks() {
@@ -170,6 +171,7 @@ fn exports_exactly_the_hooks() {
         "system",
         "popen",
         "dlclose",
+        "dlopen",
         "AHeapInfo_create",
         "AHeapInfo_setEnabledCallback",
         "AHeapInfo_setDisabledCallback",

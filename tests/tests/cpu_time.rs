@@ -30,6 +30,21 @@
 //!   `touch_pages`; `record --event page-faults --period 10` counts them
 //!   (samples times the period) and puts them there.
 //!
+//! * `bad_walks.c`: stack requests whose context has pc 0x40: the remote
+//!   unwind fails, and each sample is still in the trace, its
+//!   `PerfSample.unwind_error` set (counted by `report --cpu`), its stack
+//!   ending in an `ERROR` frame.
+//! * `exit_losses.c`: a thread loses samples after its last one, at exit
+//!   (requests from a heap's disabled callback, which runs inside the
+//!   client's destructor): the client sends them at exit, so the thread's
+//!   losses in the trace are exactly those.
+//! * `spinner.c`: a target that burns CPU without ever allocating, alone
+//!   or beside a blocked thread; `record --pid --cpu-time` samples it
+//!   whether the client is injected with ptrace (single-threaded: the
+//!   synchronous attach arms the thread itself; threaded: the watcher) or
+//!   preloaded and dormant (a CPU profile activates it through ptrace, not
+//!   the signal, which would wait for an allocation that never comes).
+//!
 //! No timed assertion: shares and totals are of CPU time, which the
 //! machine's load does not change.
 
@@ -37,6 +52,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use heapprofd_tests::attach_harness::{Target, attach};
 use heapprofd_tests::client_harness::{compile, workspace_root};
 use heapprofd_tests::record_harness::{check_trace, heapprofd_ok, record, scratch_dir};
 use serde_json::Value;
@@ -57,6 +73,9 @@ fn programs() -> &'static PathBuf {
             "jep509",
             "page_faults",
             "short_threads",
+            "spinner",
+            "bad_walks",
+            "exit_losses",
         ] {
             compile(&[
                 "gcc",
@@ -372,4 +391,117 @@ fn threads_shorter_than_a_scan_are_sampled_whole() {
     // (A thread whose CPU all falls between two ticks of a loaded machine
     // may get no signal: most must have samples.)
     assert!(threads >= 15, "{threads} threads sampled of 20");
+}
+
+#[test]
+fn attached_targets_that_never_allocate_get_cpu_samples() {
+    let dir = scratch_dir("cpu-attach");
+    let so = heapprofd_tests::record_harness::release_bins()
+        .client_so
+        .clone();
+    for (threads, preloaded) in [("1", false), ("2", false), ("1", true)] {
+        let mut c = std::process::Command::new(programs().join("spinner"));
+        c.arg(threads);
+        if preloaded {
+            c.env("LD_PRELOAD", &so);
+        }
+        let t = Target::start(c);
+        let trace = dir.join(format!("spin-{threads}-{preloaded}.pftrace"));
+        let args = [
+            "--cpu-time",
+            "5ms",
+            "--no-heap",
+            "-d",
+            "1s",
+            "-o",
+            &s(&trace),
+        ];
+        let out = attach(t.pid, &args);
+        let what = format!("threads {threads}, preloaded {preloaded}");
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{what}: record --pid failed:\n{}",
+            out.stderr
+        );
+        let profiles = cpu_report(&trace);
+        let p = profiles
+            .iter()
+            .find(|p| p["event"] == "cpu-time")
+            .unwrap_or_else(|| panic!("{what}: no CPU samples:\n{}", out.stderr));
+        assert!(u(&p["samples"]) > 0, "{what}: {p}");
+        let f = functions(p);
+        assert!(
+            f.iter().any(|x| x == "spin"),
+            "{what}: spin missing from {f:?}"
+        );
+        drop(t);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn samples_whose_walk_fails_are_written_with_the_reason() {
+    let dir = scratch_dir("bad-walks");
+    let trace = dir.join("bad.pftrace");
+    let prog = programs().join("bad_walks");
+    let out = record(
+        &["--no-service", "-o", &s(&trace)],
+        &[&s(&prog), "10"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let w: Vec<u64> = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("bad "))
+        .unwrap_or_else(|| panic!("no result line in {}", out.stdout))
+        .split(" good ")
+        .map(|n| n.trim().parse().unwrap())
+        .collect();
+    let (bad, good) = (w[0], w[1]);
+    assert_eq!(bad, 10, "{}", out.stdout);
+    check_trace(&trace);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "bad-walks")
+        .unwrap_or_else(|| panic!("no bad-walks samples: {profiles:?}"));
+    assert_eq!(u(&p["samples"]), bad + good, "{p}");
+    assert_eq!(u(&p["unwind_errors"]), bad, "{p}");
+    let f = functions(p);
+    assert!(f.iter().any(|x| x.starts_with("ERROR")), "{f:?}");
+    assert!(f.iter().any(|x| x == "good_request"), "{f:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn losses_after_a_threads_last_sample_are_sent_at_exit() {
+    let dir = scratch_dir("exit-losses");
+    let trace = dir.join("exit.pftrace");
+    let prog = programs().join("exit_losses");
+    let out = record(
+        &[
+            "--no-service",
+            "--heaps",
+            "libc.malloc,exitpool",
+            "-o",
+            &s(&trace),
+        ],
+        &[&s(&prog), "5"],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    assert!(out.stdout.contains("recorded 5"), "{}", out.stdout);
+    assert!(out.stdout.contains("at_exit 3 lost 3"), "{}", out.stdout);
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "exit-losses")
+        .unwrap_or_else(|| panic!("no exit-losses samples: {profiles:?}"));
+    let threads = p["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "{p}");
+    assert_eq!(u(&threads[0]["samples"]), 5, "{p}");
+    assert_eq!(u(&threads[0]["lost_dropped"]), 3, "{p}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,6 +12,12 @@
 //!   interrupt the allocator itself, glibc's and the client's hooks), on
 //!   the main thread and on a thread of its own; every walk starts at the
 //!   interrupted pc (unbiased) and reaches the root, none crashes or hangs.
+//! - A library `dlopen`ed after `heapprofd_walk_prepare` (by path, or by
+//!   a bare name found through `LD_LIBRARY_PATH` or the program's
+//!   `DT_RPATH`) is walked through without preparing again: the exported
+//!   `dlopen` hook rebuilt the tables. A bare name only the caller's
+//!   `DT_RUNPATH` finds still loads (the hook left the call to glibc) and
+//!   needs the documented second prepare.
 //! - Walks interrupting the table updates of a `dlopen`/`dlclose` loop on
 //!   the same thread end, or fail with NO_UNWIND_INFO in code of the
 //!   library being loaded or unloaded; none crashes.
@@ -75,6 +81,28 @@ fn programs() -> &'static Path {
             &rpath,
         ]);
         compile(&x);
+        let (dlib, dlib_src) = (o("libdlwalk.so"), s("dlwalklib.c"));
+        let mut d = vec!["gcc"];
+        d.extend(flags);
+        d.extend(["-shared", "-fPIC", "-o", &dlib, &dlib_src]);
+        compile(&d);
+        // dlwalk without a search path of its own, with DT_RUNPATH and
+        // with DT_RPATH naming the directory.
+        let dlwalk_src = s("dlwalk.c");
+        let runpath = format!("-Wl,--enable-new-dtags,-rpath,{}", dir.display());
+        let rpath_old = format!("-Wl,--disable-new-dtags,-rpath,{}", dir.display());
+        for (name, extra) in [
+            ("dlwalk", None),
+            ("dlwalk_runpath", Some(&runpath)),
+            ("dlwalk_rpath", Some(&rpath_old)),
+        ] {
+            let out = o(name);
+            let mut c = vec!["gcc"];
+            c.extend(flags);
+            c.extend(["-rdynamic", &inc, "-o", &out, &dlwalk_src, "-ldl"]);
+            c.extend(extra.map(String::as_str));
+            compile(&c);
+        }
         dir
     })
 }
@@ -374,4 +402,70 @@ fn without_the_client_the_header_is_a_no_op() {
     let out = run(cmd, TIMEOUT);
     assert_eq!(out.code, Some(0));
     assert_eq!(out.stdout.trim(), "PREPARE -1 WALK -1 CALLED 0");
+}
+
+/// dlwalk's FRAME lines: (type, symbol), and the last line.
+fn dlwalk(exe: &str, args: &[&str], lib_path: bool) -> (Vec<(u32, String)>, String) {
+    let mut cmd = Command::new(programs().join(exe));
+    cmd.args(args).env("LD_PRELOAD", client_so());
+    if lib_path {
+        cmd.env("LD_LIBRARY_PATH", programs());
+    }
+    let out = run(cmd, TIMEOUT);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "{exe} {args:?}:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let mut f = Vec::new();
+    let mut last = String::new();
+    for l in out.stdout.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.as_slice() {
+            ["FRAME", t, _, name] => f.push((t.parse().unwrap(), name.to_string())),
+            ["END"] | ["FAIL", _] => last = l.to_string(),
+            _ => {}
+        }
+    }
+    (f, last)
+}
+
+#[test]
+fn a_library_dlopened_after_prepare_is_walked_without_preparing_again() {
+    let lib = programs().join("libdlwalk.so");
+    let lib = lib.to_string_lossy();
+    for (exe, name, lib_path) in [
+        ("dlwalk", &*lib, false),
+        ("dlwalk", "libdlwalk.so", true),
+        ("dlwalk_rpath", "libdlwalk.so", false),
+    ] {
+        let (frames, last) = dlwalk(exe, &[name], lib_path);
+        assert_eq!(last, "END", "{exe} {name}: {frames:?}");
+        let names: Vec<&str> = frames.iter().take(4).map(|f| f.1.as_str()).collect();
+        assert_eq!(
+            names,
+            ["walk_here", "dlwalk_inner", "dlwalk_outer", "main"],
+            "{exe} {name}: {frames:?}"
+        );
+        assert!(frames.iter().all(|f| f.0 == 1), "{exe} {name}: {frames:?}");
+    }
+}
+
+#[test]
+fn a_bare_name_only_the_callers_runpath_finds_still_loads() {
+    // The hook cannot make this call itself (the client has no
+    // DT_RUNPATH): glibc's dlopen runs as the caller's, the library loads
+    // (exit 0), and its frames need a second prepare.
+    let (frames, last) = dlwalk("dlwalk_runpath", &["libdlwalk.so"], false);
+    assert_eq!(last, "FAIL 1", "{frames:?}");
+    assert_eq!(
+        frames.get(1),
+        Some(&(0, "dlwalk_inner".to_string())),
+        "{frames:?}"
+    );
+    let (frames, last) = dlwalk("dlwalk_runpath", &["libdlwalk.so", "reprepare"], false);
+    assert_eq!(last, "END", "{frames:?}");
+    assert_eq!(frames.get(2).map(|f| f.1.as_str()), Some("dlwalk_outer"));
 }

@@ -34,7 +34,7 @@ use heapprofd_shmem::WriteMode;
 
 use crate::session::{self, Session};
 use crate::state::mode;
-use crate::threadslots::{count_lost, take_lost};
+use crate::threadslots::{GONE, TABLE, count_lost, take_lost};
 use crate::tls::{Guard, STACK_KNOWN, ThreadState};
 use crate::{capture, errno, events};
 
@@ -81,7 +81,7 @@ fn record(ucontext: *const c_void, kind: SampleKind) -> i32 {
         // the thread's block); the tid costs a system call here.
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-        count_lost(tid, 0, 1 + kind.lost_overrun);
+        count_lost(tid, kind.tag, 0, 1 + kind.lost_overrun);
         return REENTERED;
     };
     let st = g.thread();
@@ -108,7 +108,7 @@ fn write_sample(
     if kind.tag != heapprofd_proto::wire::TAG_CPU_TIME
         && !events::ensure_sent(kind.tag, s.mode_word(), |rec| s.write_small_dropping(rec))
     {
-        count_lost(tid, 0, 1 + kind.lost_overrun);
+        count_lost(tid, kind.tag, 0, 1 + kind.lost_overrun);
         return DROPPED;
     }
     let mut regs = [0u64; MAX_REGS];
@@ -168,7 +168,7 @@ fn write_sample(
         .begin_write(StackSampleHeader::ENCODED_LEN + stack_len, WriteMode::Drop)
     else {
         let lost = lost_dropped.saturating_add(1 + kind.lost_overrun);
-        count_lost(tid, lost_overrun, lost);
+        count_lost(tid, kind.tag, lost_overrun, lost);
         return DROPPED;
     };
     r.write_at(0, &fixed);
@@ -188,9 +188,29 @@ fn write_sample(
     RECORDED
 }
 
+/// The process exits (the library's destructor, after the program's own
+/// destructors): the losses of every thread still counted, which no
+/// later sample of it will carry, go out on their own under the event of
+/// each thread's last lost sample. Allocation-free.
+pub fn send_losses_at_exit() {
+    for s in TABLE.iter() {
+        let tid = s.tid.load(Ordering::Acquire);
+        if tid == 0 || tid == GONE {
+            continue;
+        }
+        let (o, d) = (
+            s.lost_overrun.swap(0, Ordering::Relaxed),
+            s.lost_dropped.swap(0, Ordering::Relaxed),
+        );
+        if o != 0 || d != 0 {
+            send_losses(tid, s.loss_tag.load(Ordering::Relaxed), o, d);
+        }
+    }
+}
+
 /// Sends the losses `tid` counted and no sample carried (the thread
-/// exited), as a record flagged `FLAG_LOSSES_ONLY` of event `tag`. For
-/// the watcher (not a handler); false if nothing could be written.
+/// exited, or the process exits), as a record flagged `FLAG_LOSSES_ONLY`
+/// of event `tag`. Not from a handler; false if nothing could be written.
 pub fn send_losses(tid: u32, tag: u64, lost_overrun: u32, lost_dropped: u32) -> bool {
     let mode_word = mode().load(Ordering::Acquire);
     if mode_word < 2 || mode_word & 1 != 0 {

@@ -25,6 +25,9 @@ pub(crate) struct Slot {
     pub seen: AtomicU64,
     pub lost_overrun: AtomicU32,
     pub lost_dropped: AtomicU32,
+    /// The event of the thread's last lost sample (its losses go out
+    /// under it when no sample carries them: at exit).
+    pub loss_tag: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -37,6 +40,7 @@ const EMPTY: Slot = Slot {
     seen: AtomicU64::new(0),
     lost_overrun: AtomicU32::new(0),
     lost_dropped: AtomicU32::new(0),
+    loss_tag: AtomicU64::new(0),
 };
 pub(crate) static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 /// Losses of threads that found no slot (table full).
@@ -50,6 +54,7 @@ impl Slot {
         self.perf_fd.store(-1, Ordering::Relaxed);
         self.lost_overrun.store(0, Ordering::Relaxed);
         self.lost_dropped.store(0, Ordering::Relaxed);
+        self.loss_tag.store(0, Ordering::Relaxed);
         self.seen.store(0, Ordering::Relaxed);
         self.tid.store(0, Ordering::Release);
     }
@@ -86,10 +91,12 @@ pub(crate) fn slot_of(tid: u32, insert: bool) -> Option<(usize, &'static Slot)> 
     None
 }
 
-/// Counts samples `tid` lost (sent with its next sample).
-pub(crate) fn count_lost(tid: u32, overrun: u32, dropped: u32) {
+/// Counts samples of event `tag` that `tid` lost (sent with its next
+/// sample).
+pub(crate) fn count_lost(tid: u32, tag: u64, overrun: u32, dropped: u32) {
     match slot_of(tid, true) {
         Some((_, s)) => {
+            s.loss_tag.store(tag, Ordering::Relaxed);
             s.lost_overrun.fetch_add(overrun, Ordering::Relaxed);
             s.lost_dropped.fetch_add(dropped, Ordering::Relaxed);
         }
@@ -126,9 +133,17 @@ mod tests {
 
     #[test]
     fn losses_are_kept_per_thread_and_taken_once() {
-        count_lost(4242, 2, 1);
-        count_lost(4242, 1, 0);
-        count_lost(4343, 0, 5);
+        count_lost(4242, 0, 2, 1);
+        count_lost(4242, 0, 1, 0);
+        count_lost(4343, 7, 0, 5);
+        assert_eq!(
+            slot_of(4343, false)
+                .unwrap()
+                .1
+                .loss_tag
+                .load(Ordering::Relaxed),
+            7
+        );
         assert_eq!(take_lost(4242), (3, 1));
         assert_eq!(take_lost(4242), (0, 0));
         assert_eq!(take_lost(4343), (0, 5));

@@ -304,6 +304,7 @@ impl Bookkeeping {
                     biased,
                     lost_overrun,
                     lost_dropped,
+                    unwind_error,
                 } => {
                     let callsite = match stacks.get(stack as usize) {
                         Some(&Some(c)) => c,
@@ -317,6 +318,7 @@ impl Bookkeeping {
                         period,
                         callsite,
                         biased,
+                        unwind_error,
                     };
                     let (o, d) = (u64::from(lost_overrun), u64::from(lost_dropped));
                     self.profile.stack_sample(pid, sample, o, d);

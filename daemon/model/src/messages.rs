@@ -13,6 +13,7 @@ pub use heapprofd_proto::wire::Unprofilable;
 
 use crate::profile::{ClientError, FrameId, ProcessIdentity, UnwindHistogram};
 use crate::trace::ProcessMemory;
+pub use heapprofd_proto::perfetto::profiling::StackUnwindError;
 
 /// Identifies one client connection for its whole life (pids can be
 /// reused, and a process that calls exec connects again with the same pid).
@@ -95,6 +96,9 @@ pub enum Op {
         /// Samples (CPU: expirations) the thread lost in the client just
         /// before.
         lost_dropped: u32,
+        /// Why the stack could not be walked to its end (its last frame
+        /// is then an `ERROR` frame), as Perfetto's `PerfSample` says it.
+        unwind_error: Option<StackUnwindError>,
     },
     /// Losses of a thread that no sample carried (it exited).
     SampleLosses {

@@ -1,8 +1,9 @@
 //! Stack samples through the trace: written as `PerfSample` packets (with
 //! the named event's tag and the per-thread totals in extensions), read
 //! back per (process, event), by stack and thread, with the losses of
-//! threads that exited.
+//! threads that exited and the samples whose walk failed (`unwind_error`).
 
+use heapprofd_model::messages::StackUnwindError;
 use heapprofd_model::profile::{Interner, Profile, StackSample};
 use heapprofd_model::trace::{ClockReadings, TraceWriter, read_trace};
 
@@ -33,11 +34,17 @@ fn samples_round_trip_with_events_threads_and_losses() {
         period,
         callsite,
         biased: false,
+        unwind_error: None,
     };
     for i in 0..9 {
         profile.stack_sample(7, at(i, 70, 0, 10_000_000, hot_cs), 0, 0);
     }
-    profile.stack_sample(7, at(20, 71, 0, 20_000_000, cold_cs), 1, 2);
+    // A sample whose walk stopped early: written with its unwind_error.
+    let failed = StackSample {
+        unwind_error: Some(StackUnwindError::UnwindErrorMemoryInvalid),
+        ..at(20, 71, 0, 20_000_000, cold_cs)
+    };
+    profile.stack_sample(7, failed, 1, 2);
     // A thread that exited with losses no sample carried.
     profile.sample_losses(7, 0, 72, 0, 3);
     profile.set_event_name(7, 5, "page-faults-ish".into());
@@ -68,6 +75,7 @@ fn samples_round_trip_with_events_threads_and_losses() {
         ),
         (70, 9, 90_000_000)
     );
+    assert_eq!(cpu.unwind_errors, 1, "the failed walk's unwind_error");
     assert_eq!(cpu.threads[&71].lost_overrun, 1);
     assert_eq!(cpu.threads[&71].lost_dropped, 2);
     assert_eq!(cpu.threads[&70].weight, 90_000_000);

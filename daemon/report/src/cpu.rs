@@ -70,6 +70,9 @@ pub struct CpuProfile {
     pub samples: u64,
     /// Their weight.
     pub weight: u64,
+    /// Samples whose stack could not be walked to its end (in the
+    /// profile, ending in an `ERROR <KIND>` frame).
+    pub unwind_errors: u64,
     /// Functions by self weight, then inclusive (at most `top` of each).
     pub by_self: Vec<HotFunction>,
     /// Functions by inclusive weight.
@@ -160,6 +163,7 @@ fn profile(data: &TraceData, p: &SampleProfile, top: usize) -> CpuProfile {
         nanoseconds: p.tag == 0,
         samples,
         weight,
+        unwind_errors: p.unwind_errors,
         by_self,
         by_inclusive,
         threads,
@@ -195,6 +199,13 @@ pub fn write_cpu(out: &mut impl Write, trace: &str, profiles: &[CpuProfile]) -> 
             p.event,
             weight_str(ns, p.weight)
         )?;
+        if p.unwind_errors > 0 {
+            writeln!(
+                out,
+                "  {} of them not walked to the end (their stacks end in an ERROR frame)",
+                p.unwind_errors
+            )?;
+        }
         writeln!(
             out,
             "  hot functions by self {}:",

@@ -59,7 +59,12 @@ enum Method {
     Ptrace,
 }
 
-fn choose_method(t: &Target, choice: &AttachChoice) -> Result<Method> {
+/// How to start the client. A preloaded one that catches the activation
+/// signal is woken with it; but the signal only flags the start for the
+/// program's next allocation, so a profile of threads (`--cpu-time`,
+/// `--event`), whose target may not allocate for a long time, activates
+/// it through ptrace (falling back to the signal if that fails).
+fn choose_method(t: &Target, choice: &AttachChoice, samples_threads: bool) -> Result<Method> {
     match choice {
         AttachChoice::Signal => {
             if !t.client_loaded() {
@@ -75,12 +80,17 @@ fn choose_method(t: &Target, choice: &AttachChoice) -> Result<Method> {
         AttachChoice::Invalid(other) => {
             bail!("HEAPPROFD_ATTACH must be `signal` or `ptrace`, not `{other}`")
         }
-        AttachChoice::Auto => Ok(if t.client_loaded() && t.preloaded && t.catches_signal {
+        AttachChoice::Auto => Ok(if wakes_by_signal(t) && !samples_threads {
             Method::Signal
         } else {
             Method::Ptrace
         }),
     }
+}
+
+/// Whether the target's client can be woken with the signal.
+fn wakes_by_signal(t: &Target) -> bool {
+    t.client_loaded() && t.preloaded && t.catches_signal
 }
 
 /// Runs `record --pid`; returns the exit code.
@@ -89,7 +99,9 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
     let started = Instant::now();
     let pid = *args.pid.first().context("record --pid without a pid")?;
     let target = inject::probe(pid)?;
-    let method = choose_method(&target, &env.attach)?;
+    let samples_threads = args.cpu_time.is_some() || args.event.is_some();
+    let method = choose_method(&target, &env.attach, samples_threads)?;
+    let signal_fallback = matches!(env.attach, AttachChoice::Auto) && wakes_by_signal(&target);
     let client_lib = find_client_lib(args.client_lib.as_deref())?;
     let output = args
         .output
@@ -108,6 +120,7 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
         args,
         target,
         method,
+        signal_fallback,
         client_lib,
         safe_point_timeout: env.attach_timeout.unwrap_or(SAFE_POINT_TIMEOUT),
         test_stall: env.attach_test_stall.clone(),
@@ -145,6 +158,9 @@ struct Attach {
     args: RecordArgs,
     target: Target,
     method: Method,
+    /// Auto chose ptrace for a client the signal can wake: wake it with the
+    /// signal if ptrace fails.
+    signal_fallback: bool,
     client_lib: PathBuf,
     safe_point_timeout: Duration,
     test_stall: Option<String>,
@@ -175,7 +191,7 @@ impl Attach {
             module_cache: daemon.module_cache(),
             test_stall: self.test_stall.clone(),
         };
-        let report = match self.activate(&opts).await {
+        let (report, method) = match self.activate(&opts).await {
             Ok(r) => r,
             Err(e) => {
                 let _ = finish(daemon).await;
@@ -200,7 +216,7 @@ impl Attach {
                 _ = signals.interrupt.recv() => { stop_early = true; break; }
                 _ = signals.terminate.recv() => { stop_early = true; break; }
                 _ = tokio::time::sleep_until(connect_deadline) => {
-                    if self.method == Method::Ptrace {
+                    if method == Method::Ptrace {
                         let _ = finish(daemon).await;
                         bail!(
                             "the profiler loaded into process {pid} did not connect within {}s \
@@ -271,9 +287,11 @@ impl Attach {
         Ok(summary)
     }
 
-    /// Wakes the client with the signal, or loads it with ptrace; says how.
-    async fn activate(&self, opts: &InjectOptions) -> Result<Option<InjectReport>> {
+    /// Wakes the client with the signal, or loads it with ptrace; says how
+    /// (and which of the two it was).
+    async fn activate(&self, opts: &InjectOptions) -> Result<(Option<InjectReport>, Method)> {
         let (pid, comm) = (self.target.pid, &self.target.comm);
+        let mut method = self.method;
         let report = match self.method {
             Method::Signal => {
                 inject::signal_activate(pid, std::process::id())?;
@@ -284,8 +302,21 @@ impl Attach {
                 let t = self.target.clone();
                 let r = tokio::task::spawn_blocking(move || inject::inject(&t, &opts))
                     .await
-                    .context("the injection thread failed")??;
-                Some(r)
+                    .context("the injection thread failed")?;
+                match r {
+                    Ok(r) => Some(r),
+                    Err(e) if self.signal_fallback => {
+                        log::info!(
+                            "could not activate the preloaded profiler of process {pid} \
+                             ({comm}) with ptrace ({e:#}); waking it with the signal \
+                             instead: it starts at the target's next allocation"
+                        );
+                        inject::signal_activate(pid, std::process::id())?;
+                        method = Method::Signal;
+                        None
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
         };
         let activated = self.started.elapsed();
@@ -324,7 +355,7 @@ impl Attach {
                 inject::ACTIVATION_SIGNAL
             ),
         }
-        Ok(report)
+        Ok((report, method))
     }
 
     /// Waits (briefly) for the client's thread to be gone, and says so.

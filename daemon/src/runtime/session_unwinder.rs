@@ -12,10 +12,10 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use heapprofd_model::messages::{Op, SessionStats};
+use heapprofd_model::messages::{Op, SessionStats, StackUnwindError};
 use heapprofd_model::profile::{UnwindHistogram, context};
 use heapprofd_proto::wire::{ContextRecord, Record, StackSampleHeader};
-use heapprofd_unwinder::ProcessContext;
+use heapprofd_unwinder::{ProcessContext, UnwindErrorKind};
 
 use super::stacks::{InternCtx, StackCache};
 
@@ -166,6 +166,7 @@ impl SessionUnwinder {
                     biased: h.flags & StackSampleHeader::FLAG_BIASED != 0,
                     lost_overrun: h.lost_overrun,
                     lost_dropped: h.lost_dropped,
+                    unwind_error: entry.error.map(perfetto_unwind_error),
                 });
             }
             Ok(Record::EventName(e)) => ops.push(Op::EventName {
@@ -221,6 +222,17 @@ impl SessionUnwinder {
             corrupt_records: self.corrupt_records,
             ..SessionStats::default()
         }
+    }
+}
+
+/// Perfetto's name for why a walk stopped early.
+fn perfetto_unwind_error(e: UnwindErrorKind) -> StackUnwindError {
+    match e {
+        UnwindErrorKind::MemoryInvalid => StackUnwindError::UnwindErrorMemoryInvalid,
+        UnwindErrorKind::InvalidMap => StackUnwindError::UnwindErrorInvalidMap,
+        UnwindErrorKind::UnwindInfo => StackUnwindError::UnwindErrorUnwindInfo,
+        UnwindErrorKind::MaxFramesExceeded => StackUnwindError::UnwindErrorMaxFramesExceeded,
+        UnwindErrorKind::InvalidRegisters => StackUnwindError::UnwindErrorInvalidParameter,
     }
 }
 
@@ -309,6 +321,17 @@ mod tests {
             Op::StackSample { tid: 9, period: 30, lost_overrun: 2, lost_dropped: 1, stack, .. }
                 if stack == id
         ));
+        // No stack was copied: the walk stops at the first return address
+        // and the sample still goes out, saying why (and is counted).
+        let Op::StackSample { unwind_error, .. } = &ops[1] else {
+            panic!("{ops:?}")
+        };
+        assert_eq!(
+            *unwind_error,
+            Some(StackUnwindError::UnwindErrorMemoryInvalid),
+            "{ops:?}"
+        );
+        assert_eq!(u.unwind_errors, 1);
         assert_eq!(
             ops[2],
             Op::SampleLosses {

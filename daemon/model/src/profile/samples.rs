@@ -29,6 +29,9 @@ pub struct StackSample {
     /// The stack is the requesting code's own (its first frames are the
     /// handler's).
     pub biased: bool,
+    /// Why the walk stopped early (the stack then ends in an `ERROR`
+    /// frame); written as the `PerfSample`'s `unwind_error`.
+    pub unwind_error: Option<heapprofd_proto::perfetto::profiling::StackUnwindError>,
 }
 
 /// Per (event, thread) totals.
@@ -119,6 +122,7 @@ mod tests {
             period,
             callsite: c,
             biased: false,
+            unwind_error: None,
         };
         s.add(sample(7, 0, 10), 1, 0);
         s.add(sample(7, 0, 10), 0, 2);

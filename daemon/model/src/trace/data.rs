@@ -237,6 +237,9 @@ pub struct SampleProfile {
     /// Per thread: samples, weight and losses (heapprofd-rs's totals when
     /// the trace has them, else counted from the samples, no losses).
     pub threads: BTreeMap<u32, crate::profile::ThreadSamples>,
+    /// Samples whose stack could not be walked to its end (`PerfSample`
+    /// `unwind_error` set; their stacks end in an `ERROR` frame).
+    pub unwind_errors: u64,
 }
 
 /// The heap profiles in a trace.

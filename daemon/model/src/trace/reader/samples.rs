@@ -80,6 +80,9 @@ impl SampleReader {
         let tag = ext.and_then(|e| e.tag).unwrap_or(TAG_CPU_TIME);
         let weight = s.timebase_count.unwrap_or(1).max(1);
         let acc = self.accs.entry((pid, tag)).or_default();
+        if s.optional_unwind_error.is_some() {
+            acc.profile.unwind_errors += 1;
+        }
         let t = acc.counted.entry(tid).or_default();
         t.samples += 1;
         t.weight = t.weight.saturating_add(weight);

@@ -1,6 +1,8 @@
 //! Stack samples in the trace: each as a `PerfSample` packet (pid, tid,
 //! interned callstack, `cpu_mode` user, `timebase_count` = what it stands
-//! for: CPU nanoseconds, or the event's period), stamped with its BOOTTIME,
+//! for: CPU nanoseconds, or the event's period; `unwind_error` when the
+//! walk stopped early, its stack then ending in an `ERROR` frame), stamped
+//! with its BOOTTIME,
 //! so trace processor's `perf_sample` table and the Perfetto UI's CPU flame
 //! graphs and thread tracks show them; an extension (see
 //! [`super::super::extension`]) on a sample of a named event gives its tag,
@@ -100,6 +102,9 @@ impl<W: Write> TraceWriter<W> {
             callstack_iid: Some(s.callsite.iid()),
             cpu_mode: Some(pf::profiling::CpuMode::ModeUser as i32),
             timebase_count: Some(s.period.max(1)),
+            optional_unwind_error: s
+                .unwind_error
+                .map(|e| pf::perf_sample::OptionalUnwindError::UnwindError(e as i32)),
             ..Default::default()
         };
         let packet = TracePacket {
