@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use crate::debuginfo::{self, DebugFile};
-use crate::elf::FileBytes;
+use crate::elf::{FileBytes, SectionBytes};
 
 /// One (possibly inlined) function at an address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -147,7 +147,9 @@ impl SymbolTable {
     }
 }
 
-type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+/// DWARF sections read in place: a range of the (debug) file's bytes, or
+/// the decompressed bytes of a compressed section, never a copy of either.
+type Reader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
 
 /// Lazily built per-module symbolization state.
 struct SymState {
@@ -398,12 +400,12 @@ fn load_state(
             sources.debug_file = Some(path.clone());
             if let Ok(dfile) = object::File::parse(&***dbg) {
                 table.add_from(&dfile);
-                dwarf = load_dwarf(&dfile, path, options, &mut sources);
+                dwarf = load_dwarf(&dfile, dbg, path, options, &mut sources);
             }
         }
         None => {
             if debuginfo::has_dwarf(&file) {
-                dwarf = load_dwarf(&file, module_path, options, &mut sources);
+                dwarf = load_dwarf(&file, bytes, module_path, options, &mut sources);
             }
         }
     }
@@ -424,12 +426,20 @@ fn load_state(
     }
 }
 
-fn load_sections(file: &object::File<'_>) -> Result<gimli::Dwarf<Reader>, gimli::Error> {
+/// The DWARF sections of `file`, whose bytes are `bytes`: uncompressed
+/// sections are ranges of `bytes`, compressed ones are decompressed once
+/// into their own buffer (libc's debug file: 8.5 MB, which a copy into
+/// fresh memory would fault in a second time).
+fn load_sections(
+    file: &object::File<'_>,
+    bytes: &Arc<FileBytes>,
+) -> Result<gimli::Dwarf<Reader>, gimli::Error> {
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
         gimli::RunTimeEndian::Big
     };
+    let empty = || SectionBytes::owned(Vec::new());
     gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
         // Location and macro lists are never needed for names and lines.
         let skip = matches!(
@@ -439,19 +449,30 @@ fn load_sections(file: &object::File<'_>) -> Result<gimli::Dwarf<Reader>, gimli:
                 | gimli::SectionId::DebugMacinfo
                 | gimli::SectionId::DebugMacro
         );
-        let data: Arc<[u8]> = match file.section_by_name(id.name()) {
+        let data = match file.section_by_name(id.name()) {
             Some(s) if !skip => match s.uncompressed_data() {
-                Ok(d) => Arc::from(d.as_ref()),
-                Err(_) => Arc::from(&[][..]),
+                Ok(Cow::Owned(v)) => SectionBytes::owned(v),
+                Ok(Cow::Borrowed(d)) => {
+                    in_file(bytes, d).unwrap_or_else(|| SectionBytes::owned(d.to_vec()))
+                }
+                Err(_) => empty(),
             },
-            _ => Arc::from(&[][..]),
+            _ => empty(),
         };
-        Ok(gimli::EndianArcSlice::new(data, endian))
+        Ok(gimli::EndianReader::new(data, endian))
     })
+}
+
+/// `d`, a slice of `bytes`, as a range of them (`None` if it is not one).
+fn in_file(bytes: &Arc<FileBytes>, d: &[u8]) -> Option<SectionBytes> {
+    let base = bytes.as_ptr() as usize;
+    let offset = (d.as_ptr() as usize).checked_sub(base)?;
+    SectionBytes::new(bytes, offset as u64, d.len() as u64)
 }
 
 fn load_dwarf(
     file: &object::File<'_>,
+    bytes: &Arc<FileBytes>,
     path: &Path,
     options: &SymbolizeOptions,
     sources: &mut SymbolSources,
@@ -459,11 +480,11 @@ fn load_dwarf(
     if !debuginfo::has_dwarf(file) {
         return None;
     }
-    let mut dwarf = load_sections(file).ok()?;
+    let mut dwarf = load_sections(file, bytes).ok()?;
     if let Ok(Some((alt_path, alt_id))) = file.gnu_debugaltlink()
         && let Some(sup) = debuginfo::find_altlink(&options.debug_dirs, path, alt_path, alt_id)
         && let Ok(sfile) = object::File::parse(&**sup.bytes)
-        && let Ok(sdwarf) = load_sections(&sfile)
+        && let Ok(sdwarf) = load_sections(&sfile, &sup.bytes)
     {
         dwarf.set_sup(sdwarf);
         sources.sup_file = Some(sup.path);
@@ -474,6 +495,18 @@ fn load_dwarf(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An uncompressed section is read in place: a range of the file's own
+    /// bytes, not a copy; a slice from elsewhere is not taken for one.
+    #[test]
+    fn uncompressed_sections_are_ranges_of_the_file() {
+        let bytes = Arc::new(FileBytes::Owned((0u8..64).collect()));
+        let section = in_file(&bytes, &bytes[8..24]).expect("a range of the file");
+        assert_eq!(section.as_ptr(), bytes[8..].as_ptr());
+        assert_eq!(&section[..], &bytes[8..24]);
+        let elsewhere = vec![0u8; 16];
+        assert!(in_file(&bytes, &elsewhere).is_none());
+    }
 
     fn table(entries: &[(u64, u64, &str)]) -> SymbolTable {
         let mut t = SymbolTable::default();
