@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
+use crate::checkout::CheckoutSlot;
 use crate::debuginfo::{self, DebugFile};
 use crate::elf::{FileBytes, SectionBytes};
 
@@ -194,7 +195,7 @@ fn cache_answer(map: &mut AddrMap<Arc<[SymbolFrame]>>, svma: u64, frames: &Arc<[
 
 /// The symbolizer of one module; lives in the module cache.
 pub(crate) struct ModuleSymbolizer {
-    state: Mutex<Option<SymState>>,
+    state: CheckoutSlot<SymState>,
     by_addr: RwLock<AddrMap<Arc<[SymbolFrame]>>>,
     /// Where the module was mapped, when its file was found elsewhere
     /// (offline symbolization): a `.gnu_debuglink` target is looked for
@@ -211,7 +212,7 @@ impl std::fmt::Debug for ModuleSymbolizer {
 impl ModuleSymbolizer {
     pub(crate) fn new(mapped_path: Option<PathBuf>) -> Self {
         ModuleSymbolizer {
-            state: Mutex::new(None),
+            state: CheckoutSlot::default(),
             by_addr: RwLock::new(AddrMap::default()),
             mapped_path,
         }
@@ -228,25 +229,22 @@ impl ModuleSymbolizer {
         if let Some(hit) = read(&self.by_addr).get(&svma) {
             return Arc::clone(hit);
         }
-        let frames: Arc<[SymbolFrame]> = {
-            let mut guard = lock(&self.state);
-            let state = guard.get_or_insert_with(|| self.load_state(module_path, bytes, options));
-            lookup(state, svma).into()
-        };
+        let frames: Arc<[SymbolFrame]> = self.state.with(
+            || self.load_state(module_path, bytes, options),
+            |state| lookup(state, svma).into(),
+        );
         cache_answer(&mut write(&self.by_addr), svma, &frames);
         frames
     }
 
-    /// Symbolizes `svma` ahead of need, from a low-priority thread: the
+    /// Symbolizes `svma` ahead of need, from a background thread: the
     /// answer lands in the address cache, where [`Self::symbolize`] finds it.
     ///
-    /// A thread at idle priority can be preempted for seconds on a busy
-    /// machine, so it never does slow work while holding a lock that
-    /// [`Self::symbolize`] waits on: it takes the loaded state out (or loads
-    /// its own), looks up with nobody waiting on it, and puts the state back
-    /// unless a foreground caller, finding the slot empty meanwhile, loaded
-    /// one of its own. The locks are held only to move a value or insert
-    /// one answer.
+    /// It checks the state out (or loads it) and looks up with no lock held;
+    /// a [`Self::symbolize`] caller needing the module meanwhile waits for
+    /// the state to come back instead of loading a second one (the warm-up
+    /// thread runs at normal priority, so that wait is bounded by the load
+    /// itself). If the state is out already, nothing is done.
     pub(crate) fn warm(
         &self,
         module_path: &Path,
@@ -257,27 +255,14 @@ impl ModuleSymbolizer {
         if read(&self.by_addr).contains_key(&svma) {
             return;
         }
-        let state = self.check_out(module_path, bytes, options);
+        let Some(state) = self
+            .state
+            .check_out(|| self.load_state(module_path, bytes, options))
+        else {
+            return;
+        };
         let frames: Arc<[SymbolFrame]> = lookup(&state, svma).into();
         cache_answer(&mut write(&self.by_addr), svma, &frames);
-        self.check_in(state);
-    }
-
-    /// The loaded state, taken out of the slot (or loaded without holding
-    /// the lock): nobody waits on its owner.
-    fn check_out(
-        &self,
-        module_path: &Path,
-        bytes: &Arc<FileBytes>,
-        options: &SymbolizeOptions,
-    ) -> SymState {
-        let taken = lock(&self.state).take();
-        taken.unwrap_or_else(|| self.load_state(module_path, bytes, options))
-    }
-
-    /// Puts a checked-out state back, unless another was loaded meanwhile.
-    fn check_in(&self, state: SymState) {
-        lock(&self.state).get_or_insert(state);
     }
 
     /// Which files were used (loads the state if needed).
@@ -287,11 +272,10 @@ impl ModuleSymbolizer {
         bytes: &Arc<FileBytes>,
         options: &SymbolizeOptions,
     ) -> SymbolSources {
-        let mut guard = lock(&self.state);
-        guard
-            .get_or_insert_with(|| self.load_state(module_path, bytes, options))
-            .sources
-            .clone()
+        self.state.with(
+            || self.load_state(module_path, bytes, options),
+            |state| state.sources.clone(),
+        )
     }
 
     /// Number of addresses cached.
@@ -574,22 +558,19 @@ mod tests {
     }
 
     #[test]
-    fn a_warm_up_in_progress_never_blocks_symbolize() {
+    fn a_warm_up_caches_its_answer_and_gives_the_state_back() {
         let s = ModuleSymbolizer::new(None);
         let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
         let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
-        // The warming thread is preempted with the state checked out: a
-        // foreground caller (same thread here, so waiting would deadlock)
-        // gets its answer with a state of its own.
-        let st = s.check_out(path, &bytes, &opts);
-        let fg = s.symbolize(path, &bytes, 0x10, &opts);
-        assert!(lock(&s.state).is_some());
-        // The warm-up resumes and gives the state back: one is kept.
-        s.check_in(st);
-        assert!(lock(&s.state).is_some());
         s.warm(path, &bytes, 0x20, &opts);
+        assert_eq!(s.cached_addresses(), 1);
+        // The state is back in its slot (not out for good): a second
+        // warm-up and a foreground lookup both get it without waiting.
+        s.warm(path, &bytes, 0x30, &opts);
         assert_eq!(s.cached_addresses(), 2);
-        assert_eq!(s.symbolize(path, &bytes, 0x20, &opts), fg);
+        let fg = s.symbolize(path, &bytes, 0x40, &opts);
+        assert_eq!(fg.len(), 1);
+        assert_eq!(s.cached_addresses(), 3);
     }
 
     #[test]
