@@ -4,6 +4,7 @@
 
 use super::*;
 use core::cell::Cell;
+#[cfg(target_arch = "x86_64")]
 use heapprofd_client_core::walkbounds::walk_bounds;
 use std::alloc::{GlobalAlloc, Layout, System};
 

@@ -205,27 +205,33 @@ pub(crate) fn before_unload(handle: *mut c_void) {
     if !prepared() || handle.is_null() {
         return;
     }
-    /// The public head of glibc's `struct link_map` (`<link.h>`).
-    #[repr(C)]
-    struct LinkMap {
-        l_addr: usize,
-    }
-    let mut lm: *mut LinkMap = core::ptr::null_mut();
-    // SAFETY: dlinfo on the program's handle, writing the link map pointer.
-    let rc = unsafe {
-        libc::dlinfo(
-            handle,
-            libc::RTLD_DI_LINKMAP,
-            (&mut lm as *mut *mut LinkMap).cast(),
-        )
-    };
-    if rc != 0 || lm.is_null() {
-        return;
-    }
-    // SAFETY: a valid link map glibc gave us.
-    let bias = unsafe { (*lm).l_addr } as u64;
-    if bias != 0 {
-        update(Some(bias));
+    // glibc's `dlinfo`; other libcs (bionic: this front-end is only
+    // type-checked there) have no link map to read, and the tables keep the
+    // object until the next prepare.
+    #[cfg(target_env = "gnu")]
+    {
+        /// The public head of glibc's `struct link_map` (`<link.h>`).
+        #[repr(C)]
+        struct LinkMap {
+            l_addr: usize,
+        }
+        let mut lm: *mut LinkMap = core::ptr::null_mut();
+        // SAFETY: dlinfo on the program's handle, writing the link map pointer.
+        let rc = unsafe {
+            libc::dlinfo(
+                handle,
+                libc::RTLD_DI_LINKMAP,
+                (&mut lm as *mut *mut LinkMap).cast(),
+            )
+        };
+        if rc != 0 || lm.is_null() {
+            return;
+        }
+        // SAFETY: a valid link map glibc gave us.
+        let bias = unsafe { (*lm).l_addr } as u64;
+        if bias != 0 {
+            update(Some(bias));
+        }
     }
 }
 
@@ -325,6 +331,9 @@ unsafe extern "C" fn visit(
     0
 }
 
+/// `PF_X` of `<elf.h>` (the libc crate has it for glibc only).
+const PF_X: u32 = 1;
+
 /// The module of one loaded object: its executable segment and its unwind
 /// sections, in place. None without an executable segment.
 fn module(
@@ -333,7 +342,7 @@ fn module(
 ) -> Option<(core::ops::Range<u64>, Module<InPlace>)> {
     let text = phdrs
         .iter()
-        .find(|p| p.p_type == libc::PT_LOAD && p.p_flags & libc::PF_X != 0)?;
+        .find(|p| p.p_type == libc::PT_LOAD && p.p_flags & PF_X != 0)?;
     let text_svma = text.p_vaddr..text.p_vaddr.checked_add(text.p_memsz)?;
     let avma = bias.checked_add(text_svma.start)?..bias.checked_add(text_svma.end)?;
     let mut info = ExplicitModuleSectionInfo::<InPlace> {

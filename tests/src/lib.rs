@@ -17,6 +17,7 @@
 //! * [`symbolize_harness`]: `--no-symbolize` traces, `symbolize` runs,
 //!   their frames and `ModuleSymbols` read back, stripped binaries and
 //!   debug files.
+//! * [`test_users`]: throw-away system users for the multi-user tests.
 //! * [`browser`]: a headless Chromium over the DevTools protocol (the HTML
 //!   page's tests).
 
@@ -30,3 +31,4 @@ pub mod record_harness;
 pub mod report_harness;
 pub mod service_harness;
 pub mod symbolize_harness;
+pub mod test_users;

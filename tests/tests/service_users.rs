@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use heapprofd_proto::service::{CONTROL_SOCKET, DIR_ENV, TRIGGERS_FILE};
 use heapprofd_tests::attach_harness::is_root;
 use heapprofd_tests::record_harness::{check_trace, frame_is, release_bins, scratch_dir};
+use heapprofd_tests::test_users::{TestUsers, uid_of};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -32,53 +33,6 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(start.elapsed() < HANG, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn remove_user(name: &str) {
-    let _ = Command::new("userdel")
-        .arg(name)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// The test's users; removed when dropped.
-struct Users;
-
-impl Users {
-    fn create() -> Users {
-        for u in USERS {
-            remove_user(u);
-        }
-        let guard = Users;
-        for u in USERS {
-            let st = Command::new("useradd")
-                .args(["--no-create-home", "--shell", "/bin/sh", u])
-                .status()
-                .expect("useradd");
-            assert!(st.success(), "useradd {u}: {st}");
-        }
-        guard
-    }
-}
-
-impl Drop for Users {
-    fn drop(&mut self) {
-        for u in USERS {
-            remove_user(u);
-        }
-    }
-}
-
-fn uid_of(name: &str) -> u32 {
-    let out = Command::new("id")
-        .args(["-u", name])
-        .output()
-        .expect("id -u");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("a uid")
 }
 
 /// `cmd` run as `user` (None: root), with the service directory set.
@@ -184,7 +138,7 @@ fn a_root_service_serves_each_user_only_their_own_processes() {
         eprintln!("service_users: SKIPPED (needs root: it creates users and runs root's service)");
         return;
     }
-    let users = Users::create();
+    let users = TestUsers::create(&USERS);
     let [a, b] = USERS;
     let a_uid = uid_of(a);
     let dir = scratch_dir("service-users");

@@ -20,56 +20,10 @@ use heapprofd_proto::service::DIR_ENV;
 use heapprofd_tests::attach_harness::{Target, attach_programs, is_root};
 use heapprofd_tests::record_harness::{check_trace, frame_is, release_bins, scratch_dir};
 use heapprofd_tests::service_harness::{Service, signal, wait_exit, wait_for};
+use heapprofd_tests::test_users::{TestUsers, uid_of};
 
 const USERS: [&str; 2] = ["heapprofd-t13c", "heapprofd-t13d"];
 const NAME: &str = "usrpid_target";
-
-fn remove_user(name: &str) {
-    let _ = Command::new("userdel")
-        .arg(name)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// The test's users; removed when dropped.
-struct Users;
-
-impl Users {
-    fn create() -> Users {
-        for u in USERS {
-            remove_user(u);
-        }
-        let guard = Users;
-        for u in USERS {
-            let st = Command::new("useradd")
-                .args(["--no-create-home", "--shell", "/bin/sh", u])
-                .status()
-                .expect("useradd");
-            assert!(st.success(), "useradd {u}: {st}");
-        }
-        guard
-    }
-}
-
-impl Drop for Users {
-    fn drop(&mut self) {
-        for u in USERS {
-            remove_user(u);
-        }
-    }
-}
-
-fn uid_of(name: &str) -> u32 {
-    let out = Command::new("id")
-        .args(["-u", name])
-        .output()
-        .expect("id -u");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("a uid")
-}
 
 /// `heapprofd-rs record ARGS -o TRACE` as `user`, against the service in
 /// `svc`.
@@ -132,7 +86,7 @@ fn a_user_profiles_their_own_running_process_through_root_s_service_and_no_other
         );
         return;
     }
-    let users = Users::create();
+    let users = TestUsers::create(&USERS);
     let [c, d] = USERS;
     let (c_uid, d_uid) = (uid_of(c), uid_of(d));
     let dir = scratch_dir("service-users-pid");

@@ -248,10 +248,10 @@ mod tests {
         Record::Malloc(h, &[]).encode_to_vec()
     }
 
-    /// A stack sample is unwound like a malloc sample (its stack defined
-    /// first); a losses-only record is passed on without unwinding.
-    #[test]
-    fn stack_samples_and_losses_become_operations() {
+    /// An unwinder of this process's maps (a static copy) with no memory
+    /// reader: records in, operations out, no thread, channel or `/proc` of
+    /// another process.
+    fn own_maps_unwinder() -> SessionUnwinder {
         let process = ProcessContext::new(
             std::process::id(),
             Box::new(StaticMaps(
@@ -260,7 +260,14 @@ mod tests {
             Box::new(NoMemory),
             Arc::new(ModuleCache::default()),
         );
-        let mut u = SessionUnwinder::new(process, 0..0, 1);
+        SessionUnwinder::new(process, 0..0, 1)
+    }
+
+    /// A stack sample is unwound like a malloc sample (its stack defined
+    /// first); a losses-only record is passed on without unwinding.
+    #[test]
+    fn stack_samples_and_losses_become_operations() {
+        let mut u = own_maps_unwinder();
         let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
         let cx = InternCtx {
             interner: &interner,
@@ -318,15 +325,7 @@ mod tests {
     /// another process: the maps are a static copy of our own.
     #[test]
     fn records_become_operations() {
-        let process = ProcessContext::new(
-            std::process::id(),
-            Box::new(StaticMaps(
-                std::fs::read_to_string("/proc/self/maps").unwrap(),
-            )),
-            Box::new(NoMemory),
-            Arc::new(ModuleCache::default()),
-        );
-        let mut u = SessionUnwinder::new(process, 0..0, 1);
+        let mut u = own_maps_unwinder();
         let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
         let cx = InternCtx {
             interner: &interner,
