@@ -213,7 +213,7 @@ print("client = (CPU - daemon CPU - bare CPU) / samples: the program's extra CPU
       " stack copy, free records); blocked: its writers waiting for room in the ring"
       " (summed over threads); read = the workers' drain time less unwinding (ring read, decode);"
       " unwind = replay checks + walks (traced walks: those keeping a replay trace) + new stacks;"
-      " book = applying batches; symbolize (ms, whole run) = before dumps + the idle-priority warm-up.")
+      " book = applying batches; symbolize (ms, whole run) = before dumps + the warm-up thread (wall time, preemption included).")
 print()
 print("| workload | config | samples | ring B/record | client | blocked | read | unwind | replay / walk+trace / new | walks (traced) | book | daemon CPU | symbolize ms |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -77,9 +77,10 @@ impl Module {
             .symbolize(&self.path, &self.bytes, rel_pc, &self.options)
     }
 
-    /// Symbolizes `rel_pc` into the cache without ever making a
-    /// [`Self::symbolize`] caller wait on this thread: for a background
-    /// thread at low priority that warms the cache ahead of need.
+    /// Symbolizes `rel_pc` into the cache ahead of need, for a background
+    /// thread: the module's symbol state is checked out meanwhile, and a
+    /// [`Self::symbolize`] caller that needs it waits for it rather than
+    /// loading a second one (so run this at a priority that keeps running).
     pub fn warm_symbols(&self, rel_pc: u64) {
         if self.options.enabled {
             self.symbolizer

@@ -117,6 +117,14 @@ impl Deref for SectionBytes {
     }
 }
 
+// SAFETY: the bytes live in the `FileBytes` behind the `Arc` (a `Vec`'s heap
+// buffer or a mapping), which is never mutated or moved while any clone
+// holds it, so `deref` gives the same address for a value, its moves and its
+// clones; gimli's `EndianReader` (DWARF read in place) relies on that.
+unsafe impl gimli::StableDeref for SectionBytes {}
+// SAFETY: as above; clones share the `Arc`.
+unsafe impl gimli::CloneStableDeref for SectionBytes {}
+
 /// One `PT_LOAD` program header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadSegment {

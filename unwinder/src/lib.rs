@@ -116,6 +116,7 @@
 //! commands that produced them.
 
 mod cache;
+mod checkout;
 mod debuginfo;
 mod elf;
 mod eviction;

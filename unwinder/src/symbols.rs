@@ -19,8 +19,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
+use crate::checkout::CheckoutSlot;
 use crate::debuginfo::{self, DebugFile};
-use crate::elf::FileBytes;
+use crate::elf::{FileBytes, SectionBytes};
 
 /// One (possibly inlined) function at an address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -147,7 +148,9 @@ impl SymbolTable {
     }
 }
 
-type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
+/// DWARF sections read in place: a range of the (debug) file's bytes, or
+/// the decompressed bytes of a compressed section, never a copy of either.
+type Reader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
 
 /// Lazily built per-module symbolization state.
 struct SymState {
@@ -192,7 +195,7 @@ fn cache_answer(map: &mut AddrMap<Arc<[SymbolFrame]>>, svma: u64, frames: &Arc<[
 
 /// The symbolizer of one module; lives in the module cache.
 pub(crate) struct ModuleSymbolizer {
-    state: Mutex<Option<SymState>>,
+    state: CheckoutSlot<SymState>,
     by_addr: RwLock<AddrMap<Arc<[SymbolFrame]>>>,
     /// Where the module was mapped, when its file was found elsewhere
     /// (offline symbolization): a `.gnu_debuglink` target is looked for
@@ -209,7 +212,7 @@ impl std::fmt::Debug for ModuleSymbolizer {
 impl ModuleSymbolizer {
     pub(crate) fn new(mapped_path: Option<PathBuf>) -> Self {
         ModuleSymbolizer {
-            state: Mutex::new(None),
+            state: CheckoutSlot::default(),
             by_addr: RwLock::new(AddrMap::default()),
             mapped_path,
         }
@@ -226,25 +229,22 @@ impl ModuleSymbolizer {
         if let Some(hit) = read(&self.by_addr).get(&svma) {
             return Arc::clone(hit);
         }
-        let frames: Arc<[SymbolFrame]> = {
-            let mut guard = lock(&self.state);
-            let state = guard.get_or_insert_with(|| self.load_state(module_path, bytes, options));
-            lookup(state, svma).into()
-        };
+        let frames: Arc<[SymbolFrame]> = self.state.with(
+            || self.load_state(module_path, bytes, options),
+            |state| lookup(state, svma).into(),
+        );
         cache_answer(&mut write(&self.by_addr), svma, &frames);
         frames
     }
 
-    /// Symbolizes `svma` ahead of need, from a low-priority thread: the
+    /// Symbolizes `svma` ahead of need, from a background thread: the
     /// answer lands in the address cache, where [`Self::symbolize`] finds it.
     ///
-    /// A thread at idle priority can be preempted for seconds on a busy
-    /// machine, so it never does slow work while holding a lock that
-    /// [`Self::symbolize`] waits on: it takes the loaded state out (or loads
-    /// its own), looks up with nobody waiting on it, and puts the state back
-    /// unless a foreground caller, finding the slot empty meanwhile, loaded
-    /// one of its own. The locks are held only to move a value or insert
-    /// one answer.
+    /// It checks the state out (or loads it) and looks up with no lock held;
+    /// a [`Self::symbolize`] caller needing the module meanwhile waits for
+    /// the state to come back instead of loading a second one (the warm-up
+    /// thread runs at normal priority, so that wait is bounded by the load
+    /// itself). If the state is out already, nothing is done.
     pub(crate) fn warm(
         &self,
         module_path: &Path,
@@ -255,27 +255,14 @@ impl ModuleSymbolizer {
         if read(&self.by_addr).contains_key(&svma) {
             return;
         }
-        let state = self.check_out(module_path, bytes, options);
+        let Some(state) = self
+            .state
+            .check_out(|| self.load_state(module_path, bytes, options))
+        else {
+            return;
+        };
         let frames: Arc<[SymbolFrame]> = lookup(&state, svma).into();
         cache_answer(&mut write(&self.by_addr), svma, &frames);
-        self.check_in(state);
-    }
-
-    /// The loaded state, taken out of the slot (or loaded without holding
-    /// the lock): nobody waits on its owner.
-    fn check_out(
-        &self,
-        module_path: &Path,
-        bytes: &Arc<FileBytes>,
-        options: &SymbolizeOptions,
-    ) -> SymState {
-        let taken = lock(&self.state).take();
-        taken.unwrap_or_else(|| self.load_state(module_path, bytes, options))
-    }
-
-    /// Puts a checked-out state back, unless another was loaded meanwhile.
-    fn check_in(&self, state: SymState) {
-        lock(&self.state).get_or_insert(state);
     }
 
     /// Which files were used (loads the state if needed).
@@ -285,11 +272,10 @@ impl ModuleSymbolizer {
         bytes: &Arc<FileBytes>,
         options: &SymbolizeOptions,
     ) -> SymbolSources {
-        let mut guard = lock(&self.state);
-        guard
-            .get_or_insert_with(|| self.load_state(module_path, bytes, options))
-            .sources
-            .clone()
+        self.state.with(
+            || self.load_state(module_path, bytes, options),
+            |state| state.sources.clone(),
+        )
     }
 
     /// Number of addresses cached.
@@ -398,12 +384,12 @@ fn load_state(
             sources.debug_file = Some(path.clone());
             if let Ok(dfile) = object::File::parse(&***dbg) {
                 table.add_from(&dfile);
-                dwarf = load_dwarf(&dfile, path, options, &mut sources);
+                dwarf = load_dwarf(&dfile, dbg, path, options, &mut sources);
             }
         }
         None => {
             if debuginfo::has_dwarf(&file) {
-                dwarf = load_dwarf(&file, module_path, options, &mut sources);
+                dwarf = load_dwarf(&file, bytes, module_path, options, &mut sources);
             }
         }
     }
@@ -424,12 +410,20 @@ fn load_state(
     }
 }
 
-fn load_sections(file: &object::File<'_>) -> Result<gimli::Dwarf<Reader>, gimli::Error> {
+/// The DWARF sections of `file`, whose bytes are `bytes`: uncompressed
+/// sections are ranges of `bytes`, compressed ones are decompressed once
+/// into their own buffer (libc's debug file: 8.5 MB, which a copy into
+/// fresh memory would fault in a second time).
+fn load_sections(
+    file: &object::File<'_>,
+    bytes: &Arc<FileBytes>,
+) -> Result<gimli::Dwarf<Reader>, gimli::Error> {
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
         gimli::RunTimeEndian::Big
     };
+    let empty = || SectionBytes::owned(Vec::new());
     gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
         // Location and macro lists are never needed for names and lines.
         let skip = matches!(
@@ -439,19 +433,30 @@ fn load_sections(file: &object::File<'_>) -> Result<gimli::Dwarf<Reader>, gimli:
                 | gimli::SectionId::DebugMacinfo
                 | gimli::SectionId::DebugMacro
         );
-        let data: Arc<[u8]> = match file.section_by_name(id.name()) {
+        let data = match file.section_by_name(id.name()) {
             Some(s) if !skip => match s.uncompressed_data() {
-                Ok(d) => Arc::from(d.as_ref()),
-                Err(_) => Arc::from(&[][..]),
+                Ok(Cow::Owned(v)) => SectionBytes::owned(v),
+                Ok(Cow::Borrowed(d)) => {
+                    in_file(bytes, d).unwrap_or_else(|| SectionBytes::owned(d.to_vec()))
+                }
+                Err(_) => empty(),
             },
-            _ => Arc::from(&[][..]),
+            _ => empty(),
         };
-        Ok(gimli::EndianArcSlice::new(data, endian))
+        Ok(gimli::EndianReader::new(data, endian))
     })
+}
+
+/// `d`, a slice of `bytes`, as a range of them (`None` if it is not one).
+fn in_file(bytes: &Arc<FileBytes>, d: &[u8]) -> Option<SectionBytes> {
+    let base = bytes.as_ptr() as usize;
+    let offset = (d.as_ptr() as usize).checked_sub(base)?;
+    SectionBytes::new(bytes, offset as u64, d.len() as u64)
 }
 
 fn load_dwarf(
     file: &object::File<'_>,
+    bytes: &Arc<FileBytes>,
     path: &Path,
     options: &SymbolizeOptions,
     sources: &mut SymbolSources,
@@ -459,11 +464,11 @@ fn load_dwarf(
     if !debuginfo::has_dwarf(file) {
         return None;
     }
-    let mut dwarf = load_sections(file).ok()?;
+    let mut dwarf = load_sections(file, bytes).ok()?;
     if let Ok(Some((alt_path, alt_id))) = file.gnu_debugaltlink()
         && let Some(sup) = debuginfo::find_altlink(&options.debug_dirs, path, alt_path, alt_id)
         && let Ok(sfile) = object::File::parse(&**sup.bytes)
-        && let Ok(sdwarf) = load_sections(&sfile)
+        && let Ok(sdwarf) = load_sections(&sfile, &sup.bytes)
     {
         dwarf.set_sup(sdwarf);
         sources.sup_file = Some(sup.path);
@@ -474,6 +479,18 @@ fn load_dwarf(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An uncompressed section is read in place: a range of the file's own
+    /// bytes, not a copy; a slice from elsewhere is not taken for one.
+    #[test]
+    fn uncompressed_sections_are_ranges_of_the_file() {
+        let bytes = Arc::new(FileBytes::Owned((0u8..64).collect()));
+        let section = in_file(&bytes, &bytes[8..24]).expect("a range of the file");
+        assert_eq!(section.as_ptr(), bytes[8..].as_ptr());
+        assert_eq!(&section[..], &bytes[8..24]);
+        let elsewhere = vec![0u8; 16];
+        assert!(in_file(&bytes, &elsewhere).is_none());
+    }
 
     fn table(entries: &[(u64, u64, &str)]) -> SymbolTable {
         let mut t = SymbolTable::default();
@@ -541,22 +558,19 @@ mod tests {
     }
 
     #[test]
-    fn a_warm_up_in_progress_never_blocks_symbolize() {
+    fn a_warm_up_caches_its_answer_and_gives_the_state_back() {
         let s = ModuleSymbolizer::new(None);
         let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
         let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
-        // The warming thread is preempted with the state checked out: a
-        // foreground caller (same thread here, so waiting would deadlock)
-        // gets its answer with a state of its own.
-        let st = s.check_out(path, &bytes, &opts);
-        let fg = s.symbolize(path, &bytes, 0x10, &opts);
-        assert!(lock(&s.state).is_some());
-        // The warm-up resumes and gives the state back: one is kept.
-        s.check_in(st);
-        assert!(lock(&s.state).is_some());
         s.warm(path, &bytes, 0x20, &opts);
+        assert_eq!(s.cached_addresses(), 1);
+        // The state is back in its slot (not out for good): a second
+        // warm-up and a foreground lookup both get it without waiting.
+        s.warm(path, &bytes, 0x30, &opts);
         assert_eq!(s.cached_addresses(), 2);
-        assert_eq!(s.symbolize(path, &bytes, 0x20, &opts), fg);
+        let fg = s.symbolize(path, &bytes, 0x40, &opts);
+        assert_eq!(fg.len(), 1);
+        assert_eq!(s.cached_addresses(), 3);
     }
 
     #[test]

@@ -119,7 +119,7 @@ impl Costs {
     }
 
     /// The `costs:` line: counts, and times in ms. `symbolize` and `warm`
-    /// are the symbolizer's (before dumps, and on its idle-priority thread).
+    /// are the symbolizer's (before dumps, and on its warm-up thread).
     pub fn render(&self, symbolize: Duration, warm: Duration) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let ms = |c: &AtomicU64| get(c) as f64 / 1e6;

@@ -374,13 +374,14 @@ fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
         &s.unwinder.stacks.split,
     );
     log::debug!(
-        "session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses; unwinder rule cache {:?}",
+        "session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses, {} traces checked; unwinder rule cache {:?}",
         s.id,
         s.pid,
         s.reader.stats(),
         s.unwinder.stacks.len(),
         s.unwinder.stacks.memo.hits,
         s.unwinder.stacks.memo.misses,
+        s.unwinder.stacks.memo.checks,
         s.unwinder.process.rule_cache_stats()
     );
     // The socket closes a moment before the process is reaped; a client

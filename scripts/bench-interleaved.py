@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Interleaved whole-command timer: medians of wall and CPU as ratios to the first command.
+
+Usage: scripts/bench-interleaved.py ROUNDS STDIN_FILE NAME=COMMAND...
+
+Each round runs every command once (shell syntax), rotating the order from
+round to round, with STDIN_FILE (or /dev/null) as standard input and output
+discarded. Wall is start to exit; CPU is wait4's user+sys of the command
+and its children. Prints per command the medians, their ratio to the first
+command's (the baseline, e.g. the bare program), every round's wall, and
+the load average at the end (the machine is shared: compare within a run).
+"""
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__.split("\n\n")[1])
+    rounds, stdin = int(sys.argv[1]), sys.argv[2]
+    cfgs = [a.split("=", 1) for a in sys.argv[3:]]
+    res = {name: [] for name, _ in cfgs}
+    for r in range(rounds):
+        k = r % len(cfgs)
+        for name, cmd in cfgs[k:] + cfgs[:k]:
+            with open(stdin) as f:
+                t = time.perf_counter()
+                p = subprocess.Popen(cmd, shell=True, stdin=f, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+                _, _, ru = os.wait4(p.pid, 0)
+                wall = time.perf_counter() - t
+            res[name].append((wall, ru.ru_utime + ru.ru_stime))
+    base = res[cfgs[0][0]]
+    bw = statistics.median(x[0] for x in base)
+    bc = statistics.median(x[1] for x in base)
+    for name, _ in cfgs:
+        w = statistics.median(x[0] for x in res[name])
+        c = statistics.median(x[1] for x in res[name])
+        walls = " ".join("%.3f" % x[0] for x in res[name])
+        print(f"{name:12s} wall {w:.3f} ({w / bw:.2f}x) cpu {c:.3f} ({c / bc:.2f}x)  walls {walls}")
+    print("load", open("/proc/loadavg").read().strip())
+
+
+if __name__ == "__main__":
+    main()
