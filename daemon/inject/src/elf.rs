@@ -404,8 +404,15 @@ mod tests {
         let syms = libc.symbols().unwrap();
         let dlopen = syms.address_of("dlopen").expect("dlopen in libc");
         let here = libc.bias + dlopen;
-        // SAFETY: dlsym with a valid name.
-        let ours = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"dlopen".as_ptr()) } as u64;
+        // libc's own definition (RTLD_DEFAULT would find the client's
+        // `dlopen` first when the client is preloaded or installed).
+        // SAFETY: dlopen of a loaded library without loading; dlsym with a
+        // valid handle and name.
+        let ours = unsafe {
+            let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            assert!(!h.is_null(), "libc.so.6 is loaded");
+            libc::dlsym(h, c"dlopen".as_ptr())
+        } as u64;
         assert_eq!(here, ours);
         assert!(libc.ranges.iter().any(|&(s, e)| s <= here && here < e));
     }
