@@ -310,6 +310,14 @@ fn pid_shorthand_and_pid_lists() {
             .spawn()
             .expect("start sleep"),
     );
+    // Named only once it runs `sleep` (right after the fork it is still
+    // this test's copy, and slower to exec with the client installed).
+    let comm = format!("/proc/{}/cmdline", bare.0.id());
+    let exec_deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read(&comm).is_ok_and(|c| c.starts_with(b"sleep\0")) {
+        assert!(std::time::Instant::now() < exec_deadline, "sleep never ran");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let list = format!("{},{},{}", one.pid, two.pid, bare.0.id());
     let rec = svc.record(&["-p", &list, "-i", "1"], &trace);
     svc.wait_log(&format!("woke pid {}", one.pid));
