@@ -269,7 +269,15 @@ static int signal_mode(int use_malloc, uint64_t n, int on_thread) {
   struct itimerval it = {{0, 1000}, {0, 1000}};
   setitimer(ITIMER_PROF, &it, NULL);
   pthread_t t;
+  /* The flood thread starts with SIGPROF blocked (it blocks it itself too
+     late: a process-wide timer signal taken before, by a second handler
+     writing sig_seen at once, counted as a mismatch). */
+  sigset_t prof, was;
+  sigemptyset(&prof);
+  sigaddset(&prof, SIGPROF);
+  pthread_sigmask(SIG_BLOCK, &prof, &was);
   pthread_create(&t, NULL, flood, NULL);
+  pthread_sigmask(SIG_SETMASK, &was, NULL);
   if (on_thread) pthread_join(bt, NULL);
   else burn_loop();
   uint64_t x = x_, allocs = allocs_;
