@@ -16,7 +16,9 @@
 //! not permitted, gone meanwhile, no safe point) is named in the profile's
 //! trace as not profiled, and `record`'s summary says why.
 //!
-//! A single-threaded target gets a synchronous session (no client thread);
+//! A single-threaded target gets a synchronous session (no client thread),
+//! unless the profile samples threads (only the client's thread would arm
+//! those the program starts later);
 //! when the last profile that wants it ends, the service calls the
 //! client's detach entry the same way before stopping the session
 //! ([`Injector::end_sync`]).
@@ -66,6 +68,10 @@ pub(super) struct InjectRequest {
     pub(super) name: String,
     /// The user who asked for the profile.
     pub(super) requester: u32,
+    /// The profile samples threads (CPU time or a perf event): the client
+    /// gets its thread even in a single-threaded process
+    /// ([`InjectOptions::samples_threads`]).
+    pub(super) samples_threads: bool,
 }
 
 impl Injector {
@@ -141,6 +147,7 @@ impl Injector {
             safe_point_timeout: self.safe_point_timeout,
             call_timeout: CALL_TIMEOUT,
             module_cache: Arc::clone(&self.module_cache),
+            samples_threads: req.samples_threads,
             test_stall: self.test_stall.clone(),
         };
         let report = inject::inject(&target, &opts).map_err(|e| e.to_string())?;
@@ -175,6 +182,7 @@ impl Injector {
             safe_point_timeout: self.safe_point_timeout,
             call_timeout: CALL_TIMEOUT,
             module_cache: Arc::clone(&self.module_cache),
+            samples_threads: false,
             test_stall: None,
         };
         let ended = tokio::task::spawn_blocking(move || {

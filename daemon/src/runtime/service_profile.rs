@@ -318,6 +318,7 @@ fn take_running(
     let book = service.book.clone();
     let mut notes = Vec::new();
     let mut inject = Vec::new();
+    let samples_threads = spec.sampling.cpu_period_ns != 0 || spec.sampling.perf_event != 0;
     for found in running::find(&spec.targets) {
         let pid = found.pid;
         // Only what the requester may profile is woken (root's service
@@ -392,6 +393,7 @@ fn take_running(
                     pid,
                     name: found.name,
                     requester,
+                    samples_threads,
                 });
             } else {
                 log::info!(
