@@ -43,7 +43,9 @@
 //!   whether the client is injected with ptrace (single-threaded: the
 //!   synchronous attach arms the thread itself; threaded: the watcher) or
 //!   preloaded and dormant (a CPU profile activates it through ptrace, not
-//!   the signal, which would wait for an allocation that never comes).
+//!   the signal, which would wait for an allocation that never comes); and
+//!   so does the service, for `record -n NAME` and `record --pid` of a
+//!   preloaded spinner.
 //! * `late_thread.c`: a single-threaded target that starts a thread burning
 //!   CPU only after `record --pid --cpu-time` attached: a profile of
 //!   threads gets a client thread (not the synchronous attach), whose scans
@@ -61,7 +63,7 @@ use std::time::Duration;
 use heapprofd_tests::attach_harness::{Target, attach};
 use heapprofd_tests::client_harness::{compile, workspace_root};
 use heapprofd_tests::record_harness::{check_trace, heapprofd, heapprofd_ok, record, scratch_dir};
-use heapprofd_tests::service_harness::{Reaped, signal, wait_exit, wait_for};
+use heapprofd_tests::service_harness::{Reaped, Service, preloaded, signal, wait_exit, wait_for};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -519,6 +521,52 @@ fn threads_started_after_a_single_threaded_attach_get_cpu_samples() {
         spun >= used / 5,
         "late_spin has {spun} ns of CPU, the thread used {used} ns: {p}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_service_starts_cpu_profiles_of_dormant_clients_that_never_allocate() {
+    let dir = scratch_dir("cpu-service");
+    let svc = Service::start(&dir.join("svc"));
+    for (round, by_pid) in [("name", false), ("pid", true)] {
+        let name = format!("cpusvc_{round}");
+        // Single-threaded, spinning, never allocating after "ready".
+        let mut c = preloaded(&svc.dir, &programs().join("spinner"), &name);
+        c.arg("1");
+        let t = Target::start(c);
+        let trace = dir.join(format!("{round}.pftrace"));
+        let pid = t.pid.to_string();
+        let target = if by_pid {
+            ["--pid", &pid]
+        } else {
+            ["-n", &name]
+        };
+        let mut args = target.to_vec();
+        args.extend(["--cpu-time", "5ms", "--no-heap"]);
+        let mut rec = svc.record(&args, &trace);
+        // Bounded: without its session this fails below, not here.
+        let records = format!("pid {pid} records");
+        let start = std::time::Instant::now();
+        while !svc.log().contains(&records) && start.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // CPU time to sample (of a busy machine's, some).
+        std::thread::sleep(Duration::from_secs(2));
+        signal(&rec.0, libc::SIGINT);
+        let (code, err) = wait_exit(&mut rec.0, "record through the service");
+        assert_eq!(code, 0, "{round}: record failed:\n{err}\n{}", svc.log());
+        drop(t);
+        let profiles = cpu_report(&trace);
+        let p = profiles
+            .iter()
+            .find(|p| p["event"] == "cpu-time")
+            .unwrap_or_else(|| panic!("{round}: no CPU samples:\n{err}\n{}", svc.log()));
+        assert!(u(&p["samples"]) >= 5, "{round}: {p}");
+        let f = functions(p);
+        assert!(f.iter().any(|x| x == "spin"), "{round}: {f:?}");
+    }
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "daemon failed:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
