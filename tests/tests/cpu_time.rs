@@ -40,8 +40,8 @@
 //!   losses in the trace are exactly those.
 //! * `spinner.c`: a target that burns CPU without ever allocating, alone
 //!   or beside a blocked thread; `record --pid --cpu-time` samples it
-//!   whether the client is injected with ptrace (single-threaded: the
-//!   synchronous attach arms the thread itself; threaded: the watcher) or
+//!   whether the client is injected with ptrace (single-threaded or not:
+//!   a CPU profile always gets the client's watcher thread) or
 //!   preloaded and dormant (a CPU profile activates it through ptrace, not
 //!   the signal, which would wait for an allocation that never comes); and
 //!   so does the service, for `record -n NAME` and `record --pid` of a
