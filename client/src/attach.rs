@@ -19,7 +19,8 @@
 //!   Unlike the activation signal, which only flags a pending activation for
 //!   the next allocation hook (a library that does not interpose never sees
 //!   one), this starts at once.
-//! * **synchronous** ([`FLAG_SYNC`], the process has a single thread):
+//! * **synchronous** ([`FLAG_SYNC`], the process has a single thread and
+//!   the profile samples no threads):
 //!   glibc makes a process "multi-threaded" for good at its first
 //!   `pthread_create` (its malloc then takes arena locks and atomic
 //!   operations on every call: measured 1.28x slower malloc/free pairs after
@@ -31,10 +32,13 @@
 //!   a bare-name `dlopen` (a tail jump to glibc's) are only patched at the
 //!   next wrapped `dlopen`; if the daemon dies, the next sample finds the
 //!   socket closed and the hooks go back to pass-through (the GOT entries
-//!   then stay redirected to them). CPU timers and perf events are armed
-//!   here for the thread (the only one) and disarmed at the detach;
-//!   threads the program starts later are not sampled (no watcher scans
-//!   for them, and `pthread_create` is not patched).
+//!   then stay redirected to them). A profile of threads (`--cpu-time`,
+//!   `--event`) never gets this mode: the daemon does not pass
+//!   [`FLAG_SYNC`] for one, as only a watcher's scans would arm the
+//!   threads the program starts later (`pthread_create` is not patched);
+//!   a single-threaded target then turns multi-threaded. (Should a
+//!   synchronous session sample threads all the same, its one thread is
+//!   armed here and disarmed at the detach.)
 //!
 //! The result codes are part of the daemon/client contract (the daemon turns
 //! each into an error message): see [`AttachStatus`].

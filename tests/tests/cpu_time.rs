@@ -40,21 +40,30 @@
 //!   losses in the trace are exactly those.
 //! * `spinner.c`: a target that burns CPU without ever allocating, alone
 //!   or beside a blocked thread; `record --pid --cpu-time` samples it
-//!   whether the client is injected with ptrace (single-threaded: the
-//!   synchronous attach arms the thread itself; threaded: the watcher) or
+//!   whether the client is injected with ptrace (single-threaded or not:
+//!   a CPU profile always gets the client's watcher thread) or
 //!   preloaded and dormant (a CPU profile activates it through ptrace, not
-//!   the signal, which would wait for an allocation that never comes).
+//!   the signal, which would wait for an allocation that never comes); and
+//!   so does the service, for `record -n NAME` and `record --pid` of a
+//!   preloaded spinner.
+//! * `late_thread.c`: a single-threaded target that starts a thread burning
+//!   CPU only after `record --pid --cpu-time` attached: a profile of
+//!   threads gets a client thread (not the synchronous attach), whose scans
+//!   arm threads started later.
 //!
 //! No timed assertion: shares and totals are of CPU time, which the
 //! machine's load does not change.
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use heapprofd_tests::attach_harness::{Target, attach};
 use heapprofd_tests::client_harness::{compile, workspace_root};
-use heapprofd_tests::record_harness::{check_trace, heapprofd_ok, record, scratch_dir};
+use heapprofd_tests::record_harness::{check_trace, heapprofd, heapprofd_ok, record, scratch_dir};
+use heapprofd_tests::service_harness::{Reaped, Service, preloaded, signal, wait_exit, wait_for};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -76,6 +85,7 @@ fn programs() -> &'static PathBuf {
             "spinner",
             "bad_walks",
             "exit_losses",
+            "late_thread",
         ] {
             compile(&[
                 "gcc",
@@ -437,6 +447,126 @@ fn attached_targets_that_never_allocate_get_cpu_samples() {
         );
         drop(t);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Inclusive weight (ns of CPU) of `name` in a profile.
+fn inclusive(p: &Value, name: &str) -> u64 {
+    p["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == name)
+        .map_or(0, |f| u(&f["inclusive_weight"]))
+}
+
+#[test]
+fn threads_started_after_a_single_threaded_attach_get_cpu_samples() {
+    let dir = scratch_dir("cpu-late-thread");
+    let trace = dir.join("late.pftrace");
+    let mut t = Target::start(std::process::Command::new(programs().join("late_thread")));
+    let mut rec = heapprofd()
+        .args(["record", "--no-service", "--pid", &t.pid.to_string()])
+        .args(["--cpu-time", "1ms", "--no-heap", "-o", &s(&trace)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start record --pid");
+    let err = rec.stderr.take().expect("stderr");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&lines);
+    let reader = std::thread::spawn(move || {
+        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            seen.lock().unwrap().push(l);
+        }
+    });
+    let mut rec = Reaped(rec);
+    wait_for("record --pid to say it profiles", || {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("profiling process"))
+            || !matches!(rec.0.try_wait(), Ok(None))
+    });
+    // The process was single-threaded when attached; its new thread burns
+    // 500 ms of CPU.
+    let answer = t.cmd("burn 500");
+    let w: Vec<&str> = answer.split(' ').collect();
+    assert_eq!(w[0], "burned", "{answer}");
+    let (tid, used): (u64, u64) = (w[1].parse().unwrap(), w[2].parse().unwrap());
+    signal(&rec.0, libc::SIGINT);
+    let (code, _) = wait_exit(&mut rec.0, "record --pid");
+    reader.join().expect("the stderr reader");
+    let stderr = lines.lock().unwrap().join("\n");
+    assert_eq!(code, 0, "record --pid failed:\n{stderr}");
+    t.quit();
+    let profiles = cpu_report(&trace);
+    let p = profiles
+        .iter()
+        .find(|p| p["event"] == "cpu-time")
+        .unwrap_or_else(|| panic!("no CPU samples at all:\n{stderr}"));
+    let thread = p["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["tid"].as_u64() == Some(tid))
+        .unwrap_or_else(|| panic!("no samples of the new thread {tid}: {p}"));
+    // Up to a scan (50 ms) and a tick of its start are missed; a fifth of
+    // its CPU is a floor no load can break.
+    assert!(u(&thread["samples"]) >= 20, "{thread}");
+    let spun = inclusive(p, "late_spin");
+    assert!(
+        spun >= used / 5,
+        "late_spin has {spun} ns of CPU, the thread used {used} ns: {p}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_service_starts_cpu_profiles_of_dormant_clients_that_never_allocate() {
+    let dir = scratch_dir("cpu-service");
+    let svc = Service::start(&dir.join("svc"));
+    for (round, by_pid) in [("name", false), ("pid", true)] {
+        let name = format!("cpusvc_{round}");
+        // Single-threaded, spinning, never allocating after "ready".
+        let mut c = preloaded(&svc.dir, &programs().join("spinner"), &name);
+        c.arg("1");
+        let t = Target::start(c);
+        let trace = dir.join(format!("{round}.pftrace"));
+        let pid = t.pid.to_string();
+        let target = if by_pid {
+            ["--pid", &pid]
+        } else {
+            ["-n", &name]
+        };
+        let mut args = target.to_vec();
+        args.extend(["--cpu-time", "5ms", "--no-heap"]);
+        let mut rec = svc.record(&args, &trace);
+        // Bounded: without its session this fails below, not here.
+        let records = format!("pid {pid} records");
+        let start = std::time::Instant::now();
+        while !svc.log().contains(&records) && start.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // CPU time to sample (of a busy machine's, some).
+        std::thread::sleep(Duration::from_secs(2));
+        signal(&rec.0, libc::SIGINT);
+        let (code, err) = wait_exit(&mut rec.0, "record through the service");
+        assert_eq!(code, 0, "{round}: record failed:\n{err}\n{}", svc.log());
+        drop(t);
+        let profiles = cpu_report(&trace);
+        let p = profiles
+            .iter()
+            .find(|p| p["event"] == "cpu-time")
+            .unwrap_or_else(|| panic!("{round}: no CPU samples:\n{err}\n{}", svc.log()));
+        assert!(u(&p["samples"]) >= 5, "{round}: {p}");
+        let f = functions(p);
+        assert!(f.iter().any(|x| x == "spin"), "{round}: {f:?}");
+    }
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "daemon failed:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -11,6 +11,10 @@
 //! allocates in `c_prealloc` an array of N pointers and N blocks of 1000
 //! bytes: at `-i 1` the trace holds exactly those ([`keep_totals`]). No assertion depends on timing: the tests wait for
 //! the service's log lines (generous timeouts only catch hangs).
+//!
+//! A CPU profile activates a preloaded dormant client with ptrace; when
+//! that fails (`in_handler`, never at a safe point), the process is woken
+//! with the signal instead, not named as not profiled.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -21,7 +25,7 @@ use heapprofd_tests::attach_harness::{Target, attach_programs, client_thread};
 use heapprofd_tests::record_harness::{
     TraceSummary, check_trace, frame_is, heapprofd, scratch_dir,
 };
-use heapprofd_tests::service_harness::{Service, signal, wait_exit, wait_for};
+use heapprofd_tests::service_harness::{Service, preloaded, signal, wait_exit, wait_for};
 
 /// Starts `target THREADS` named `name`, its environment pointing at the
 /// service in `svc`, without the client.
@@ -218,5 +222,44 @@ fn the_service_answers_while_an_injection_is_stuck_and_its_sigkill_leaves_the_ta
     assert_eq!(t.cmd("got"), "malloc=libc");
     assert_eq!(t.cmd("keep 3"), "kept 3");
     t.quit();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cpu_profile_wakes_a_dormant_client_with_the_signal_when_ptrace_fails() {
+    let dir = scratch_dir("svc-activate-fallback");
+    // A target never at a safe point: the ptrace activation gives up
+    // after 300 ms.
+    let svc = Service::start_with_env(&dir.join("svc"), &[("HEAPPROFD_ATTACH_TIMEOUT_MS", "300")]);
+    let name = "svcfallback_target";
+    let t = Target::start(preloaded(
+        &svc.dir,
+        &attach_programs().path("in_handler"),
+        name,
+    ));
+    let trace = dir.join("fallback.pftrace");
+    let mut rec = svc.record(&["-n", name, "--cpu-time", "5ms", "--no-heap"], &trace);
+    let woke = format!(
+        "pid {} ({name}): could not activate its dormant profiler",
+        t.pid
+    );
+    let refused = format!("pid {} ({name}) not profiled", t.pid);
+    wait_for("the activation's outcome in the service's log", || {
+        let log = svc.log();
+        log.contains(&woke) || log.contains(&refused)
+    });
+    signal(&rec.0, libc::SIGINT);
+    let (code, err) = wait_exit(&mut rec.0, "record -n");
+    assert_eq!(code, 0, "record -n failed:\n{err}\n{}", svc.log());
+    // Woken with the signal (it starts at its next allocation, which this
+    // program never makes), not named as not profiled.
+    assert!(
+        err.contains(&woke) && err.contains("woke it with signal 36"),
+        "{err}"
+    );
+    assert!(!err.contains("not profiled"), "{err}");
+    drop(t);
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "daemon failed:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,6 +19,13 @@ pub struct InjectOptions {
     /// Unwind tables of the target's modules (the daemon's cache, so its
     /// sessions reuse what the safe-point checks parsed).
     pub module_cache: std::sync::Arc<heapprofd_unwinder::ModuleCache>,
+    /// The profile samples threads (`--cpu-time`, `--event`): the client
+    /// always gets its thread, even in a single-threaded process (no
+    /// synchronous session), so that its scans of `/proc/self/task` arm
+    /// the threads the program starts later (each from the first scan
+    /// after its start, within 50 ms). A heap-only profile of a
+    /// single-threaded process stays synchronous.
+    pub samples_threads: bool,
     /// Tests only: the step to stall at (`HEAPPROFD_ATTACH_TEST_STALL`,
     /// see `stall.rs`).
     pub test_stall: Option<String>,
@@ -43,6 +50,7 @@ pub struct InjectReport {
     /// Where the pause went: (step, duration), in order.
     pub steps: Vec<(&'static str, Duration)>,
     /// The session was started synchronously, without a client thread (the
-    /// target had one thread): end it with [`crate::detach`].
+    /// target had one thread and the profile samples none, see
+    /// [`InjectOptions::samples_threads`]): end it with [`crate::detach`].
     pub sync: bool,
 }

@@ -205,7 +205,9 @@ fn attempt_inner(
     let sigmask = tr.sigmask()?;
     // A single-threaded process (this thread, stopped, is all of it) gets
     // no client thread: glibc would consider it multi-threaded for good.
-    let sync = !plan.detach && threads(pid).len() == 1;
+    // Not for a profile of threads: only the client's thread would find
+    // (and arm) the threads the program starts later.
+    let sync = !plan.detach && !opts.samples_threads && threads(pid).len() == 1;
     let stall = Stall::new(opts.test_stall.as_deref(), plan.detach);
     // From here on the thread can always get back without us (see
     // `restore`): the return path is in place before the first call.

@@ -11,7 +11,11 @@
 //!    `sigqueue(PID, 36, our pid)`: no ptrace needed. Otherwise the client
 //!    is loaded with ptrace (unless already loaded) and its attach entry
 //!    called ([`inject::inject`]); it patches the program's GOTs for the
-//!    session. `HEAPPROFD_ATTACH=signal|ptrace` forces one way;
+//!    session. A profile of threads (`--cpu-time`, `--event`) uses ptrace
+//!    for a wakeable client too (the signal would wait for the program's
+//!    next allocation), and its client always gets a thread of its own,
+//!    even in a single-threaded process (no synchronous session: its scans
+//!    arm the threads started later). `HEAPPROFD_ATTACH=signal|ptrace` forces one way;
 //!    `HEAPPROFD_ATTACH_TIMEOUT_MS` changes how long a thread at a safe
 //!    point is looked for (10 s).
 //! 4. Profiling runs until `--duration`, Ctrl-C/SIGTERM, or the target's
@@ -88,6 +92,14 @@ fn choose_method(t: &Target, choice: &AttachChoice, samples_threads: bool) -> Re
     }
 }
 
+/// Whether the profile samples threads (`--cpu-time`, `--event`): the
+/// client is then activated at once, and always gets its thread (which
+/// arms the threads the program starts later), never a synchronous
+/// session.
+fn samples_threads(args: &RecordArgs) -> bool {
+    args.cpu_time.is_some() || args.event.is_some()
+}
+
 /// Whether the target's client can be woken with the signal.
 fn wakes_by_signal(t: &Target) -> bool {
     t.client_loaded() && t.preloaded && t.catches_signal
@@ -99,8 +111,7 @@ pub fn run(args: RecordArgs, env: &Env) -> Result<i32> {
     let started = Instant::now();
     let pid = *args.pid.first().context("record --pid without a pid")?;
     let target = inject::probe(pid)?;
-    let samples_threads = args.cpu_time.is_some() || args.event.is_some();
-    let method = choose_method(&target, &env.attach, samples_threads)?;
+    let method = choose_method(&target, &env.attach, samples_threads(&args))?;
     let signal_fallback = matches!(env.attach, AttachChoice::Auto) && wakes_by_signal(&target);
     let client_lib = find_client_lib(args.client_lib.as_deref())?;
     let output = args
@@ -189,6 +200,7 @@ impl Attach {
             safe_point_timeout: self.safe_point_timeout,
             call_timeout: CALL_TIMEOUT,
             module_cache: daemon.module_cache(),
+            samples_threads: samples_threads(&self.args),
             test_stall: self.test_stall.clone(),
         };
         let (report, method) = match self.activate(&opts).await {

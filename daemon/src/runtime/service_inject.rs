@@ -16,7 +16,15 @@
 //! not permitted, gone meanwhile, no safe point) is named in the profile's
 //! trace as not profiled, and `record`'s summary says why.
 //!
-//! A single-threaded target gets a synchronous session (no client thread);
+//! A profile of threads (`--cpu-time`, `--event`) of a process named by
+//! `-n` or `--pid` whose dormant client the signal could wake activates it
+//! this way too: the signal only flags the start for the program's next
+//! allocation, which a program that only computes never makes. If that
+//! fails, the process is woken with the signal after all.
+//!
+//! A single-threaded target gets a synchronous session (no client thread),
+//! unless the profile samples threads (only the client's thread would arm
+//! those the program starts later);
 //! when the last profile that wants it ends, the service calls the
 //! client's detach entry the same way before stopping the session
 //! ([`Injector::end_sync`]).
@@ -32,6 +40,7 @@ use heapprofd_unwinder::ModuleCache;
 use super::BookMsg;
 use super::book_msg::ServiceMsg;
 use super::hub::ProfileId;
+use super::triggers::Triggers;
 use crate::service::{access, running};
 
 /// How long to look for a thread at a safe point.
@@ -66,6 +75,14 @@ pub(super) struct InjectRequest {
     pub(super) name: String,
     /// The user who asked for the profile.
     pub(super) requester: u32,
+    /// The profile samples threads (CPU time or a perf event): the client
+    /// gets its thread even in a single-threaded process
+    /// ([`InjectOptions::samples_threads`]).
+    pub(super) samples_threads: bool,
+    /// The process has a dormant client the signal can wake, activated
+    /// with ptrace for a profile of threads: if that fails, it is woken
+    /// with the signal instead (it then starts at its next allocation).
+    pub(super) wake_fallback: bool,
 }
 
 impl Injector {
@@ -92,12 +109,15 @@ impl Injector {
     }
 
     /// Injects the client for `req` (claimed with [`Self::claim`]) on a
-    /// blocking thread; on failure names the process in the profile's
-    /// trace (`book`) and returns what `record` should be told.
+    /// blocking thread; on failure wakes the process with the signal
+    /// through `triggers` if `req` asks for it, else (or if that fails too)
+    /// names the process in the profile's trace (`book`); returns what
+    /// `record` should be told.
     pub(super) async fn inject(
         self: Arc<Self>,
         req: InjectRequest,
         book: std::sync::mpsc::Sender<BookMsg>,
+        triggers: &dyn Triggers,
     ) -> Option<String> {
         let me = Arc::clone(&self);
         let r = req.clone();
@@ -111,6 +131,23 @@ impl Injector {
         let InjectRequest {
             profile, pid, name, ..
         } = req;
+        let why = if req.wake_fallback {
+            match triggers.wake(pid) {
+                Ok(()) => {
+                    let note = format!(
+                        "pid {pid} ({name}): could not activate its dormant profiler with \
+                         ptrace ({why}); woke it with signal {} instead: it starts at its \
+                         next allocation",
+                        inject::ACTIVATION_SIGNAL
+                    );
+                    log::info!("profile {profile}: {note}");
+                    return Some(note);
+                }
+                Err(e) => format!("{why}; waking it with the signal: {e:#}"),
+            }
+        } else {
+            why
+        };
         log::info!("profile {profile}: pid {pid} ({name}) not profiled: {why}");
         let cmdline = super::procinfo::read_cmdline(pid);
         let _ = book.send(BookMsg::Service(ServiceMsg::NotAttached(
@@ -141,6 +178,7 @@ impl Injector {
             safe_point_timeout: self.safe_point_timeout,
             call_timeout: CALL_TIMEOUT,
             module_cache: Arc::clone(&self.module_cache),
+            samples_threads: req.samples_threads,
             test_stall: self.test_stall.clone(),
         };
         let report = inject::inject(&target, &opts).map_err(|e| e.to_string())?;
@@ -175,6 +213,7 @@ impl Injector {
             safe_point_timeout: self.safe_point_timeout,
             call_timeout: CALL_TIMEOUT,
             module_cache: Arc::clone(&self.module_cache),
+            samples_threads: false,
             test_stall: None,
         };
         let ended = tokio::task::spawn_blocking(move || {

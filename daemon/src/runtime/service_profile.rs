@@ -3,7 +3,8 @@
 //! bookkeeping thread) and its place in the [`Hub`](super::hub::Hub), take
 //! in the running processes it wants (sharing a session another profile
 //! already has, waking a dormant preloaded client with the signal, or
-//! loading the client with ptrace, [`super::service_inject`]),
+//! loading the client with ptrace, [`super::service_inject`], which also
+//! activates a dormant client for a profile of threads),
 //! then run until its duration, the command line closing its side, or the
 //! service stopping; at the end stop the sessions no other profile wants,
 //! write the trace and answer with the summary.
@@ -235,7 +236,11 @@ async fn run_profile(
     // Each on a blocking thread: the service keeps serving meanwhile.
     let mut injections = tokio::task::JoinSet::new();
     for req in to_inject {
-        injections.spawn(Arc::clone(&service.injector).inject(req, book.clone()));
+        let (service, book) = (Arc::clone(service), book.clone());
+        injections.spawn(async move {
+            let injector = Arc::clone(&service.injector);
+            injector.inject(req, book, service.triggers.as_ref()).await
+        });
     }
     let deadline = spec
         .duration_ms
@@ -307,8 +312,11 @@ async fn run_profile(
 /// another profile has (or is flagged `rejected_concurrent` when that one
 /// samples differently), else wakes a preloaded dormant client with the
 /// activation signal, else (not for `--all`) returns it to be given the
-/// client with ptrace. Returns what `record` should be told about
-/// processes it did not get, and the injections to run.
+/// client with ptrace. A profile of threads (`--cpu-time`, `--event`)
+/// returns a wakeable glibc client too, unless `--all` alone takes it: it
+/// is activated with ptrace, and woken with the signal only if that fails.
+/// Returns what `record` should be told about processes it did not get,
+/// and the injections to run.
 fn take_running(
     service: &Service,
     id: ProfileId,
@@ -318,6 +326,7 @@ fn take_running(
     let book = service.book.clone();
     let mut notes = Vec::new();
     let mut inject = Vec::new();
+    let samples_threads = spec.sampling.cpu_period_ns != 0 || spec.sampling.perf_event != 0;
     for found in running::find(&spec.targets) {
         let pid = found.pid;
         // Only what the requester may profile is woken (root's service
@@ -357,7 +366,8 @@ fn take_running(
             Joined::NoSession => {}
         }
         let wakes = service.triggers.can_wake(pid);
-        if !wakes && spec.targets.all && !spec.targets.pids.contains(&pid) {
+        let by_all_alone = spec.targets.all && !spec.targets.pids.contains(&pid);
+        if !wakes && by_all_alone {
             // --all takes the processes that have the client, as
             // heapprofd: none is given one.
             let why = format!(
@@ -383,7 +393,12 @@ fn take_running(
             continue;
         }
         service.hub.expect(id, pid);
-        if !wakes {
+        // A profile of threads activates a dormant client with ptrace too
+        // (not for --all, which never ptraces): the signal only starts it
+        // at the program's next allocation, maybe never.
+        let activate =
+            wakes && samples_threads && !by_all_alone && service.triggers.ptrace_activates(pid);
+        if !wakes || activate {
             // Loaded with ptrace ([`super::service_inject`]), unless another
             // profile is doing so now: the session is then shared.
             if service.injector.claim(pid) {
@@ -392,6 +407,8 @@ fn take_running(
                     pid,
                     name: found.name,
                     requester,
+                    samples_threads,
+                    wake_fallback: activate,
                 });
             } else {
                 log::info!(

@@ -49,6 +49,15 @@ pub trait Triggers: Send + Sync + std::fmt::Debug {
     fn can_wake(&self, pid: u32) -> bool;
     /// Wakes running process `pid`: it connects to the service.
     fn wake(&self, pid: u32) -> Result<()>;
+    /// Whether the dormant client of running process `pid` (one
+    /// [`Self::can_wake`] says the signal wakes) can also be activated at
+    /// once with ptrace, a call of its attach entry: only the glibc client
+    /// has one (not the bionic front-end, nor bionic's own loading on
+    /// Android).
+    fn ptrace_activates(&self, pid: u32) -> bool {
+        let _ = pid;
+        false
+    }
 }
 
 /// `sigqueue(pid, __SIGRTMIN + 4, {sival_int = 0})`: the profiling signal
@@ -95,6 +104,10 @@ impl Triggers for TriggerStore {
 
     fn wake(&self, pid: u32) -> Result<()> {
         wake_with_signal(pid)
+    }
+
+    fn ptrace_activates(&self, pid: u32) -> bool {
+        crate::service::running::has_glibc_client(pid)
     }
 }
 

@@ -105,11 +105,22 @@ pub fn has_client(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.lines().any(maps_client))
 }
 
+/// Whether process `pid` has the glibc client mapped (the one with the
+/// attach entry that ptrace can call), not only the bionic front-end.
+pub fn has_glibc_client(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .is_ok_and(|m| m.lines().any(|l| mapped_file(l) == Some(CLIENT_FILE)))
+}
+
+/// The file name a line of `/proc/PID/maps` maps, if any.
+fn mapped_file(line: &str) -> Option<&str> {
+    line.rsplit_once('/').map(|(_, file)| file)
+}
+
 /// Whether a line of `/proc/PID/maps` maps the client or the bionic
 /// front-end (by file name, not a suffix of another name).
 fn maps_client(line: &str) -> bool {
-    let file = line.rsplit('/').next().unwrap_or("");
-    line.contains('/') && (file == CLIENT_FILE || BIONIC_CLIENT_FILES.contains(&file))
+    mapped_file(line).is_some_and(|file| file == CLIENT_FILE || BIONIC_CLIENT_FILES.contains(&file))
 }
 
 /// Whether a client in process `pid`, woken with signal value 0, would
