@@ -303,8 +303,21 @@ fn a_fork_child_forgets_the_walks_of_the_parents_threads() {
     // threads may be inside `dl_iterate_phdr` at the fork, and a child of a
     // multi-threaded process would then wait for the loader's lock forever
     // (glibc does not reset it at fork), which this test is not about.
+    // Under an emulator (the aarch64 tests run by qemu-user, which cannot
+    // exec a foreign binary by itself) `HEAPPROFD_TEST_RUNNER` holds its
+    // command line (scripts/test.sh).
     let exe = std::env::current_exe().expect("test binary");
-    let mut child = std::process::Command::new(exe)
+    let runner = std::env::var("HEAPPROFD_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    let mut command = match words.next() {
+        Some(first) => {
+            let mut c = std::process::Command::new(first);
+            c.args(words).arg(exe);
+            c
+        }
+        None => std::process::Command::new(exe),
+    };
+    let mut child = command
         .args([
             "walkstack::tests::a_fork_child_forgets_the_walks_of_the_parents_threads",
             "--exact",
