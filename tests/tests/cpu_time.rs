@@ -109,6 +109,33 @@ fn s(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// `record --no-service OPTS -o TRACE -- PROGRAM ARGS` (a program of
+/// `tests/programs/cpu`, a trace in a new scratch directory `name`), which
+/// must exit 0: the directory, the trace and what record printed.
+fn record_program(
+    name: &str,
+    opts: &[&str],
+    program: &str,
+    args: &[&str],
+) -> (PathBuf, PathBuf, heapprofd_tests::client_harness::Output) {
+    let dir = scratch_dir(name);
+    let trace = dir.join(format!("{name}.pftrace"));
+    let prog = s(&programs().join(program));
+    let trace_s = s(&trace);
+    let opts: Vec<&str> = ["--no-service"]
+        .iter()
+        .copied()
+        .chain(opts.iter().copied())
+        .chain(["-o", trace_s.as_str()])
+        .collect();
+    let cmd: Vec<&str> = std::iter::once(prog.as_str())
+        .chain(args.iter().copied())
+        .collect();
+    let out = record(&opts, &cmd, TIMEOUT);
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    (dir, trace, out)
+}
+
 /// `report --cpu --format json`'s profiles.
 fn cpu_report(trace: &Path) -> Vec<Value> {
     let out = heapprofd_ok(&[
@@ -139,22 +166,12 @@ fn u(v: &Value) -> u64 {
 
 #[test]
 fn cpu_time_gives_the_split_and_the_process_cpu_time() {
-    let dir = scratch_dir("cpu-split");
-    let trace = dir.join("cpu.pftrace");
-    let prog = programs().join("cpu_split");
-    let out = record(
-        &[
-            "--no-service",
-            "--cpu-time",
-            "5ms",
-            "--no-heap",
-            "-o",
-            &s(&trace),
-        ],
-        &[&s(&prog), "3000", "90"],
-        TIMEOUT,
+    let (dir, trace, out) = record_program(
+        "cpu-split",
+        &["--cpu-time", "5ms", "--no-heap"],
+        "cpu_split",
+        &["3000", "90"],
     );
-    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
     let rusage_ns: u64 = out
         .stdout
         .lines()
@@ -229,15 +246,12 @@ fn pprof_is_a_cpu_profile(trace: &Path, dir: &Path) {
 
 #[test]
 fn stacks_requested_from_sigprof_handlers_including_inside_malloc() {
-    let dir = scratch_dir("stack-requests");
-    let trace = dir.join("req.pftrace");
-    let prog = programs().join("stack_requests");
-    let out = record(
-        &["--no-service", "-i", "4096", "-o", &s(&trace)],
-        &[&s(&prog), "300"],
-        TIMEOUT,
+    let (_dir, trace, out) = record_program(
+        "stack-requests",
+        &["-i", "4096"],
+        "stack_requests",
+        &["300"],
     );
-    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
     let line = out
         .stdout
         .lines()
@@ -273,22 +287,8 @@ fn stacks_requested_from_sigprof_handlers_including_inside_malloc() {
 
 #[test]
 fn jep509_example_cpu_goes_to_the_fast_requests() {
-    let dir = scratch_dir("jep509");
-    let trace = dir.join("jep.pftrace");
-    let prog = programs().join("jep509");
-    let out = record(
-        &[
-            "--no-service",
-            "--cpu-time",
-            "1ms",
-            "--no-heap",
-            "-o",
-            &s(&trace),
-        ],
-        &[&s(&prog)],
-        TIMEOUT,
-    );
-    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let (_dir, trace, out) =
+        record_program("jep509", &["--cpu-time", "1ms", "--no-heap"], "jep509", &[]);
     assert!(out.stdout.contains("jep509 done"), "{}", out.stdout);
     let profiles = cpu_report(&trace);
     let p = &profiles[0];
@@ -314,24 +314,12 @@ fn jep509_example_cpu_goes_to_the_fast_requests() {
 
 #[test]
 fn page_fault_events_are_counted_where_they_happen() {
-    let dir = scratch_dir("page-faults");
-    let trace = dir.join("pf.pftrace");
-    let prog = programs().join("page_faults");
-    let out = record(
-        &[
-            "--no-service",
-            "--event",
-            "page-faults",
-            "--period",
-            "10",
-            "--no-heap",
-            "-o",
-            &s(&trace),
-        ],
-        &[&s(&prog), "100"],
-        TIMEOUT,
+    let (_dir, trace, out) = record_program(
+        "page-faults",
+        &["--event", "page-faults", "--period", "10", "--no-heap"],
+        "page_faults",
+        &["100"],
     );
-    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
     let touched: u64 = out
         .stdout
         .lines()
@@ -359,22 +347,12 @@ fn page_fault_events_are_counted_where_they_happen() {
 
 #[test]
 fn threads_shorter_than_a_scan_are_sampled_whole() {
-    let dir = scratch_dir("short-threads");
-    let trace = dir.join("short.pftrace");
-    let prog = programs().join("short_threads");
-    let out = record(
-        &[
-            "--no-service",
-            "--cpu-time",
-            "2ms",
-            "--no-heap",
-            "-o",
-            &s(&trace),
-        ],
-        &[&s(&prog), "20", "20"],
-        TIMEOUT,
+    let (_dir, trace, out) = record_program(
+        "short-threads",
+        &["--cpu-time", "2ms", "--no-heap"],
+        "short_threads",
+        &["20", "20"],
     );
-    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
     let burned: u64 = out
         .stdout
         .lines()
@@ -572,15 +550,7 @@ fn the_service_starts_cpu_profiles_of_dormant_clients_that_never_allocate() {
 
 #[test]
 fn samples_whose_walk_fails_are_written_with_the_reason() {
-    let dir = scratch_dir("bad-walks");
-    let trace = dir.join("bad.pftrace");
-    let prog = programs().join("bad_walks");
-    let out = record(
-        &["--no-service", "-o", &s(&trace)],
-        &[&s(&prog), "10"],
-        TIMEOUT,
-    );
-    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let (dir, trace, out) = record_program("bad-walks", &[], "bad_walks", &["10"]);
     let w: Vec<u64> = out
         .stdout
         .lines()
@@ -607,21 +577,12 @@ fn samples_whose_walk_fails_are_written_with_the_reason() {
 
 #[test]
 fn losses_after_a_threads_last_sample_are_sent_at_exit() {
-    let dir = scratch_dir("exit-losses");
-    let trace = dir.join("exit.pftrace");
-    let prog = programs().join("exit_losses");
-    let out = record(
-        &[
-            "--no-service",
-            "--heaps",
-            "libc.malloc,exitpool",
-            "-o",
-            &s(&trace),
-        ],
-        &[&s(&prog), "5"],
-        TIMEOUT,
+    let (dir, trace, out) = record_program(
+        "exit-losses",
+        &["--heaps", "libc.malloc, exitpool"],
+        "exit_losses",
+        &["5"],
     );
-    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
     assert!(out.stdout.contains("recorded 5"), "{}", out.stdout);
     assert!(out.stdout.contains("at_exit 3 lost 3"), "{}", out.stdout);
     let profiles = cpu_report(&trace);
