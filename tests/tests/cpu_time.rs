@@ -579,7 +579,7 @@ fn samples_whose_walk_fails_are_written_with_the_reason() {
 fn losses_after_a_threads_last_sample_are_sent_at_exit() {
     let (dir, trace, out) = record_program(
         "exit-losses",
-        &["--heaps", "libc.malloc, exitpool"],
+        &["--heaps", "libc.malloc,exitpool"],
         "exit_losses",
         &["5"],
     );
