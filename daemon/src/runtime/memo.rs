@@ -164,8 +164,7 @@ impl<V: Copy> WalkMemo<V> {
                 self.checks += 1;
                 if e.bp.is_none_or(|b| b == bp)
                     && stack_matches(
-                        &self.reads
-                            [e.reads_start as usize..e.reads_start as usize + e.reads_len as usize],
+                        trace_reads(&self.entries, &self.reads, index),
                         stack_pointer,
                         stack,
                     )
@@ -375,26 +374,26 @@ mod tests {
         assert!(m.is_empty());
     }
 
-    /// Dozens of call sites meeting at the same (pc, sp), told apart by the
-    /// word at one address: every one of them replays (with 4 ways, 16 of
-    /// the 20 were evicted), a trace that does not read that address is
-    /// still checked, and the tags never make a hit out of a mismatch.
     /// Ways under one first-level tag are told apart by a second address
     /// (cc1: thousands of stacks through one allocation wrapper): a lookup
     /// checks in full only the way whose second tag matches, plus the
     /// ways that do not read that address; the filter never hides a match.
     #[test]
     fn a_second_tag_splits_the_ways_of_one_tag() {
-        let mut m = WalkMemo::<StackEntry>::default();
         let (sp, a, b) = (0x1000, 0x1008, 0x1018);
         // Traces 1 and 2 differ at `a` (the slot's tag); 3..=10 share
         // trace 1's tag and differ at `b`.
-        m.insert(&trace(0x40, sp, None, &[(a, 1), (b, 100)]), entry(1));
-        m.insert(&trace(0x40, sp, None, &[(a, 2), (b, 100)]), entry(2));
-        for id in 3..=10u32 {
-            let reads = [(a, 1), (b, 100 + u64::from(id))];
-            m.insert(&trace(0x40, sp, None, &reads), entry(id));
-        }
+        let tagged = || {
+            let mut m = WalkMemo::<StackEntry>::default();
+            m.insert(&trace(0x40, sp, None, &[(a, 1), (b, 100)]), entry(1));
+            m.insert(&trace(0x40, sp, None, &[(a, 2), (b, 100)]), entry(2));
+            for id in 3..=10u32 {
+                let reads = [(a, 1), (b, 100 + u64::from(id))];
+                m.insert(&trace(0x40, sp, None, &reads), entry(id));
+            }
+            m
+        };
+        let mut m = tagged();
         // Under tag 1 but ending before `b` (an error stack, say).
         m.insert(&trace(0x40, sp, None, &[(a, 1)]), entry(11));
         let sample = |va: u64, vb: u64| {
@@ -412,13 +411,7 @@ mod tests {
         assert_eq!(lookup(1, 103), (Some(11), 1));
         assert_eq!(lookup(2, 100), (Some(2), 1));
         assert_eq!(lookup(3, 100), (None, 0));
-        let mut m2 = WalkMemo::<StackEntry>::default();
-        m2.insert(&trace(0x40, sp, None, &[(a, 1), (b, 100)]), entry(1));
-        m2.insert(&trace(0x40, sp, None, &[(a, 2), (b, 100)]), entry(2));
-        for id in 3..=10u32 {
-            let reads = [(a, 1), (b, 100 + u64::from(id))];
-            m2.insert(&trace(0x40, sp, None, &reads), entry(id));
-        }
+        let mut m2 = tagged();
         for id in 3..=10u32 {
             let before = m2.checks;
             let found = m2.lookup((0x40, sp, 0), sp, &sample(1, 100 + u64::from(id)));
@@ -434,6 +427,10 @@ mod tests {
         assert!(m2.lookup((0x40, sp, 0), sp, &sample(1, 555)).is_none());
     }
 
+    /// Dozens of call sites meeting at the same (pc, sp), told apart by the
+    /// word at one address: every one of them replays (with 4 ways, 16 of
+    /// the 20 were evicted), a trace that does not read that address is
+    /// still checked, and the tags never make a hit out of a mismatch.
     #[test]
     fn many_stacks_at_one_first_frame_all_replay() {
         let mut m = WalkMemo::<StackEntry>::default();
