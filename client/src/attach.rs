@@ -34,11 +34,9 @@
 //!   socket closed and the hooks go back to pass-through (the GOT entries
 //!   then stay redirected to them). A profile of threads (`--cpu-time`,
 //!   `--event`) never gets this mode: the daemon does not pass
-//!   [`FLAG_SYNC`] for one, as only a watcher's scans would arm the
-//!   threads the program starts later (`pthread_create` is not patched);
-//!   a single-threaded target then turns multi-threaded. (Should a
-//!   synchronous session sample threads all the same, its one thread is
-//!   armed here and disarmed at the detach.)
+//!   [`FLAG_SYNC`] for one, as only a watcher's scans arm threads (those
+//!   running and those the program starts later: `pthread_create` is not
+//!   patched); a single-threaded target then turns multi-threaded.
 //!
 //! The result codes are part of the daemon/client contract (the daemon turns
 //! each into an error message): see [`AttachStatus`].
@@ -49,7 +47,7 @@ use heapprofd_client_core::session::{self, Session};
 use heapprofd_client_core::socket_path::SocketPath;
 use heapprofd_client_core::state::{CONNECTING, IDLE, PENDING, STATE};
 use heapprofd_client_core::tls::Guard;
-use heapprofd_client_core::{activation, connect, cputimer, trigger, watcher};
+use heapprofd_client_core::{activation, connect, trigger, watcher};
 use heapprofd_proto::attach::{AttachStatus, FLAG_SYNC};
 use heapprofd_proto::wire::Handshake;
 
@@ -113,12 +111,6 @@ pub(crate) extern "C" fn heapprofd_rs_remote_attach(id: u32, flags: u32) -> i32 
     match connect::connect(&path, Handshake::FLAG_FROM_SIGNAL) {
         Some(s) => {
             SYNC_SESSION.store(s as *const Session as *mut Session, Ordering::SeqCst);
-            // CPU time or perf events: arm the process's thread (this one)
-            // now, as a watcher would; disarmed at the detach.
-            let (event, period) = s.perf_event();
-            if let Some(plan) = cputimer::Plan::of(s.cpu_period_ns(), event, period) {
-                cputimer::scan(&plan, 0);
-            }
             AttachStatus::Ok.code()
         }
         None => {
@@ -142,7 +134,6 @@ pub(crate) extern "C" fn heapprofd_rs_remote_detach() -> i32 {
     let p = SYNC_SESSION.swap(core::ptr::null_mut(), Ordering::SeqCst);
     // SAFETY: sessions are never freed.
     if let Some(s) = unsafe { p.as_ref() } {
-        cputimer::disarm_all();
         s.teardown(None);
         heapprofd_client_core::heaps::session_ended(s.mode_word());
         session::release(s);
