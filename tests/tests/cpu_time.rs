@@ -160,6 +160,25 @@ fn functions(profile: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Inclusive weight (ns of CPU) of `name` in a profile.
+fn inclusive(p: &Value, name: &str) -> u64 {
+    p["by_inclusive"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == name)
+        .map_or(0, |f| u(&f["inclusive_weight"]))
+}
+
+/// The profile of `event` in `profiles` (`report --cpu`'s JSON); panics
+/// with `context` when there is none.
+fn event_profile<'a>(profiles: &'a [Value], event: &str, context: &str) -> &'a Value {
+    profiles
+        .iter()
+        .find(|p| p["event"] == event)
+        .unwrap_or_else(|| panic!("no {event} samples: {context}"))
+}
+
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
@@ -263,10 +282,7 @@ fn stacks_requested_from_sigprof_handlers_including_inside_malloc() {
     assert!(recorded > 20, "{line}");
     check_trace(&trace);
     let profiles = cpu_report(&trace);
-    let p = profiles
-        .iter()
-        .find(|p| p["event"] == "prof-ticks")
-        .unwrap_or_else(|| panic!("no prof-ticks samples: {profiles:?}"));
+    let p = event_profile(&profiles, "prof-ticks", &format!("{profiles:?}"));
     assert_eq!(u(&p["samples"]), recorded, "{line}");
     let t = &p["threads"][0];
     let not_profiling: u64 = w[7].parse().unwrap();
@@ -292,15 +308,7 @@ fn jep509_example_cpu_goes_to_the_fast_requests() {
     assert!(out.stdout.contains("jep509 done"), "{}", out.stdout);
     let profiles = cpu_report(&trace);
     let p = &profiles[0];
-    let incl = |name: &str| {
-        p["by_inclusive"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["function"] == name)
-            .map_or(0, |f| u(&f["inclusive_weight"]))
-    };
-    let (fast, slow) = (incl("handle_fast"), incl("handle_slow"));
+    let (fast, slow) = (inclusive(p, "handle_fast"), inclusive(p, "handle_slow"));
     // 100 ms of CPU in the fast handler, 0.2 ms in the slow one.
     assert!(
         fast >= 50_000_000,
@@ -328,16 +336,8 @@ fn page_fault_events_are_counted_where_they_happen() {
         .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
     check_trace(&trace);
     let profiles = cpu_report(&trace);
-    let p = profiles
-        .iter()
-        .find(|p| p["event"] == "page-faults")
-        .unwrap_or_else(|| panic!("no page-faults samples: {profiles:?}"));
-    let in_touch = p["by_inclusive"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["function"] == "touch_pages")
-        .map_or(0, |f| u(&f["inclusive_weight"]));
+    let p = event_profile(&profiles, "page-faults", &format!("{profiles:?}"));
+    let in_touch = inclusive(p, "touch_pages");
     // Every first touch faults once; the period rounds down by under 10.
     assert!(
         in_touch + 10 >= touched && in_touch <= touched + touched / 20,
@@ -361,12 +361,7 @@ fn threads_shorter_than_a_scan_are_sampled_whole() {
         .unwrap_or_else(|| panic!("no result line in {}", out.stdout));
     let profiles = cpu_report(&trace);
     let p = &profiles[0];
-    let sampled = p["by_inclusive"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["function"] == "short_work")
-        .map_or(0, |f| u(&f["inclusive_weight"]));
+    let sampled = inclusive(p, "short_work");
     let threads = p["threads"].as_array().unwrap().len();
     // Each thread's CPU after its last signal is never sampled: at most a
     // scheduler tick (4 ms here) and a period, 8 ms allowed per thread.
@@ -413,10 +408,7 @@ fn attached_targets_that_never_allocate_get_cpu_samples() {
             out.stderr
         );
         let profiles = cpu_report(&trace);
-        let p = profiles
-            .iter()
-            .find(|p| p["event"] == "cpu-time")
-            .unwrap_or_else(|| panic!("{what}: no CPU samples:\n{}", out.stderr));
+        let p = event_profile(&profiles, "cpu-time", &format!("{what}:\n{}", out.stderr));
         assert!(u(&p["samples"]) > 0, "{what}: {p}");
         let f = functions(p);
         assert!(
@@ -426,16 +418,6 @@ fn attached_targets_that_never_allocate_get_cpu_samples() {
         drop(t);
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Inclusive weight (ns of CPU) of `name` in a profile.
-fn inclusive(p: &Value, name: &str) -> u64 {
-    p["by_inclusive"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["function"] == name)
-        .map_or(0, |f| u(&f["inclusive_weight"]))
 }
 
 #[test]
@@ -481,10 +463,7 @@ fn threads_started_after_a_single_threaded_attach_get_cpu_samples() {
     assert_eq!(code, 0, "record --pid failed:\n{stderr}");
     t.quit();
     let profiles = cpu_report(&trace);
-    let p = profiles
-        .iter()
-        .find(|p| p["event"] == "cpu-time")
-        .unwrap_or_else(|| panic!("no CPU samples at all:\n{stderr}"));
+    let p = event_profile(&profiles, "cpu-time", &stderr);
     let thread = p["threads"]
         .as_array()
         .unwrap()
@@ -535,10 +514,11 @@ fn the_service_starts_cpu_profiles_of_dormant_clients_that_never_allocate() {
         assert_eq!(code, 0, "{round}: record failed:\n{err}\n{}", svc.log());
         drop(t);
         let profiles = cpu_report(&trace);
-        let p = profiles
-            .iter()
-            .find(|p| p["event"] == "cpu-time")
-            .unwrap_or_else(|| panic!("{round}: no CPU samples:\n{err}\n{}", svc.log()));
+        let p = event_profile(
+            &profiles,
+            "cpu-time",
+            &format!("{round}:\n{err}\n{}", svc.log()),
+        );
         assert!(u(&p["samples"]) >= 5, "{round}: {p}");
         let f = functions(p);
         assert!(f.iter().any(|x| x == "spin"), "{round}: {f:?}");
@@ -563,10 +543,7 @@ fn samples_whose_walk_fails_are_written_with_the_reason() {
     assert_eq!(bad, 10, "{}", out.stdout);
     check_trace(&trace);
     let profiles = cpu_report(&trace);
-    let p = profiles
-        .iter()
-        .find(|p| p["event"] == "bad-walks")
-        .unwrap_or_else(|| panic!("no bad-walks samples: {profiles:?}"));
+    let p = event_profile(&profiles, "bad-walks", &format!("{profiles:?}"));
     assert_eq!(u(&p["samples"]), bad + good, "{p}");
     assert_eq!(u(&p["unwind_errors"]), bad, "{p}");
     let f = functions(p);
@@ -586,10 +563,7 @@ fn losses_after_a_threads_last_sample_are_sent_at_exit() {
     assert!(out.stdout.contains("recorded 5"), "{}", out.stdout);
     assert!(out.stdout.contains("at_exit 3 lost 3"), "{}", out.stdout);
     let profiles = cpu_report(&trace);
-    let p = profiles
-        .iter()
-        .find(|p| p["event"] == "exit-losses")
-        .unwrap_or_else(|| panic!("no exit-losses samples: {profiles:?}"));
+    let p = event_profile(&profiles, "exit-losses", &format!("{profiles:?}"));
     let threads = p["threads"].as_array().unwrap();
     assert_eq!(threads.len(), 1, "{p}");
     assert_eq!(u(&threads[0]["samples"]), 5, "{p}");
