@@ -25,7 +25,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -39,8 +39,6 @@ use nix::unistd::{Gid, Pid, Uid, fchown, getegid, geteuid, mkdir};
 const XDG_SUBDIR: &str = "heapprofd-rs";
 /// Room in `sockaddr_un.sun_path` (with its NUL).
 const SUN_PATH_MAX: usize = 108;
-/// What sockets of older versions in `/tmp` were called: prefix, pid, suffix.
-const LEGACY_PREFIX: &str = "heapprofd-rs-";
 
 /// A checked private runtime directory.
 #[derive(Debug, Clone)]
@@ -95,11 +93,12 @@ impl RuntimeDir {
         self.path.join(format!("{id}{ID_SOCKET_PATH_SUFFIX}"))
     }
 
-    /// Removes the sockets of daemons that are gone, here and (ours) in
-    /// `/tmp` from older versions; returns how many.
+    /// Removes the sockets of daemons that are gone; returns how many.
+    /// (Only this directory: a scan of `/tmp` for the sockets of early
+    /// versions cost 1-3 ms of every run's start on a machine whose `/tmp`
+    /// holds thousands of files.)
     pub fn remove_stale(&self) -> usize {
-        let removed = remove_stale_in(&self.path, "", None)
-            + remove_stale_in(Path::new("/tmp"), LEGACY_PREFIX, Some(geteuid().as_raw()));
+        let removed = remove_stale_in(&self.path);
         if removed > 0 {
             log::debug!("removed {removed} socket(s) left by heapprofd-rs processes that are gone");
         }
@@ -107,15 +106,12 @@ impl RuntimeDir {
     }
 }
 
-/// Removes the stale sockets `<prefix><pid>.sock` of `dir` (only those of
-/// user `owner`, if given); returns how many.
-fn remove_stale_in(dir: &Path, prefix: &str, owner: Option<u32>) -> usize {
+/// Removes the stale sockets `<pid>.sock` of `dir`; returns how many.
+fn remove_stale_in(dir: &Path) -> usize {
     let me = std::process::id();
     let mut removed = 0;
-    for (path, pid) in sockets_in(dir, prefix) {
-        let owned =
-            owner.is_none_or(|uid| std::fs::symlink_metadata(&path).is_ok_and(|m| m.uid() == uid));
-        if owned && pid != me && is_stale(&path, pid) && std::fs::remove_file(&path).is_ok() {
+    for (path, pid) in sockets_in(dir) {
+        if pid != me && is_stale(&path, pid) && std::fs::remove_file(&path).is_ok() {
             removed += 1;
         }
     }
@@ -195,8 +191,8 @@ fn check_private(fd: &OwnedFd, path: &Path, uid: u32) -> Result<()> {
     Ok(())
 }
 
-/// The sockets `<prefix><pid>.sock` in `dir`, with their pids.
-fn sockets_in(dir: &Path, prefix: &str) -> Vec<(PathBuf, u32)> {
+/// The sockets `<pid>.sock` in `dir`, with their pids.
+fn sockets_in(dir: &Path) -> Vec<(PathBuf, u32)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -206,7 +202,6 @@ fn sockets_in(dir: &Path, prefix: &str) -> Vec<(PathBuf, u32)> {
             let name = e.file_name();
             let pid = name
                 .to_str()?
-                .strip_prefix(prefix)?
                 .strip_suffix(ID_SOCKET_PATH_SUFFIX)?
                 .parse::<u32>()
                 .ok()?;
@@ -234,7 +229,7 @@ fn is_stale(path: &Path, pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::net::UnixListener;
 
     use super::*;
@@ -298,7 +293,7 @@ mod tests {
         // Not a socket: never touched.
         let file = dir.socket_for(dead + 2);
         std::fs::write(&file, b"x").expect("file");
-        assert_eq!(remove_stale_in(dir.path(), "", None), 1);
+        assert_eq!(remove_stale_in(dir.path()), 1);
         assert!(!stale.exists());
         assert!(live.exists() && other_ns.exists() && file.exists());
     }
