@@ -7,9 +7,9 @@
 //!                                 bit 7 = sticky overflow
 //! slots:  [[u64; 8]; BUCKETS]     one 64-byte cache line per bucket, 2 MiB,
 //!                                 0 = empty; MAP_PRIVATE, so a forked child
-//!                                 gets its own copy; pre-faulted when mapped
-//!                                 (first-touch faults in sampled allocations
-//!                                 cost more than the 2 MiB of memory)
+//!                                 gets its own copy; faulted in as sampled
+//!                                 addresses reach its pages (the counts are
+//!                                 pre-faulted: every free reads them)
 //! bucket(addr) = (addr >> 4) * golden_ratio >> (64 - log2(BUCKETS))
 //! ```
 //!
@@ -106,14 +106,16 @@ impl FreeSet {
         if base == libc::MAP_FAILED {
             return false;
         }
-        // Take the page faults now (2 MiB + 32 KiB, once per process) rather
-        // than one by one in sampled allocations. Best effort.
-        // SAFETY: advice on the mapping we just made.
-        unsafe {
-            libc::madvise(base, SLOTS_BYTES + COUNTS_BYTES, libc::MADV_POPULATE_WRITE);
-        }
         // SAFETY: inside the mapping.
         let counts = unsafe { base.cast::<u8>().add(SLOTS_BYTES) }.cast::<AtomicU8>();
+        // The counts (32 KiB), read by every free, are faulted in now; the
+        // slots (2 MiB) as sampled addresses reach them: at most one fault
+        // per 4 KiB page, once per process, and a sparse interval touches
+        // few of them. Best effort.
+        // SAFETY: advice on the mapping we just made.
+        unsafe {
+            libc::madvise(counts.cast(), COUNTS_BYTES, libc::MADV_POPULATE_WRITE);
+        }
         self.slots.store(base.cast(), Ordering::Release);
         self.counts.store(counts, Ordering::Release);
         true
