@@ -262,23 +262,9 @@ impl ModuleCache {
     /// The module of a file-backed mapping of process `pid` (`None`: the
     /// process may be gone, the path is then used).
     pub fn module_for_mapping(&self, pid: Option<u32>, entry: &MapEntry) -> Option<Arc<Module>> {
-        // The inode check guards against a reused pid whose new process
-        // happens to have a mapping at the same range.
-        let from_map_files = pid
-            .and_then(|pid| {
-                let link = format!("/proc/{pid}/map_files/{}", entry.map_files_name());
-                elf::open_nonblocking(Path::new(&link)).ok()
-            })
-            .filter(|f| f.metadata().is_ok_and(|m| m.ino() == entry.inode));
-        let file = match from_map_files {
-            Some(f) => f,
-            None => match elf::open_nonblocking(Path::new(&entry.path)) {
-                Ok(f) => f,
-                Err(_) => {
-                    lock(&self.inner).stats.failures += 1;
-                    return None;
-                }
-            },
+        let Some(file) = open_mapped_file(pid, entry) else {
+            lock(&self.inner).stats.failures += 1;
+            return None;
         };
         self.module_for_file(&file, Path::new(&entry.path))
     }
@@ -420,6 +406,21 @@ impl ModuleCache {
         inner.trim(self.budget);
         module
     }
+}
+
+/// Opens the file of a file-backed mapping of process `pid`: through
+/// `/proc/PID/map_files` first (the file the process mapped, even if its
+/// path was replaced or is in another mount namespace), else by its path
+/// (`pid` `None`: the process may be gone). The inode check guards against
+/// a reused pid whose new process has a mapping at the same range.
+pub(crate) fn open_mapped_file(pid: Option<u32>, entry: &MapEntry) -> Option<File> {
+    let from_map_files = pid
+        .and_then(|pid| {
+            let link = format!("/proc/{pid}/map_files/{}", entry.map_files_name());
+            elf::open_nonblocking(Path::new(&link)).ok()
+        })
+        .filter(|f| f.metadata().is_ok_and(|m| m.ino() == entry.inode));
+    from_map_files.or_else(|| elf::open_nonblocking(Path::new(&entry.path)).ok())
 }
 
 #[cfg(test)]

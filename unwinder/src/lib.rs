@@ -124,6 +124,7 @@ mod frame;
 mod mapping;
 mod maps;
 mod memory;
+mod pending;
 mod perfmap;
 mod process;
 mod replay;
@@ -140,6 +141,7 @@ pub use maps::{MapEntry, ParsedMaps, parse_maps};
 pub use memory::{
     FdMaps, FdMemory, MapsSource, NoMemory, ProcessMemory, SnapshotMemory, StaticMaps,
 };
+pub use pending::PendingProcess;
 pub use perfmap::PerfMap;
 pub use process::{ProcessContext, ProcessOptions, ProcessStats};
 pub use replay::{WalkTrace, stack_matches, walk_inputs};

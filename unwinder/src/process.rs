@@ -35,6 +35,7 @@ use crate::frame::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
 use crate::mapping::{Mapping, mapping_at};
 use crate::maps::{self, MapEntry};
 use crate::memory::{MapsSource, ProcessMemory};
+use crate::pending::{EarlyModules, PendingProcess};
 use crate::perfmap::{self, PerfMap};
 use crate::replay::{self, WalkTrace};
 use crate::symbols::{SymbolFrame, lock};
@@ -163,6 +164,19 @@ impl ProcessContext {
         cache: Arc<ModuleCache>,
         options: ProcessOptions,
     ) -> Self {
+        PendingProcess::read(pid, maps, memory, cache, options).finish()
+    }
+
+    /// The context of a [`PendingProcess`]: its modules are loaded now,
+    /// from the files it opened.
+    pub(crate) fn from_pending(
+        pid: u32,
+        maps: Box<dyn MapsSource>,
+        memory: Box<dyn ProcessMemory>,
+        cache: Arc<ModuleCache>,
+        options: ProcessOptions,
+        first: Option<(String, EarlyModules)>,
+    ) -> Self {
         let mut ctx = ProcessContext {
             pid,
             cache,
@@ -176,7 +190,14 @@ impl ProcessContext {
             raw_scratch: RawUnwind::default(),
             perf_map: Mutex::new(None),
         };
-        ctx.read_maps();
+        match first {
+            Some((text, mut early)) => {
+                ctx.apply_maps(&text, &mut early);
+            }
+            None => {
+                ctx.read_maps();
+            }
+        }
         ctx
     }
 
@@ -399,7 +420,13 @@ impl ProcessContext {
         let Ok(text) = self.maps_source.read_maps() else {
             return false;
         };
-        let parsed = maps::parse_maps(&text);
+        self.apply_maps(&text, &mut EarlyModules::default())
+    }
+
+    /// Applies maps text read now or earlier (`early`: what was opened
+    /// for its mappings when it was read); returns whether anything changed.
+    fn apply_maps(&mut self, text: &str, early: &mut EarlyModules) -> bool {
+        let parsed = maps::parse_maps(text);
         self.stats.bad_map_lines += parsed.bad_lines as u64;
         let entries = parsed.entries;
         if entries.is_empty() && !self.mappings.is_empty() {
@@ -423,7 +450,7 @@ impl ProcessContext {
                 .filter(|m| m.same_as(e));
             let m = match reused {
                 Some(m) => Arc::clone(m),
-                None => Arc::new(self.make_mapping(&entries, i)),
+                None => Arc::new(self.make_mapping(&entries, i, early)),
             };
             new.push(m);
         }
@@ -436,10 +463,12 @@ impl ProcessContext {
         true
     }
 
-    fn make_mapping(&self, entries: &[MapEntry], i: usize) -> Mapping {
+    fn make_mapping(&self, entries: &[MapEntry], i: usize, early: &mut EarlyModules) -> Mapping {
         let e = &entries[i];
         let module = if !e.exec {
             None
+        } else if let Some(opened) = early.take(e) {
+            opened.load(&self.cache, e)
         } else if e.is_vdso() {
             self.cache.module_for_vdso(&*self.memory, e)
         } else if e.is_file() {

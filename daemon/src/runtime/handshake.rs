@@ -15,10 +15,12 @@
 //!    kernel's (SO_PEERCRED), as heapprofd checks them. An `eventfd`, a
 //!    pipe, `/dev/urandom` or another process's maps are refused before
 //!    anything is read. Then the ring buffer is created, the maps are read
-//!    (bounded, see the unwinder's `FdMaps`) and the unwinding context
-//!    built (JIT perf maps only if they belong to the peer's user), and the
+//!    (bounded, see the unwinder's `FdMaps`) and the files of the
+//!    executable mappings opened (the unwinder's `PendingProcess`), the
 //!    [`ClientConfig`] and the memfd are sent within what is left of the
-//!    deadline.
+//!    deadline, and only then are the modules loaded from the open files
+//!    and the unwinding context built (JIT perf maps only if they belong to
+//!    the peer's user): the client does not wait for that.
 //!
 //! Anything unexpected is an error naming what was wrong; the connection is
 //! then dropped, which the client sees as a refusal and keeps running
@@ -40,7 +42,9 @@ use heapprofd_model::trace::ProcessMemory;
 use heapprofd_proto::socket::{recv_some_with_fds, send_with_fds};
 use heapprofd_proto::wire::{ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::RingBuffer;
-use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, ProcessContext, ProcessOptions};
+use heapprofd_unwinder::{
+    FdMaps, FdMemory, ModuleCache, PendingProcess, ProcessContext, ProcessOptions,
+};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::getsockopt;
 use nix::sys::socket::sockopt::PeerCredentials;
@@ -282,25 +286,23 @@ pub fn establish(
     check_proc_file(&mem, peer.pid, "mem")?;
     let (ring, memfd) =
         RingBuffer::create(config.shmem_size).context("creating the ring buffer")?;
-    // Read while the client waits for our reply, so its maps and files are
-    // known even if it exits right after (see ARCHITECTURE.md, daemon).
+    // The maps read and the files of the executable mappings opened while
+    // the client waits for our reply, so they are known even if it exits
+    // right after (see ARCHITECTURE.md, daemon); the modules are loaded
+    // from the open files after the reply, while the program runs.
     let t0 = Instant::now();
     let options = ProcessOptions {
         perf_map_owner: Some(peer.uid),
         ..ProcessOptions::default()
     };
-    let process = ProcessContext::with_options(
+    let pending = PendingProcess::read(
         peer.pid,
         Box::new(FdMaps::new(File::from(maps))),
         Box::new(FdMemory::new(File::from(mem))),
         Arc::clone(cache),
         options,
     );
-    log::debug!(
-        "handshake of pid {}: maps and modules read in {:.2} ms",
-        peer.pid,
-        t0.elapsed().as_secs_f64() * 1e3
-    );
+    let read_ms = t0.elapsed().as_secs_f64() * 1e3;
     // What is left of the deadline (the reply is small and the peer has
     // read nothing yet, so it fits its socket buffer unless the peer is
     // gone).
@@ -321,6 +323,14 @@ pub fn establish(
     drop(memfd);
     stream.set_write_timeout(None)?;
     let pidfd = pidfd_open(peer.pid);
+    let t1 = Instant::now();
+    let process = pending.finish();
+    log::debug!(
+        "handshake of pid {}: maps read and files opened in {read_ms:.2} ms before the reply, \
+         modules loaded in {:.2} ms after it",
+        peer.pid,
+        t1.elapsed().as_secs_f64() * 1e3
+    );
     Ok(NewSession {
         peer,
         handshake,
