@@ -364,6 +364,7 @@ impl Daemon {
     /// Stops every session (clients stop writing), drains what they wrote,
     /// writes the final dump and closes the trace.
     pub fn finish(mut self) -> Result<Summary> {
+        let t0 = Instant::now();
         if let Some((stop, done)) = self.accepting.take() {
             let _ = stop.send(());
             let _ = done.recv_timeout(HANDOFF_WAIT);
@@ -375,9 +376,11 @@ impl Daemon {
         for w in &self.shared.workers {
             let _ = w.send(WorkerMsg::StopAll);
         }
+        let t_accept = t0.elapsed();
         for t in self.worker_threads.drain(..) {
             let _ = t.join();
         }
+        let t_drain = t0.elapsed();
         let (tx, rx) = mpsc::channel();
         let _ = self.book_tx.send(BookMsg::Finish(tx));
         let result = rx
@@ -388,7 +391,28 @@ impl Daemon {
         }
         let (symbolize, warm) = self.symbolizer.time_spent();
         log::debug!("{}", self.shared.counters.costs.render(symbolize, warm));
+        log::debug!(
+            "finish: accepting stopped after {:.1} ms, sessions drained after {:.1} ms, \
+             final dump written after {:.1} ms",
+            t_accept.as_secs_f64() * 1e3,
+            t_drain.as_secs_f64() * 1e3,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
         let _ = std::fs::remove_file(&self.socket);
+        result
+    }
+}
+
+impl Daemon {
+    /// [`Daemon::finish`] in a process that exits next: the modules' parsed
+    /// debug information, the profile's maps and the rest are not freed one
+    /// allocation at a time (7-10 ms at the end of every `record` of
+    /// sqlite3, measured) but with the process. The socket is removed, as
+    /// by `finish`.
+    pub fn finish_before_exit(self) -> Result<Summary> {
+        let shared = Arc::clone(&self.shared);
+        let result = self.finish();
+        std::mem::forget(shared);
         result
     }
 }

@@ -142,8 +142,10 @@ async fn tick(t: &mut Option<Interval>) {
 }
 
 /// Stops every session, drains, writes the final dump (on a blocking thread).
+/// For `record` and `attach`, whose process exits next: the daemon's memory
+/// is left to the exit ([`Daemon::finish_before_exit`]).
 pub(super) async fn finish(daemon: Daemon) -> Result<Summary> {
-    tokio::task::spawn_blocking(move || daemon.finish())
+    tokio::task::spawn_blocking(move || daemon.finish_before_exit())
         .await
         .context("finishing the profile")?
 }
