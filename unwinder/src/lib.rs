@@ -118,6 +118,8 @@
 mod cache;
 mod checkout;
 mod debuginfo;
+mod dwarf_units;
+mod early;
 mod elf;
 mod eviction;
 mod frame;

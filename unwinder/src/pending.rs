@@ -11,51 +11,14 @@
 //! open files, which stay readable after the process exits, so it can run
 //! after the client has been answered and has gone on with its program.
 //!
-//! [`ProcessContext::with_options`] is `read` then `finish`.
+//! What is opened is kept in [`crate::early::EarlyModules`].
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::path::Path;
 use std::sync::Arc;
 
-use crate::cache::{Module, ModuleCache, open_mapped_file};
-use crate::maps::{self, MapEntry};
+use crate::cache::ModuleCache;
+use crate::early::EarlyModules;
 use crate::memory::{MapsSource, ProcessMemory};
 use crate::process::{ProcessContext, ProcessOptions};
-
-/// What was opened for an executable mapping when the maps were read.
-#[derive(Debug)]
-pub(crate) enum Opened {
-    /// The mapped file (its module not loaded yet).
-    File(File),
-    /// The vDSO's module (made from the process's memory, which is gone
-    /// with the process); `None` if it could not be read.
-    Vdso(Option<Arc<Module>>),
-}
-
-impl Opened {
-    /// The module of the mapping `entry` this was opened for.
-    pub(crate) fn load(self, cache: &ModuleCache, entry: &MapEntry) -> Option<Arc<Module>> {
-        match self {
-            Opened::File(f) => cache.module_for_file(&f, Path::new(&entry.path)),
-            Opened::Vdso(m) => m,
-        }
-    }
-}
-
-/// The files opened for the executable mappings of one read of the maps,
-/// by the mapping's (start, inode).
-#[derive(Debug, Default)]
-pub(crate) struct EarlyModules {
-    by_mapping: HashMap<(u64, u64), Opened>,
-}
-
-impl EarlyModules {
-    /// What was opened for `entry`, taken out (each is used once).
-    pub(crate) fn take(&mut self, entry: &MapEntry) -> Option<Opened> {
-        self.by_mapping.remove(&(entry.start, entry.inode))
-    }
-}
 
 /// A process between reading its maps and loading its modules (see the
 /// module docs).
@@ -74,10 +37,7 @@ impl std::fmt::Debug for PendingProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PendingProcess")
             .field("pid", &self.pid)
-            .field(
-                "opened",
-                &self.first.as_ref().map(|(_, e)| e.by_mapping.len()),
-            )
+            .field("opened", &self.first.as_ref().map(|(_, e)| e.len()))
             .finish_non_exhaustive()
     }
 }
@@ -94,21 +54,8 @@ impl PendingProcess {
         options: ProcessOptions,
     ) -> Self {
         let first = maps.read_maps().ok().map(|text| {
-            let mut early = EarlyModules::default();
             let via = options.use_map_files.then_some(pid);
-            for e in maps::parse_maps(&text).entries.iter().filter(|e| e.exec) {
-                let opened = if e.is_vdso() {
-                    Opened::Vdso(cache.module_for_vdso(&*memory, e))
-                } else if e.is_file() {
-                    match open_mapped_file(via, e) {
-                        Some(f) => Opened::File(f),
-                        None => continue,
-                    }
-                } else {
-                    continue;
-                };
-                early.by_mapping.insert((e.start, e.inode), opened);
-            }
+            let early = EarlyModules::open(&text, via, &*memory, &cache);
             (text, early)
         });
         PendingProcess {
@@ -130,7 +77,7 @@ impl PendingProcess {
     /// and makes the context, whose mappings are those of that read (a
     /// mapping made since is found by the context's usual re-read).
     pub fn finish(self) -> ProcessContext {
-        ProcessContext::from_pending(
+        ProcessContext::with_first_maps(
             self.pid,
             self.maps,
             self.memory,

@@ -30,12 +30,12 @@ use std::time::{Duration, Instant};
 use heapprofd_proto::wire::{Arch, RegisterFile};
 
 use crate::cache::ModuleCache;
+use crate::early::EarlyModules;
 use crate::elf;
 use crate::frame::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
 use crate::mapping::{Mapping, mapping_at};
 use crate::maps::{self, MapEntry};
 use crate::memory::{MapsSource, ProcessMemory};
-use crate::pending::{EarlyModules, PendingProcess};
 use crate::perfmap::{self, PerfMap};
 use crate::replay::{self, WalkTrace};
 use crate::symbols::{SymbolFrame, lock};
@@ -164,12 +164,13 @@ impl ProcessContext {
         cache: Arc<ModuleCache>,
         options: ProcessOptions,
     ) -> Self {
-        PendingProcess::read(pid, maps, memory, cache, options).finish()
+        Self::with_first_maps(pid, maps, memory, cache, options, None)
     }
 
-    /// The context of a [`PendingProcess`]: its modules are loaded now,
-    /// from the files it opened.
-    pub(crate) fn from_pending(
+    /// The context, its mappings made from `first` (maps text read earlier
+    /// and what was opened for it then: [`crate::PendingProcess`]), or from
+    /// the maps read now.
+    pub(crate) fn with_first_maps(
         pid: u32,
         maps: Box<dyn MapsSource>,
         memory: Box<dyn ProcessMemory>,
