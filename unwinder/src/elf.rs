@@ -79,6 +79,10 @@ impl Deref for FileBytes {
     }
 }
 
+/// DWARF sections read in place: a range of the (debug) file's bytes, or
+/// the decompressed bytes of a compressed section, never a copy of either.
+pub(crate) type DwarfReader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
+
 /// A byte range of a [`FileBytes`], cheap to clone; framehop's section type.
 #[derive(Debug, Clone)]
 pub struct SectionBytes {

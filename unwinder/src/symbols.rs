@@ -2,8 +2,10 @@
 //!
 //! Everything is lazy. The first lookup in a module finds its debug file
 //! (see [`crate::debuginfo`]), builds a sorted symbol table from `.symtab`,
-//! `.dynsym` and MiniDebugInfo, and an `addr2line::Context` over the DWARF
-//! (with the dwz supplementary file attached). Each answered address is
+//! `.dynsym` and MiniDebugInfo, and the lookup over the DWARF (with the dwz
+//! supplementary file attached): `addr2line` contexts of the units looked
+//! up, or of the whole file when it does not allow that (see
+//! [`crate::dwarf_units`]). Each answered address is
 //! cached, so symbolizing a frame seen before is one hash-map lookup.
 //!
 //! Naming rule: DWARF gives the inline chain (innermost first) and the name
@@ -21,7 +23,8 @@ use object::{Object, ObjectSection, ObjectSymbol};
 
 use crate::checkout::CheckoutSlot;
 use crate::debuginfo::{self, DebugFile};
-use crate::elf::{FileBytes, SectionBytes};
+use crate::dwarf_units::DwarfLookup;
+use crate::elf::{DwarfReader as Reader, FileBytes, SectionBytes};
 
 /// One (possibly inlined) function at an address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -148,14 +151,10 @@ impl SymbolTable {
     }
 }
 
-/// DWARF sections read in place: a range of the (debug) file's bytes, or
-/// the decompressed bytes of a compressed section, never a copy of either.
-type Reader = gimli::EndianReader<gimli::RunTimeEndian, SectionBytes>;
-
 /// Lazily built per-module symbolization state.
 struct SymState {
     table: SymbolTable,
-    dwarf: Option<addr2line::Context<Reader>>,
+    dwarf: Option<DwarfLookup>,
     sources: SymbolSources,
 }
 
@@ -309,7 +308,7 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 fn lookup(state: &SymState, svma: u64) -> Vec<SymbolFrame> {
     let mut out = Vec::new();
-    if let Some(ctx) = &state.dwarf
+    if let Some(ctx) = state.dwarf.as_ref().and_then(|d| d.context_for(svma))
         && let Ok(mut iter) = ctx.find_frames(svma).skip_all_loads()
     {
         while let Ok(Some(f)) = iter.next() {
@@ -414,17 +413,17 @@ fn load_state(
 /// sections are ranges of `bytes`, compressed ones are decompressed once
 /// into their own buffer (libc's debug file: 8.5 MB, which a copy into
 /// fresh memory would fault in a second time).
-fn load_sections(
+pub(crate) fn load_sections(
     file: &object::File<'_>,
     bytes: &Arc<FileBytes>,
-) -> Result<gimli::Dwarf<Reader>, gimli::Error> {
+) -> Result<gimli::DwarfSections<Reader>, gimli::Error> {
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
         gimli::RunTimeEndian::Big
     };
     let empty = || SectionBytes::owned(Vec::new());
-    gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+    gimli::DwarfSections::load(|id| -> Result<Reader, gimli::Error> {
         // Location and macro lists are never needed for names and lines.
         let skip = matches!(
             id,
@@ -460,20 +459,21 @@ fn load_dwarf(
     path: &Path,
     options: &SymbolizeOptions,
     sources: &mut SymbolSources,
-) -> Option<addr2line::Context<Reader>> {
+) -> Option<DwarfLookup> {
     if !debuginfo::has_dwarf(file) {
         return None;
     }
-    let mut dwarf = load_sections(file, bytes).ok()?;
+    let sections = load_sections(file, bytes).ok()?;
+    let mut sup_sections = None;
     if let Ok(Some((alt_path, alt_id))) = file.gnu_debugaltlink()
         && let Some(sup) = debuginfo::find_altlink(&options.debug_dirs, path, alt_path, alt_id)
         && let Ok(sfile) = object::File::parse(&**sup.bytes)
-        && let Ok(sdwarf) = load_sections(&sfile, &sup.bytes)
+        && let Ok(s) = load_sections(&sfile, &sup.bytes)
     {
-        dwarf.set_sup(sdwarf);
+        sup_sections = Some(s);
         sources.sup_file = Some(sup.path);
     }
-    addr2line::Context::from_dwarf(dwarf).ok()
+    DwarfLookup::new(sections, sup_sections)
 }
 
 #[cfg(test)]
