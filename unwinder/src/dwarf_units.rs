@@ -32,7 +32,7 @@ pub(crate) enum DwarfLookup {
     /// One context over every unit (built by `addr2line` at once).
     Whole(Box<addr2line::Context<Reader>>),
     /// A context per unit, made when first needed.
-    ByUnit(ByUnit),
+    ByUnit(Box<ByUnit>),
 }
 
 /// Per-unit contexts (see the module docs).
@@ -56,7 +56,7 @@ impl DwarfLookup {
     ) -> Option<DwarfLookup> {
         let sections = match sup {
             None => match ByUnit::new(sections) {
-                Ok(by_unit) => return Some(DwarfLookup::ByUnit(by_unit)),
+                Ok(by_unit) => return Some(DwarfLookup::ByUnit(Box::new(by_unit))),
                 Err(sections) => *sections,
             },
             Some(_) => sections,
@@ -247,82 +247,90 @@ mod tests {
         assert!(scan_forms(&mut abbrevs(&[1, 0x11, 1, 0x03]), &ACROSS).is_err());
     }
 
-    type Answer = Vec<(Option<String>, Option<String>, Option<u32>)>;
-
-    fn answer(ctx: &addr2line::Context<Reader>, pc: u64) -> Answer {
-        let mut out = Vec::new();
-        if let Ok(mut frames) = ctx.find_frames(pc).skip_all_loads() {
-            while let Ok(Some(f)) = frames.next() {
-                out.push((
-                    f.function
-                        .and_then(|n| n.raw_name().ok().map(|n| n.into_owned())),
-                    f.location.as_ref().and_then(|l| l.file.map(str::to_owned)),
-                    f.location.and_then(|l| l.line),
-                ));
-            }
-        }
-        out
-    }
-
-    /// At the start and the middle of every function of this process's
-    /// libc, the per-unit contexts answer exactly what the whole-file
-    /// context does (inline chains, files, lines), from libc6-dbg's DWARF.
-    #[test]
+    /// Against libc6-dbg's DWARF of this process's libc (x86_64: the
+    /// aarch64 tests run under qemu with a libc that has no debug file).
     #[cfg(target_arch = "x86_64")]
-    fn per_unit_answers_equal_whole_file_answers_across_libc() {
-        use object::{Object, ObjectSymbol};
-        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
-        let libc = maps
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
-            .find(|p| p.contains("/libc.so"))
-            .expect("libc in our maps");
-        let bytes = std::fs::read(libc).expect("read libc");
-        let file = object::File::parse(&*bytes).expect("parse libc");
-        let id = file.build_id().ok().flatten().expect("libc's build id");
-        let dirs = [std::path::PathBuf::from("/usr/lib/debug")];
-        let Some(debug) = crate::debuginfo::find_by_build_id(&dirs, id) else {
-            assert!(
-                std::env::var_os("HEAPPROFD_SKIP_GDB_TESTS").is_some(),
-                "no debug file for {libc}: install libc6-dbg (scripts/install-deps.sh)"
-            );
-            return;
-        };
-        let dfile = object::File::parse(&**debug.bytes).expect("parse the debug file");
-        let sections = || crate::symbols::load_sections(&dfile, &debug.bytes).expect("sections");
-        let whole = addr2line::Context::from_dwarf(sections().borrow(Clone::clone)).expect("whole");
-        let Ok(by_unit) = ByUnit::new(sections()) else {
-            panic!("libc's debug file qualifies for per-unit lookups");
-        };
-        let mut checked = 0;
-        let mut with_inlines = 0;
-        for s in dfile.symbols() {
-            if s.kind() != object::SymbolKind::Text || s.size() == 0 {
-                continue;
+    mod libc {
+        use super::*;
+
+        type Answer = Vec<(Option<String>, Option<String>, Option<u32>)>;
+
+        fn answer(ctx: &addr2line::Context<Reader>, pc: u64) -> Answer {
+            let mut out = Vec::new();
+            if let Ok(mut frames) = ctx.find_frames(pc).skip_all_loads() {
+                while let Ok(Some(f)) = frames.next() {
+                    out.push((
+                        f.function
+                            .and_then(|n| n.raw_name().ok().map(|n| n.into_owned())),
+                        f.location.as_ref().and_then(|l| l.file.map(str::to_owned)),
+                        f.location.and_then(|l| l.line),
+                    ));
+                }
             }
-            for pc in [s.address(), s.address() + s.size() / 2] {
-                let want = answer(&whole, pc);
-                let got = by_unit
-                    .context_for(pc)
-                    .map(|c| answer(c, pc))
-                    .unwrap_or_default();
-                assert_eq!(got, want, "{:?} at {pc:#x}", s.name());
-                checked += 1;
-                with_inlines += usize::from(want.len() > 1);
-            }
+            out
         }
-        assert!(
-            checked > 4000 && with_inlines > 100,
-            "{checked} pcs, {with_inlines} inlined"
-        );
-        let made = by_unit
-            .contexts
-            .iter()
-            .filter(|c| c.get().is_some())
-            .count();
-        assert!(
-            made > 1000 && made <= by_unit.units.len(),
-            "{made} unit contexts"
-        );
+
+        /// At the start and the middle of every function of this process's
+        /// libc, the per-unit contexts answer exactly what the whole-file
+        /// context does (inline chains, files, lines), from libc6-dbg's DWARF.
+        #[test]
+        fn per_unit_answers_equal_whole_file_answers_across_libc() {
+            use object::{Object, ObjectSymbol};
+            let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+            let libc = maps
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(5))
+                .find(|p| p.contains("/libc.so"))
+                .expect("libc in our maps");
+            let bytes = std::fs::read(libc).expect("read libc");
+            let file = object::File::parse(&*bytes).expect("parse libc");
+            let id = file.build_id().ok().flatten().expect("libc's build id");
+            let dirs = [std::path::PathBuf::from("/usr/lib/debug")];
+            let Some(debug) = crate::debuginfo::find_by_build_id(&dirs, id) else {
+                assert!(
+                    std::env::var_os("HEAPPROFD_SKIP_GDB_TESTS").is_some(),
+                    "no debug file for {libc}: install libc6-dbg (scripts/install-deps.sh)"
+                );
+                return;
+            };
+            let dfile = object::File::parse(&**debug.bytes).expect("parse the debug file");
+            let sections =
+                || crate::symbols::load_sections(&dfile, &debug.bytes).expect("sections");
+            let whole =
+                addr2line::Context::from_dwarf(sections().borrow(Clone::clone)).expect("whole");
+            let Ok(by_unit) = ByUnit::new(sections()) else {
+                panic!("libc's debug file qualifies for per-unit lookups");
+            };
+            let mut checked = 0;
+            let mut with_inlines = 0;
+            for s in dfile.symbols() {
+                if s.kind() != object::SymbolKind::Text || s.size() == 0 {
+                    continue;
+                }
+                for pc in [s.address(), s.address() + s.size() / 2] {
+                    let want = answer(&whole, pc);
+                    let got = by_unit
+                        .context_for(pc)
+                        .map(|c| answer(c, pc))
+                        .unwrap_or_default();
+                    assert_eq!(got, want, "{:?} at {pc:#x}", s.name());
+                    checked += 1;
+                    with_inlines += usize::from(want.len() > 1);
+                }
+            }
+            assert!(
+                checked > 4000 && with_inlines > 100,
+                "{checked} pcs, {with_inlines} inlined"
+            );
+            let made = by_unit
+                .contexts
+                .iter()
+                .filter(|c| c.get().is_some())
+                .count();
+            assert!(
+                made > 1000 && made <= by_unit.units.len(),
+                "{made} unit contexts"
+            );
+        }
     }
 }
