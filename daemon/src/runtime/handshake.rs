@@ -18,9 +18,10 @@
 //!    (bounded, see the unwinder's `FdMaps`) and the files of the
 //!    executable mappings opened (the unwinder's `PendingProcess`), the
 //!    [`ClientConfig`] and the memfd are sent within what is left of the
-//!    deadline, and only then are the modules loaded from the open files
-//!    and the unwinding context built (JIT perf maps only if they belong to
-//!    the peer's user): the client does not wait for that.
+//!    deadline. The modules are loaded from the open files and the
+//!    unwinding context built (JIT perf maps only if they belong to the
+//!    peer's user) by the session's worker, after it has told the
+//!    bookkeeping of the session: the client does not wait for that.
 //!
 //! Anything unexpected is an error naming what was wrong; the connection is
 //! then dropped, which the client sees as a refusal and keeps running
@@ -42,9 +43,7 @@ use heapprofd_model::trace::ProcessMemory;
 use heapprofd_proto::socket::{recv_some_with_fds, send_with_fds};
 use heapprofd_proto::wire::{ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::RingBuffer;
-use heapprofd_unwinder::{
-    FdMaps, FdMemory, ModuleCache, PendingProcess, ProcessContext, ProcessOptions,
-};
+use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, PendingProcess, ProcessOptions};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::getsockopt;
 use nix::sys::socket::sockopt::PeerCredentials;
@@ -121,8 +120,11 @@ pub struct NewSession {
     pub handshake: Handshake,
     /// The ring buffer the daemon reads.
     pub ring: RingBuffer,
-    /// Unwinding state built from the client's maps and mem descriptors.
-    pub process: ProcessContext,
+    /// The client's maps read and the files of its executable mappings
+    /// opened, from its maps and mem descriptors; the worker loads the
+    /// modules (`PendingProcess::finish`) once the bookkeeping knows of the
+    /// session, so a dump asked for right after the reply names the process.
+    pub process: PendingProcess,
     /// The connection; it now only carries wake bytes.
     pub stream: UnixStream,
     /// The process's command line (from /proc, best effort).
@@ -323,19 +325,15 @@ pub fn establish(
     drop(memfd);
     stream.set_write_timeout(None)?;
     let pidfd = pidfd_open(peer.pid);
-    let t1 = Instant::now();
-    let process = pending.finish();
     log::debug!(
-        "handshake of pid {}: maps read and files opened in {read_ms:.2} ms before the reply, \
-         modules loaded in {:.2} ms after it",
+        "handshake of pid {}: maps read and files opened in {read_ms:.2} ms before the reply",
         peer.pid,
-        t1.elapsed().as_secs_f64() * 1e3
     );
     Ok(NewSession {
         peer,
         handshake,
         ring,
-        process,
+        process: pending,
         stream,
         cmdline,
         identity,

@@ -135,13 +135,19 @@ pub fn run_worker(
                     identity: s.identity,
                     memory: s.memory,
                 })));
+                let t0 = Instant::now();
+                let process = s.process.finish();
+                log::debug!(
+                    "session of pid {pid}: modules loaded in {:.2} ms",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
                 sessions.insert(
                     id,
                     Session {
                         id,
                         pid,
                         reader: Reader::new(Box::new(s.ring)),
-                        unwinder: SessionUnwinder::new(s.process, client_text, id),
+                        unwinder: SessionUnwinder::new(process, client_text, id),
                         _stream: s.stream,
                         pidfd: s.pidfd,
                         closed_at: None,
