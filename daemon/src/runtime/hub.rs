@@ -262,6 +262,17 @@ impl Hub {
         }
     }
 
+    /// The sessions (and their pids) that feed profile `id` and another
+    /// profile too.
+    pub fn shared_by(&self, id: ProfileId) -> Vec<(SessionId, u32)> {
+        self.state()
+            .sessions
+            .iter()
+            .filter(|(_, r)| r.profiles.contains(&id) && r.profiles.len() > 1)
+            .map(|(&s, r)| (s, r.pid))
+            .collect()
+    }
+
     /// Profile `id` ends: removed from every route; the sessions (and
     /// their pids) no other profile wants, to stop.
     pub fn end_profile(&self, id: ProfileId) -> Vec<(SessionId, u32)> {

@@ -555,6 +555,15 @@ impl Stopper {
     pub fn stop_session(&self, id: SessionId, pid: u32) {
         let _ = self.0[pid as usize % self.0.len()].send(WorkerMsg::Stop(id));
     }
+
+    /// Has session `id` of process `pid` drained now; the receiver gets a
+    /// message once its operations are on their way to the bookkeeping
+    /// thread (see [`WorkerMsg::Drain`]).
+    pub fn drain_session(&self, id: SessionId, pid: u32) -> mpsc::Receiver<()> {
+        let (tx, rx) = mpsc::channel();
+        let _ = self.0[pid as usize % self.0.len()].send(WorkerMsg::Drain(id, tx));
+        rx
+    }
 }
 
 /// An admitted session on its way to a worker; dropped before it got there,

@@ -35,6 +35,10 @@ use crate::service::control::{Reply, Request, read_body};
 use crate::service::running;
 use crate::service::spec::ProfileSpec;
 
+/// How long an ending profile waits for a worker to drain one of the
+/// sessions other profiles keep.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
 /// Serves one control connection: one profile.
 pub(super) async fn serve_request(
     service: Arc<Service>,
@@ -278,6 +282,13 @@ async fn run_profile(
     // An injection still running ends first (bounded by its timeouts).
     while let Some(r) = injections.join_next().await {
         notes.extend(r.ok().flatten());
+    }
+    // The sessions other profiles keep end for this one at once (see
+    // `service_book`): what their rings hold now is drained first, so the
+    // trace has every record written before its end (bounded wait).
+    for (session, pid) in service.hub.shared_by(id) {
+        let done = service.stopper.drain_session(session, pid);
+        let _ = tokio::task::spawn_blocking(move || done.recv_timeout(DRAIN_WAIT)).await;
     }
     // New processes stop connecting for it before its sessions are drained;
     // a synchronous session the service started is ended inside the

@@ -64,6 +64,11 @@ pub enum WorkerMsg {
     Stop(SessionId),
     /// Stop every session and exit the worker once they are drained.
     StopAll,
+    /// Drain what this session's ring holds now (its operations reach the
+    /// bookkeeping thread first), then answer: a profile that ends while
+    /// other profiles keep the session gets every record written before
+    /// its end. Answered at once for a session this worker does not have.
+    Drain(SessionId, Sender<()>),
 }
 
 struct Session {
@@ -183,6 +188,15 @@ pub fn run_worker(
                 }
                 ready.extend(sessions.keys().copied());
             }
+            Some(WorkerMsg::Drain(id, done)) => {
+                let cx = InternCtx {
+                    interner: &interner,
+                    symbolizer: &symbolizer,
+                    symbolize: options.symbolize,
+                };
+                drain_now(id, &mut sessions, &mut buf, &cx, &book, &counters);
+                let _ = done.send(());
+            }
             None => ready.extend(sessions.keys().copied()),
         }
         if ready.is_empty() && stop_all && sessions.is_empty() {
@@ -222,6 +236,43 @@ pub fn run_worker(
         }
         if stop_all && sessions.is_empty() && ready.is_empty() {
             return;
+        }
+    }
+}
+
+/// Drains session `id` until its ring is empty (or it finished), sending
+/// its operations batch by batch.
+fn drain_now(
+    id: SessionId,
+    sessions: &mut HashMap<SessionId, Session>,
+    buf: &mut Vec<u8>,
+    cx: &InternCtx<'_>,
+    book: &Sender<BookMsg>,
+    counters: &Counters,
+) {
+    let Some(session) = sessions.get_mut(&id) else {
+        return;
+    };
+    let mut ops = Vec::with_capacity(BATCH);
+    loop {
+        let state = drain_batch(session, buf, &mut ops, cx, counters);
+        if !ops.is_empty() {
+            let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
+            let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ops {
+                id,
+                ops: batch,
+                stats: session_stats(session),
+            })));
+        }
+        match state {
+            DrainState::More => {}
+            DrainState::Drained | DrainState::Idle => return,
+            DrainState::Finished => {
+                if let Some(s) = sessions.remove(&id) {
+                    finish(s, book, counters);
+                }
+                return;
+            }
         }
     }
 }
