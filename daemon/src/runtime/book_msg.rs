@@ -47,4 +47,8 @@ pub enum ServiceMsg {
     NotAttached(ProfileId, u32, Vec<String>, String),
     /// The profile ends (already out of the hub): its summary, once written.
     End(ProfileId, Sender<anyhow::Result<Summary>>),
+    /// Answered once every message sent before it is handled: an ending
+    /// profile's drained operations reach it while the hub still routes
+    /// them to it (the fan-out reads the route as each message is handled).
+    Barrier(Sender<()>),
 }

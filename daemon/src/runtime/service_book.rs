@@ -158,6 +158,9 @@ impl Router {
             ServiceMsg::End(id, reply) => {
                 self.ending.push((id, reply, Instant::now() + END_WAIT));
             }
+            ServiceMsg::Barrier(reply) => {
+                let _ = reply.send(());
+            }
         }
     }
 

@@ -286,9 +286,17 @@ async fn run_profile(
     // The sessions other profiles keep end for this one at once (see
     // `service_book`): what their rings hold now is drained first, so the
     // trace has every record written before its end (bounded wait).
-    for (session, pid) in service.hub.shared_by(id) {
+    let shared = service.hub.shared_by(id);
+    for &(session, pid) in &shared {
         let done = service.stopper.drain_session(session, pid);
         let _ = tokio::task::spawn_blocking(move || done.recv_timeout(DRAIN_WAIT)).await;
+    }
+    if !shared.is_empty() {
+        // ... and handled by the bookkeeping thread while this profile is
+        // still on their routes.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = book.send(BookMsg::Service(ServiceMsg::Barrier(tx)));
+        let _ = tokio::task::spawn_blocking(move || rx.recv_timeout(DRAIN_WAIT)).await;
     }
     // New processes stop connecting for it before its sessions are drained;
     // a synchronous session the service started is ended inside the
