@@ -28,6 +28,7 @@ use crate::elf::{self, ElfInfo, FileBytes};
 use crate::eviction::{self, CacheBudget, Candidate};
 use crate::maps::MapEntry;
 use crate::memory::ProcessMemory;
+use crate::sparse::ModuleBytes;
 use crate::symbols::{ModuleSymbolizer, SymbolFrame, SymbolSources, SymbolizeOptions, lock};
 
 /// Largest vDSO image we read from a process.
@@ -55,7 +56,7 @@ pub struct Module {
     pub path: PathBuf,
     /// Parsed unwind information.
     pub elf: ElfInfo,
-    bytes: Arc<FileBytes>,
+    bytes: ModuleBytes,
     symbolizer: ModuleSymbolizer,
     options: Arc<SymbolizeOptions>,
 }
@@ -316,10 +317,9 @@ impl ModuleCache {
             lock(&self.inner).stats.failures += 1;
             return None;
         }
-        let loaded = FileBytes::map(file)
+        let loaded = ModuleBytes::read(file)
             .ok()
-            .map(Arc::new)
-            .and_then(|bytes| Some((elf::parse_elf(&bytes).ok()?, bytes)));
+            .and_then(|bytes| Some((elf::parse_elf(bytes.unwind()).ok()?, bytes)));
         let Some((info, bytes)) = loaded else {
             lock(&self.inner).stats.failures += 1;
             return None;
@@ -342,8 +342,8 @@ impl ModuleCache {
             lock(&self.inner).stats.failures += 1;
             return None;
         }
-        let bytes = Arc::new(FileBytes::Owned(buf));
-        let Ok(info) = elf::parse_elf(&bytes) else {
+        let bytes = ModuleBytes::complete(Arc::new(FileBytes::Owned(buf)));
+        let Ok(info) = elf::parse_elf(bytes.unwind()) else {
             lock(&self.inner).stats.failures += 1;
             return None;
         };
@@ -354,7 +354,7 @@ impl ModuleCache {
         &self,
         key: Option<FileKey>,
         info: ElfInfo,
-        bytes: Arc<FileBytes>,
+        bytes: ModuleBytes,
         path: &Path,
         mapped_path: Option<&Path>,
     ) -> Arc<Module> {

@@ -175,10 +175,11 @@ pub fn compute_bias(
 /// Unwind sections for framehop, with their SVMA ranges.
 #[derive(Debug, Clone, Default)]
 pub struct UnwindSections {
-    /// `.text` range.
+    /// `.text` range. Its bytes are not kept: framehop analyzes
+    /// instructions only in mach-O files (ELF's CFI covers prologues and
+    /// epilogues), and not reading them is most of what
+    /// [`crate::sparse::ModuleBytes`] saves.
     pub text_svma: Option<Range<u64>>,
-    /// `.text` bytes.
-    pub text: Option<SectionBytes>,
     /// `.got` range.
     pub got_svma: Option<Range<u64>>,
     /// `.eh_frame` range and bytes.
@@ -200,7 +201,7 @@ impl UnwindSections {
         framehop::ExplicitModuleSectionInfo {
             base_svma,
             text_svma: self.text_svma.clone(),
-            text: self.text.clone(),
+            text: None,
             got_svma: self.got_svma.clone(),
             eh_frame_svma: self.eh_frame.as_ref().map(|e| e.0.clone()),
             eh_frame: self.eh_frame.as_ref().map(|e| e.1.clone()),
@@ -291,10 +292,10 @@ pub fn parse_elf(bytes: &Arc<FileBytes>) -> Result<ElfInfo, ElfError> {
         };
         Some((svma, data))
     };
-    let text = section(".text");
     let unwind = UnwindSections {
-        text_svma: text.as_ref().map(|t| t.0.clone()),
-        text: text.map(|t| t.1),
+        text_svma: file
+            .section_by_name(".text")
+            .map(|s| s.address()..s.address().saturating_add(s.size())),
         got_svma: file
             .section_by_name(".got")
             .map(|s| s.address()..s.address().saturating_add(s.size())),

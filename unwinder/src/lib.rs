@@ -130,6 +130,7 @@ mod pending;
 mod perfmap;
 mod process;
 mod replay;
+mod sparse;
 mod symbols;
 mod unwind;
 

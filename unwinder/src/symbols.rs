@@ -25,6 +25,7 @@ use crate::checkout::CheckoutSlot;
 use crate::debuginfo::{self, DebugFile};
 use crate::dwarf_units::DwarfLookup;
 use crate::elf::{DwarfReader as Reader, FileBytes, SectionBytes};
+use crate::sparse::ModuleBytes;
 
 /// One (possibly inlined) function at an address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -217,11 +218,12 @@ impl ModuleSymbolizer {
         }
     }
 
-    /// Symbolizes `svma` (a rel_pc) of the module whose file is `bytes`.
+    /// Symbolizes `svma` (a rel_pc) of the module whose file is `bytes`
+    /// (read whole at the first load of its symbols).
     pub(crate) fn symbolize(
         &self,
         module_path: &Path,
-        bytes: &Arc<FileBytes>,
+        bytes: &ModuleBytes,
         svma: u64,
         options: &SymbolizeOptions,
     ) -> Arc<[SymbolFrame]> {
@@ -247,7 +249,7 @@ impl ModuleSymbolizer {
     pub(crate) fn warm(
         &self,
         module_path: &Path,
-        bytes: &Arc<FileBytes>,
+        bytes: &ModuleBytes,
         svma: u64,
         options: &SymbolizeOptions,
     ) {
@@ -268,7 +270,7 @@ impl ModuleSymbolizer {
     pub(crate) fn sources(
         &self,
         module_path: &Path,
-        bytes: &Arc<FileBytes>,
+        bytes: &ModuleBytes,
         options: &SymbolizeOptions,
     ) -> SymbolSources {
         self.state.with(
@@ -285,10 +287,15 @@ impl ModuleSymbolizer {
     fn load_state(
         &self,
         module_path: &Path,
-        bytes: &Arc<FileBytes>,
+        bytes: &ModuleBytes,
         options: &SymbolizeOptions,
     ) -> SymState {
-        load_state(module_path, self.mapped_path.as_deref(), bytes, options)
+        load_state(
+            module_path,
+            self.mapped_path.as_deref(),
+            &bytes.full(),
+            options,
+        )
     }
 }
 
@@ -539,7 +546,9 @@ mod tests {
     #[test]
     fn garbage_module_gives_unnamed_frame() {
         let s = ModuleSymbolizer::new(None);
-        let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
+        let bytes = ModuleBytes::complete(Arc::new(FileBytes::Owned(vec![
+            0x7f, b'E', b'L', b'F', 2, 1,
+        ])));
         let f = s.symbolize(
             Path::new("/x"),
             &bytes,
@@ -560,7 +569,9 @@ mod tests {
     #[test]
     fn a_warm_up_caches_its_answer_and_gives_the_state_back() {
         let s = ModuleSymbolizer::new(None);
-        let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
+        let bytes = ModuleBytes::complete(Arc::new(FileBytes::Owned(vec![
+            0x7f, b'E', b'L', b'F', 2, 1,
+        ])));
         let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
         s.warm(path, &bytes, 0x20, &opts);
         assert_eq!(s.cached_addresses(), 1);
@@ -576,7 +587,9 @@ mod tests {
     #[test]
     fn the_address_cache_is_bounded() {
         let s = ModuleSymbolizer::new(None);
-        let bytes = Arc::new(FileBytes::Owned(vec![0x7f, b'E', b'L', b'F', 2, 1]));
+        let bytes = ModuleBytes::complete(Arc::new(FileBytes::Owned(vec![
+            0x7f, b'E', b'L', b'F', 2, 1,
+        ])));
         let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
         for a in 0..MAX_CACHED_ADDRESSES as u64 {
             s.symbolize(path, &bytes, a, &opts);
