@@ -215,14 +215,7 @@ pub fn run_worker(
                 symbolize: options.symbolize,
             };
             let state = drain_batch(session, &mut buf, &mut ops, &cx, &counters);
-            if !ops.is_empty() {
-                let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
-                let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ops {
-                    id,
-                    ops: batch,
-                    stats: session_stats(session),
-                })));
-            }
+            send_ops(id, session, &mut ops, &book);
             match state {
                 DrainState::More => ready.push_back(id),
                 DrainState::Drained => delayed.push(Reverse((Instant::now() + REPOLL, id))),
@@ -256,14 +249,7 @@ fn drain_now(
     let mut ops = Vec::with_capacity(BATCH);
     loop {
         let state = drain_batch(session, buf, &mut ops, cx, counters);
-        if !ops.is_empty() {
-            let batch = std::mem::replace(&mut ops, Vec::with_capacity(BATCH));
-            let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ops {
-                id,
-                ops: batch,
-                stats: session_stats(session),
-            })));
-        }
+        send_ops(id, session, &mut ops, book);
         match state {
             DrainState::More => {}
             DrainState::Drained | DrainState::Idle => return,
@@ -274,6 +260,19 @@ fn drain_now(
                 return;
             }
         }
+    }
+}
+
+/// Sends what a batch of session `id` made (if anything) to the
+/// bookkeeping thread, with the session's statistics.
+fn send_ops(id: SessionId, session: &Session, ops: &mut Vec<Op>, book: &Sender<BookMsg>) {
+    if !ops.is_empty() {
+        let batch = std::mem::replace(ops, Vec::with_capacity(BATCH));
+        let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ops {
+            id,
+            ops: batch,
+            stats: session_stats(session),
+        })));
     }
 }
 
