@@ -7,8 +7,8 @@
 //! (through `/proc/PID/map_files`, which is gone with the process) and the
 //! vDSO is copied out of its memory. All of it is cheap: a read of the maps,
 //! an `open` per file. [`PendingProcess::finish`] then loads the modules
-//! (reading and parsing whole ELF files: milliseconds per library) from the
-//! open files, which stay readable after the process exits, so it can run
+//! (reading and parsing ELF files, see [`crate::sparse`]: milliseconds per
+//! library) from the open files, which stay readable after the process exits, so it can run
 //! after the client has been answered and has gone on with its program.
 //!
 //! What is opened is kept in [`crate::early::EarlyModules`].
@@ -68,11 +68,6 @@ impl PendingProcess {
         }
     }
 
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
     /// Loads the modules from the files opened by [`PendingProcess::read`]
     /// and makes the context, whose mappings are those of that read (a
     /// mapping made since is found by the context's usual re-read).
@@ -93,7 +88,7 @@ mod tests {
     use std::io;
 
     use super::*;
-    use crate::memory::ProcessMemory;
+    use crate::memory::NoMemory;
 
     /// Maps text given once; every later read fails (the process is gone).
     struct Once(Option<String>);
@@ -101,14 +96,6 @@ mod tests {
     impl MapsSource for Once {
         fn read_maps(&mut self) -> io::Result<String> {
             self.0.take().ok_or_else(|| io::Error::other("gone"))
-        }
-    }
-
-    struct NoMemory;
-
-    impl ProcessMemory for NoMemory {
-        fn read_exact_at(&self, _addr: u64, _buf: &mut [u8]) -> io::Result<()> {
-            Err(io::Error::other("gone"))
         }
     }
 

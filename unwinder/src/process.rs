@@ -191,13 +191,10 @@ impl ProcessContext {
             raw_scratch: RawUnwind::default(),
             perf_map: Mutex::new(None),
         };
-        match first {
-            Some((text, mut early)) => {
-                ctx.apply_maps(&text, &mut early);
-            }
-            None => {
-                ctx.read_maps();
-            }
+        if let Some((text, mut early)) = first {
+            ctx.apply_maps(&text, &mut early);
+        } else {
+            ctx.read_maps();
         }
         ctx
     }

@@ -401,9 +401,7 @@ impl Daemon {
         let _ = std::fs::remove_file(&self.socket);
         result
     }
-}
 
-impl Daemon {
     /// [`Daemon::finish`] in a process that exits next: the modules' parsed
     /// debug information, the profile's maps and the rest are not freed one
     /// allocation at a time (7-10 ms at the end of every `record` of
