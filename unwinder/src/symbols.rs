@@ -75,37 +75,78 @@ impl Default for SymbolizeOptions {
     }
 }
 
-#[derive(Debug, Clone)]
+/// One function symbol; its name is `names[name.0..name.0 + name.1]` of
+/// the table (one string for all: node has 200k symbols).
+#[derive(Debug, Clone, Copy)]
 struct Sym {
     addr: u64,
     size: u64,
-    name: Arc<str>,
+    name: (u32, u32),
 }
 
 /// Function symbols sorted by address.
 #[derive(Debug, Default)]
 pub(crate) struct SymbolTable {
     syms: Vec<Sym>,
+    names: String,
 }
 
 impl SymbolTable {
+    /// Adds the function symbols of `file`'s `.symtab`, and those of its
+    /// `.dynsym` at addresses `.symtab` does not name (in a linked file the
+    /// dynamic symbols are a subset of the static ones, so this is usually
+    /// none, and skips half of a big table's work).
     fn add_from(&mut self, file: &object::File<'_>) {
-        for s in file.symbols().chain(file.dynamic_symbols()) {
-            if s.kind() != object::SymbolKind::Text || s.is_undefined() || s.address() == 0 {
-                continue;
-            }
-            let Ok(name) = s.name() else { continue };
-            if name.is_empty() {
-                continue;
-            }
-            // Kept mangled: demangling is done for the names looked up, not
-            // for the whole table (node's 100k+ C++ symbols took seconds).
-            self.syms.push(Sym {
-                addr: s.address(),
-                size: s.size(),
-                name: Arc::from(name),
-            });
+        let first = self.syms.len();
+        for s in file.symbols() {
+            self.push(&s);
         }
+        let static_end = self.syms.len();
+        if static_end == first {
+            for s in file.dynamic_symbols() {
+                self.push(&s);
+            }
+            return;
+        }
+        let mut named: Vec<u64> = self.syms[first..].iter().map(|s| s.addr).collect();
+        named.sort_unstable();
+        for s in file.dynamic_symbols() {
+            if named.binary_search(&s.address()).is_err() {
+                self.push(&s);
+            }
+        }
+    }
+
+    fn push<'d, S: ObjectSymbol<'d>>(&mut self, s: &S) {
+        if s.kind() != object::SymbolKind::Text || s.is_undefined() || s.address() == 0 {
+            return;
+        }
+        if let Ok(name) = s.name() {
+            self.push_named(s.address(), s.size(), name);
+        }
+    }
+
+    /// Adds one function. Names are kept mangled: demangling is done for
+    /// the names looked up, not for the whole table (node's 100k+ C++
+    /// symbols took seconds).
+    fn push_named(&mut self, addr: u64, size: u64, name: &str) {
+        let (Ok(at), Ok(len)) = (u32::try_from(self.names.len()), u32::try_from(name.len())) else {
+            return;
+        };
+        if name.is_empty() || at.checked_add(len).is_none() {
+            return;
+        }
+        self.names.push_str(name);
+        self.syms.push(Sym {
+            addr,
+            size,
+            name: (at, len),
+        });
+    }
+
+    fn name(&self, s: &Sym) -> &str {
+        let (at, len) = (s.name.0 as usize, s.name.1 as usize);
+        self.names.get(at..at + len).unwrap_or("")
     }
 
     fn finish(&mut self) {
@@ -115,14 +156,18 @@ impl SymbolTable {
         fn private(name: &str) -> bool {
             name.starts_with('_') && !name.starts_with("_Z") && !name.starts_with("_R")
         }
-        self.syms.sort_unstable_by(|a, b| {
+        let mut syms = std::mem::take(&mut self.syms);
+        syms.sort_unstable_by(|a, b| {
             a.addr
                 .cmp(&b.addr)
                 .then_with(|| b.size.cmp(&a.size))
-                .then_with(|| private(&a.name).cmp(&private(&b.name)))
-                .then_with(|| a.name.cmp(&b.name))
+                .then_with(|| {
+                    let (na, nb) = (self.name(a), self.name(b));
+                    private(na).cmp(&private(nb)).then_with(|| na.cmp(nb))
+                })
         });
-        self.syms.dedup_by_key(|s| s.addr);
+        syms.dedup_by_key(|s| s.addr);
+        self.syms = syms;
     }
 
     /// Number of symbols.
@@ -145,7 +190,7 @@ impl SymbolTable {
             .checked_sub(1)?;
         let s = &self.syms[i];
         if s.size == 0 || svma - s.addr < s.size {
-            Some(&s.name)
+            Some(self.name(s))
         } else {
             None
         }
@@ -219,7 +264,8 @@ impl ModuleSymbolizer {
     }
 
     /// Symbolizes `svma` (a rel_pc) of the module whose file is `bytes`
-    /// (read whole at the first load of its symbols).
+    /// (read in full, or all but code and data, at the first load of its
+    /// symbols: [`ModuleBytes::symbols`]).
     pub(crate) fn symbolize(
         &self,
         module_path: &Path,
@@ -293,7 +339,7 @@ impl ModuleSymbolizer {
         load_state(
             module_path,
             self.mapped_path.as_deref(),
-            &bytes.full(),
+            &bytes.symbols(),
             options,
         )
     }
@@ -502,11 +548,7 @@ mod tests {
     fn table(entries: &[(u64, u64, &str)]) -> SymbolTable {
         let mut t = SymbolTable::default();
         for &(addr, size, name) in entries {
-            t.syms.push(Sym {
-                addr,
-                size,
-                name: Arc::from(name),
-            });
+            t.push_named(addr, size, name);
         }
         t.finish();
         t
@@ -528,6 +570,39 @@ mod tests {
         assert_eq!(t.lookup(0x2fff), Some("unsized"));
         assert_eq!(t.lookup(0x3008), None);
         assert_eq!(t.lookup(u64::MAX), None);
+    }
+
+    #[test]
+    fn a_table_has_each_function_address_of_both_symbol_tables_once() {
+        // This test binary has a .symtab and a .dynsym.
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let file = object::File::parse(&exe[..]).unwrap();
+        let mut want: Vec<u64> = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .filter(|s| {
+                s.kind() == object::SymbolKind::Text
+                    && !s.is_undefined()
+                    && s.address() != 0
+                    && s.name().is_ok_and(|n| !n.is_empty())
+            })
+            .map(|s| s.address())
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        assert!(file.dynamic_symbols().count() > 0);
+        let mut t = SymbolTable::default();
+        t.add_from(&file);
+        t.finish();
+        let got: Vec<u64> = t.syms.iter().map(|s| s.addr).collect();
+        assert!(got.len() > 1000, "{} functions", got.len());
+        assert_eq!(got, want);
+        for s in file
+            .symbols()
+            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+        {
+            assert!(t.lookup(s.address()).is_some());
+        }
     }
 
     #[test]
