@@ -79,14 +79,17 @@ impl Module {
     }
 
     /// Symbolizes `rel_pc` into the cache ahead of need, for a background
-    /// thread: the module's symbol state is checked out meanwhile, and a
-    /// [`Self::symbolize`] caller that needs it waits for it rather than
-    /// loading a second one (so run this at a priority that keeps running).
-    pub fn warm_symbols(&self, rel_pc: u64) {
-        if self.options.enabled {
-            self.symbolizer
-                .warm(&self.path, &self.bytes, rel_pc, &self.options);
+    /// thread, and returns the answer: the module's symbol state is checked
+    /// out meanwhile, and a [`Self::symbolize`] caller that needs it waits
+    /// for it rather than loading a second one (so run this at a priority
+    /// that keeps running). `None` when symbolization is off or the state
+    /// is out already (someone else is symbolizing this module).
+    pub fn warm_symbols(&self, rel_pc: u64) -> Option<Arc<[SymbolFrame]>> {
+        if !self.options.enabled {
+            return None;
         }
+        self.symbolizer
+            .warm(&self.path, &self.bytes, rel_pc, &self.options)
     }
 
     /// Which debug files were used (loads symbols if needed).

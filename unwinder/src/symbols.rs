@@ -285,31 +285,30 @@ impl ModuleSymbolizer {
     }
 
     /// Symbolizes `svma` ahead of need, from a background thread: the
-    /// answer lands in the address cache, where [`Self::symbolize`] finds it.
+    /// answer lands in the address cache, where [`Self::symbolize`] finds it,
+    /// and is returned.
     ///
     /// It checks the state out (or loads it) and looks up with no lock held;
     /// a [`Self::symbolize`] caller needing the module meanwhile waits for
     /// the state to come back instead of loading a second one (the warm-up
     /// thread runs at normal priority, so that wait is bounded by the load
-    /// itself). If the state is out already, nothing is done.
+    /// itself). If the state is out already, nothing is done: `None`.
     pub(crate) fn warm(
         &self,
         module_path: &Path,
         bytes: &ModuleBytes,
         svma: u64,
         options: &SymbolizeOptions,
-    ) {
-        if read(&self.by_addr).contains_key(&svma) {
-            return;
+    ) -> Option<Arc<[SymbolFrame]>> {
+        if let Some(hit) = read(&self.by_addr).get(&svma) {
+            return Some(Arc::clone(hit));
         }
-        let Some(state) = self
+        let state = self
             .state
-            .check_out(|| self.load_state(module_path, bytes, options))
-        else {
-            return;
-        };
+            .check_out(|| self.load_state(module_path, bytes, options))?;
         let frames: Arc<[SymbolFrame]> = lookup(&state, svma).into();
         cache_answer(&mut write(&self.by_addr), svma, &frames);
+        Some(frames)
     }
 
     /// Which files were used (loads the state if needed).
@@ -648,11 +647,18 @@ mod tests {
             0x7f, b'E', b'L', b'F', 2, 1,
         ])));
         let (path, opts) = (Path::new("/x"), SymbolizeOptions::default());
-        s.warm(path, &bytes, 0x20, &opts);
+        let warmed = s
+            .warm(path, &bytes, 0x20, &opts)
+            .expect("the state was free");
         assert_eq!(s.cached_addresses(), 1);
+        // The answer given is the one cached.
+        assert!(Arc::ptr_eq(
+            &warmed,
+            &s.symbolize(path, &bytes, 0x20, &opts)
+        ));
         // The state is back in its slot (not out for good): a second
         // warm-up and a foreground lookup both get it without waiting.
-        s.warm(path, &bytes, 0x30, &opts);
+        assert!(s.warm(path, &bytes, 0x30, &opts).is_some());
         assert_eq!(s.cached_addresses(), 2);
         let fg = s.symbolize(path, &bytes, 0x40, &opts);
         assert_eq!(fg.len(), 1);
@@ -675,7 +681,7 @@ mod tests {
         assert_eq!(s.cached_addresses(), MAX_CACHED_ADDRESSES);
         // A new one starts over: the cache never passes its bound.
         s.symbolize(path, &bytes, u64::MAX, &opts);
-        s.warm(path, &bytes, u64::MAX - 1, &opts);
+        assert!(s.warm(path, &bytes, u64::MAX - 1, &opts).is_some());
         assert_eq!(s.cached_addresses(), 2);
     }
 }
