@@ -17,7 +17,7 @@ use std::io::{self, Write};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use heapprofd_model::trace::{CallstackValues, HeapProfile, ResolvedFrame, TraceData};
+use heapprofd_model::trace::{CallstackValues, Frame, HeapProfile, ResolvedFrame, TraceData};
 
 use crate::folded::{ValueKind, clean, value_of};
 use crate::plumbing::{allocating_frame, is_entry_frame};
@@ -129,7 +129,7 @@ fn accumulate(
 ) {
     for h in selected(data, heap) {
         for c in &h.callstacks {
-            let frames: Vec<&ResolvedFrame> = if inclusive {
+            let frames: Vec<&Frame> = if inclusive {
                 let mut seen = std::collections::HashSet::new();
                 c.frames
                     .iter()
@@ -358,11 +358,13 @@ mod tests {
     /// One process of one build: `grow` allocated `grow` bytes and `keep`
     /// 1000, at addresses and in a build directory of its own.
     fn run(pid: u32, dir: &str, pc: u64, grow: u64) -> TraceData {
-        let frame = |name: &str, pc: u64| ResolvedFrame {
-            function: Some(name.to_owned()),
-            mapping: Some(format!("{dir}/app")),
-            rel_pc: pc,
-            ..Default::default()
+        let frame = |name: &str, pc: u64| {
+            Frame::new(ResolvedFrame {
+                function: Some(name.to_owned()),
+                mapping: Some(format!("{dir}/app")),
+                rel_pc: pc,
+                ..Default::default()
+            })
         };
         let stack = |site: &str, bytes: u64| CallstackValues {
             frames: vec![frame("main", pc), frame(site, pc + 0x40)],
@@ -409,7 +411,7 @@ mod tests {
         let mut other = run(20, "/new/build", 0x2000, 7000);
         for c in &mut other.heaps[0].callstacks {
             for f in &mut c.frames {
-                f.mapping = Some("/new/build/libother.so".to_owned());
+                std::sync::Arc::make_mut(f).mapping = Some("/new/build/libother.so".to_owned());
             }
         }
         let d = diff("b", &base, "n", &other, None, 10);

@@ -88,7 +88,7 @@ fn heap_data(data: &TraceData, h: &HeapProfile) -> HeapData {
         .iter()
         .filter(|c| c.self_allocated > 0 || c.alloc_count > 0)
         .map(|c| {
-            let ids: Vec<u32> = c.frames.iter().map(&mut id_of).collect();
+            let ids: Vec<u32> = c.frames.iter().map(|f| id_of(f)).collect();
             let allocations = c
                 .stats
                 .as_ref()

@@ -65,7 +65,7 @@
 //! line says nothing, `main` of a single-threaded program included); the
 //! report names what it left out.
 
-use heapprofd_model::trace::ResolvedFrame;
+use heapprofd_model::trace::{Frame, ResolvedFrame};
 
 const PLUMBING_PREFIXES: &[&str] = &[
     "operator new",
@@ -203,7 +203,7 @@ fn qualified_self_end(name: &str) -> Option<usize> {
 
 /// Index of the frame a stack's allocation is charged to (see the module
 /// docs): the innermost frame that is not plumbing, else the outermost one.
-pub fn allocating_frame(frames: &[ResolvedFrame]) -> Option<usize> {
+pub fn allocating_frame(frames: &[Frame]) -> Option<usize> {
     if frames.is_empty() {
         return None;
     }
@@ -244,18 +244,18 @@ pub fn is_entry_frame(f: &ResolvedFrame) -> bool {
 mod tests {
     use super::*;
 
-    fn frame(name: &str) -> ResolvedFrame {
-        ResolvedFrame {
+    fn frame(name: &str) -> Frame {
+        std::sync::Arc::new(ResolvedFrame {
             function: Some(name.to_owned()),
             ..ResolvedFrame::default()
-        }
+        })
     }
 
-    fn at(name: &str, file: &str) -> ResolvedFrame {
-        ResolvedFrame {
+    fn at(name: &str, file: &str) -> Frame {
+        std::sync::Arc::new(ResolvedFrame {
             source_file: Some(file.to_owned()),
-            ..frame(name)
-        }
+            ..ResolvedFrame::clone(&frame(name))
+        })
     }
 
     #[test]
@@ -321,7 +321,7 @@ mod tests {
             frame("operator new(unsigned long)"),
         ];
         assert_eq!(allocating_frame(&all), Some(0), "the outermost");
-        assert_eq!(allocating_frame(&[ResolvedFrame::default()]), Some(0));
+        assert_eq!(allocating_frame(&[Frame::default()]), Some(0));
         assert_eq!(allocating_frame(&[]), None);
     }
 

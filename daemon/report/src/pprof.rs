@@ -17,7 +17,7 @@ use flate2::write::GzEncoder;
 use prost::Message;
 use rustc_hash::FxHashMap;
 
-use heapprofd_model::trace::{CallstackValues, ResolvedFrame, TraceData};
+use heapprofd_model::trace::{CallstackValues, Frame, ResolvedFrame, TraceData};
 
 use crate::diff::{FrameKey, frame_key};
 use crate::filter::Filter;
@@ -322,7 +322,10 @@ pub fn main_executable(data: &TraceData, pid: u32) -> Option<&ResolvedFrame> {
                 .is_some_and(|m| m == base || m.starts_with(&format!("{base}.")))
         })
     };
-    named("_start").or_else(|| named("main")).or_else(by_cmd)
+    named("_start")
+        .or_else(|| named("main"))
+        .or_else(by_cmd)
+        .map(|f| &**f)
 }
 
 impl Builder {
@@ -352,7 +355,7 @@ impl Builder {
     }
 
     /// A sample of `frames` (outermost caller first).
-    pub(crate) fn sample(&mut self, frames: &[ResolvedFrame], value: Vec<i64>, label: Vec<Label>) {
+    pub(crate) fn sample(&mut self, frames: &[Frame], value: Vec<i64>, label: Vec<Label>) {
         let location_id = frames.iter().rev().map(|f| self.location(f)).collect();
         self.p.sample.push(Sample {
             location_id,
@@ -426,7 +429,7 @@ pub fn to_pprof_diff(base: &TraceData, new: &TraceData, heap: Option<&str>) -> P
     let mut b = Builder::default();
     let (_, heap_key) = b.header(new, &filter);
     b.p.default_sample_type = b.s("alloc_space");
-    let mut stacks: FxHashMap<Vec<FrameKey>, (Vec<ResolvedFrame>, [i64; 4])> = FxHashMap::default();
+    let mut stacks: FxHashMap<Vec<FrameKey>, (Vec<Frame>, [i64; 4])> = FxHashMap::default();
     let mut order: Vec<Vec<FrameKey>> = Vec::new();
     for (data, sign) in [(base, -1i64), (new, 1)] {
         for h in data.heaps.iter().filter(|h| filter.matches(h)) {
@@ -434,7 +437,7 @@ pub fn to_pprof_diff(base: &TraceData, new: &TraceData, heap: Option<&str>) -> P
                 b.p.period = to_i64(h.sampling_interval_bytes);
             }
             for c in &h.callstacks {
-                let key: Vec<FrameKey> = c.frames.iter().map(frame_key).collect();
+                let key: Vec<FrameKey> = c.frames.iter().map(|f| frame_key(f)).collect();
                 let e = stacks.entry(key.clone()).or_insert_with(|| {
                     order.push(key);
                     (c.frames.clone(), [0; 4])

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use heapprofd_model::profile::CallsiteStats;
 use heapprofd_model::profile::estimate::log2_bucket_range;
-use heapprofd_model::trace::{CallstackValues, HeapProfile, ResolvedFrame};
+use heapprofd_model::trace::{CallstackValues, Frame, HeapProfile, ResolvedFrame};
 
 use crate::plumbing::{allocating_frame, is_entry_frame};
 
@@ -151,7 +151,7 @@ pub fn location(f: &ResolvedFrame) -> Option<String> {
 }
 
 struct SiteAcc {
-    first: ResolvedFrame,
+    first: Frame,
     totals: Totals,
     stats: CallsiteStats,
     heaviest: (u64, usize),
@@ -187,7 +187,7 @@ pub fn top_sites(h: &HeapProfile, q: &SiteQuery<'_>) -> (Vec<Site>, Vec<String>)
     let mut acc: FxHashMap<(String, Option<String>), SiteAcc> = FxHashMap::default();
     let mut ranked_stacks = 0;
     for (i, c) in h.callstacks.iter().enumerate() {
-        let frames: Vec<&ResolvedFrame> = if inclusive {
+        let frames: Vec<&Frame> = if inclusive {
             let mut seen = HashSet::new();
             c.frames
                 .iter()
@@ -262,15 +262,12 @@ fn make_site(h: &HeapProfile, a: SiteAcc, inclusive: bool) -> Site {
         function: a.first.display_name(),
         location: location(&a.first),
         module: a.first.mapping.clone(),
-        heaviest_stack: frames[..end]
-            .iter()
-            .map(ResolvedFrame::display_name)
-            .collect(),
+        heaviest_stack: frames[..end].iter().map(|f| f.display_name()).collect(),
         via: (!inclusive)
             .then(|| frames.last())
             .flatten()
             .filter(|leaf| site_key(leaf) != key)
-            .map(ResolvedFrame::display_name),
+            .map(|f| f.display_name()),
         sizes: if inclusive {
             Vec::new()
         } else {

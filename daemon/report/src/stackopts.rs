@@ -20,10 +20,12 @@
 //! Stacks that become identical are merged (their values and statistics
 //! summed), and each heap's timeline is rebuilt over the new stacks.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap;
 
 use heapprofd_model::trace::{
-    CallstackValues, Counters, DumpPoint, HeapProfile, ResolvedFrame, TraceData,
+    CallstackValues, Counters, DumpPoint, Frame, HeapProfile, ResolvedFrame, TraceData,
 };
 
 use crate::names::shorten;
@@ -103,13 +105,21 @@ impl StackOptions {
         self.focus.is_empty() && self.ignore.is_empty() && self.fold_lib.is_empty()
     }
 
-    fn keeps(&self, frames: &[ResolvedFrame]) -> bool {
+    fn keeps(&self, frames: &[Frame]) -> bool {
         let any = |p: &String| frames.iter().any(|f| frame_matches(p, f));
         (self.focus.is_empty() || self.focus.iter().any(any)) && !self.ignore.iter().any(any)
     }
 
-    fn transform(&self, frames: &[ResolvedFrame], depth: Option<usize>) -> Vec<ResolvedFrame> {
-        let mut out: Vec<ResolvedFrame> = Vec::with_capacity(frames.len());
+    /// `frames` as these options show them; `renamed` holds the frames
+    /// whose names were shortened already, by the address of the original
+    /// (the stacks of a trace share their frames, see [`Frame`]).
+    fn transform(
+        &self,
+        frames: &[Frame],
+        depth: Option<usize>,
+        renamed: &mut FxHashMap<*const ResolvedFrame, Frame>,
+    ) -> Vec<Frame> {
+        let mut out: Vec<Frame> = Vec::with_capacity(frames.len());
         let mut run_lib: Option<&str> = None;
         for f in frames {
             let lib = self
@@ -121,13 +131,17 @@ impl StackOptions {
                 continue; // inside a folded run: keep its outermost frame
             }
             run_lib = lib;
-            let mut f = f.clone();
-            if !self.full_names
-                && let Some(n) = &f.function
-            {
-                f.function = Some(shorten(n));
+            if self.full_names || f.function.is_none() {
+                out.push(Arc::clone(f));
+                continue;
             }
-            out.push(f);
+            let short = renamed.entry(Arc::as_ptr(f)).or_insert_with(|| {
+                Arc::new(ResolvedFrame {
+                    function: f.function.as_deref().map(shorten),
+                    ..ResolvedFrame::clone(f)
+                })
+            });
+            out.push(Arc::clone(short));
         }
         if let Some(d) = depth {
             out.truncate(d.max(1));
@@ -153,7 +167,8 @@ impl StackOptions {
     }
 
     fn apply_heap(&self, h: &HeapProfile, depth: Option<usize>) -> HeapProfile {
-        type Key = (Option<ContextLabels>, Vec<ResolvedFrame>);
+        type Key = (Option<ContextLabels>, Vec<Frame>);
+        let mut renamed = FxHashMap::default();
         let mut by_stack: FxHashMap<Key, u32> = FxHashMap::default();
         let mut callstacks: Vec<CallstackValues> = Vec::new();
         let mut map: Vec<Option<u32>> = Vec::with_capacity(h.callstacks.len());
@@ -162,7 +177,7 @@ impl StackOptions {
                 map.push(None);
                 continue;
             }
-            let frames = self.transform(&c.frames, depth);
+            let frames = self.transform(&c.frames, depth, &mut renamed);
             let key = (c.context.clone(), frames);
             match by_stack.get(&key) {
                 Some(&j) => {
@@ -257,15 +272,15 @@ pub fn remap_timeline(timeline: &[DumpPoint], map: &[Option<u32>]) -> Vec<DumpPo
 mod tests {
     use super::*;
 
-    fn f(name: &str, lib: &str) -> ResolvedFrame {
-        ResolvedFrame {
+    fn f(name: &str, lib: &str) -> Frame {
+        Arc::new(ResolvedFrame {
             function: Some(name.to_owned()),
             mapping: Some(format!("/usr/lib/{lib}")),
             ..Default::default()
-        }
+        })
     }
 
-    fn names(fs: &[ResolvedFrame]) -> Vec<&str> {
+    fn names(fs: &[Frame]) -> Vec<&str> {
         fs.iter().filter_map(|f| f.function.as_deref()).collect()
     }
 
@@ -291,8 +306,12 @@ mod tests {
             fold_lib: vec!["libc".into()],
             ..Default::default()
         };
-        assert_eq!(names(&o.transform(&stack, None)), ["main", "printf"]);
-        assert_eq!(names(&o.transform(&stack, Some(1))), ["main"]);
+        let mut renamed = FxHashMap::default();
+        assert_eq!(
+            names(&o.transform(&stack, None, &mut renamed)),
+            ["main", "printf"]
+        );
+        assert_eq!(names(&o.transform(&stack, Some(1), &mut renamed)), ["main"]);
         let focus = StackOptions {
             focus: vec!["printf".into()],
             ..Default::default()

@@ -301,11 +301,13 @@ mod tests {
                 ResolvedFrame {
                     function: Some("main".into()),
                     ..Default::default()
-                },
+                }
+                .into(),
                 ResolvedFrame {
                     function: Some(name.into()),
                     ..Default::default()
-                },
+                }
+                .into(),
             ],
             ..Default::default()
         }

@@ -2,9 +2,15 @@
 //! of every callstack, with its frames resolved (see [`read_trace`](super::read_trace)).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::profile::context::ContextLabels;
 use crate::profile::{CallsiteStats, ProcessFlags, ProcessStats};
+
+/// A resolved frame as stacks hold it: shared, so that the stacks of a
+/// long trace (millions of them, mostly the same few thousand frames)
+/// hold pointers, not copies of names.
+pub type Frame = Arc<ResolvedFrame>;
 
 /// A frame with its names resolved.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,7 +49,7 @@ impl ResolvedFrame {
 pub struct CallstackValues {
     /// Frames, outermost caller first, allocating function last (a user
     /// context's root frame is taken off into `context`).
-    pub frames: Vec<ResolvedFrame>,
+    pub frames: Vec<Frame>,
     /// The user context the samples were made in (its pairs, in order),
     /// if any (see [`profile::context`](crate::profile::context)).
     pub context: Option<ContextLabels>,
@@ -214,7 +220,7 @@ pub struct Truncation {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SampledStack {
     /// Frames, outermost caller first, sampled function last.
-    pub frames: Vec<ResolvedFrame>,
+    pub frames: Vec<Frame>,
     /// Thread id.
     pub tid: u32,
     /// Samples with this stack on this thread.

@@ -3,9 +3,11 @@
 //! callstack's ids into named frames through them.
 
 use heapprofd_proto::perfetto as pf;
-use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
-use super::data::ResolvedFrame;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::data::{Frame, ResolvedFrame};
 
 /// Interned tables of one sequence generation (or one ProfilePacket group).
 #[derive(Debug, Default)]
@@ -48,8 +50,21 @@ fn lossy(b: &[u8]) -> String {
 pub(super) struct Resolver<'a> {
     pub(super) interned: &'a Tables,
     pub(super) local: &'a Tables,
-    pub(super) cache: FxHashMap<u64, ResolvedFrame>,
+    pub(super) cache: FxHashMap<u64, Frame>,
+    /// Every distinct frame resolved so far, shared by all the stacks
+    /// that hold it (see [`Frame`]).
+    pub(super) pool: &'a mut FxHashSet<Frame>,
     pub(super) warnings: &'a mut Vec<String>,
+}
+
+/// The pooled copy of `f`: the one already in `pool`, or `f` added to it.
+pub(super) fn pooled(pool: &mut FxHashSet<Frame>, f: ResolvedFrame) -> Frame {
+    if let Some(p) = pool.get(&f) {
+        return Arc::clone(p);
+    }
+    let f = Arc::new(f);
+    pool.insert(Arc::clone(&f));
+    f
 }
 
 impl Resolver<'_> {
@@ -73,9 +88,9 @@ impl Resolver<'_> {
         }
     }
 
-    fn frame(&mut self, iid: u64) -> ResolvedFrame {
+    fn frame(&mut self, iid: u64) -> Frame {
         if let Some(f) = self.cache.get(&iid) {
-            return f.clone();
+            return Arc::clone(f);
         }
         let frame = self
             .local
@@ -85,10 +100,10 @@ impl Resolver<'_> {
             .cloned();
         let Some(frame) = frame else {
             self.warnings.push(format!("frame {iid} is not interned"));
-            return ResolvedFrame {
+            return Arc::new(ResolvedFrame {
                 function: Some(format!("<frame {iid}>")),
                 ..Default::default()
-            };
+            });
         };
         let function = self
             .string(frame.function_name_id(), |t| &t.function_names)
@@ -143,11 +158,12 @@ impl Resolver<'_> {
             source_file,
             line: frame.line_number.filter(|&l| l != 0),
         };
-        self.cache.insert(iid, r.clone());
+        let r = pooled(self.pool, r);
+        self.cache.insert(iid, Arc::clone(&r));
         r
     }
 
-    pub(super) fn callstack(&mut self, iid: u64) -> Vec<ResolvedFrame> {
+    pub(super) fn callstack(&mut self, iid: u64) -> Vec<Frame> {
         let ids = self
             .local
             .callstacks
@@ -159,10 +175,10 @@ impl Resolver<'_> {
             None => {
                 self.warnings
                     .push(format!("callstack {iid} is not interned"));
-                vec![ResolvedFrame {
+                vec![Arc::new(ResolvedFrame {
                     function: Some(format!("<callstack {iid}>")),
                     ..Default::default()
-                }]
+                })]
             }
         }
     }

@@ -80,8 +80,8 @@ mod reader;
 mod writer;
 
 pub use data::{
-    CallstackValues, Counters, DumpPoint, HeapProfile, MemorySample, ProcessInfo, ResolvedFrame,
-    SampleProfile, SampledStack, TraceData, Truncation,
+    CallstackValues, Counters, DumpPoint, Frame, HeapProfile, MemorySample, ProcessInfo,
+    ResolvedFrame, SampleProfile, SampledStack, TraceData, Truncation,
 };
 pub use reader::read_trace;
 pub use writer::{

@@ -13,9 +13,12 @@
 //! symbolized while recording.
 
 use heapprofd_proto::perfetto as pf;
-use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
-use super::data::ResolvedFrame;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::data::{Frame, ResolvedFrame};
+use super::interned::pooled;
 
 /// One function of an address's inline chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +66,11 @@ impl ModuleSymbolTable {
     /// `frames` (outermost first) with every unnamed frame that has
     /// symbols replaced by its inline chain, outermost first; `None` if no
     /// frame changed.
-    pub(super) fn apply(&self, frames: &[ResolvedFrame]) -> Option<Vec<ResolvedFrame>> {
+    pub(super) fn apply(
+        &self,
+        frames: &[Frame],
+        pool: &mut FxHashSet<Frame>,
+    ) -> Option<Vec<Frame>> {
         let chain_of = |f: &ResolvedFrame| {
             if f.function.is_some() {
                 return None;
@@ -77,13 +84,16 @@ impl ModuleSymbolTable {
         let mut out = Vec::with_capacity(frames.len() + 2);
         for f in frames {
             match chain_of(f) {
-                Some(chain) => out.extend(chain.iter().rev().map(|l| ResolvedFrame {
-                    function: Some(l.function.clone()),
-                    source_file: l.source_file.clone(),
-                    line: l.line,
-                    ..f.clone()
+                Some(chain) => out.extend(chain.iter().rev().map(|l| {
+                    let named = ResolvedFrame {
+                        function: Some(l.function.clone()),
+                        source_file: l.source_file.clone(),
+                        line: l.line,
+                        ..ResolvedFrame::clone(f)
+                    };
+                    pooled(pool, named)
                 })),
-                None => out.push(f.clone()),
+                None => out.push(Arc::clone(f)),
             }
         }
         Some(out)
@@ -126,15 +136,18 @@ mod tests {
             function: Some("main".into()),
             ..frame("/bin/app", &[0xab, 0xcd], 0x11ad)
         };
-        let stack = vec![
+        let stack: Vec<Frame> = [
             named.clone(),
             frame("/bin/app", &[0xab, 0xcd], 0x11ad),
             // Same address, other build id / other path: not this module.
             frame("/bin/app", &[0xee], 0x11ad),
             frame("/bin/other", &[0xab, 0xcd], 0x11ad),
-        ];
-        let out = t.apply(&stack).expect("a frame changed");
-        let names: Vec<String> = out.iter().map(ResolvedFrame::display_name).collect();
+        ]
+        .map(Arc::new)
+        .into();
+        let mut pool = FxHashSet::default();
+        let out = t.apply(&stack, &mut pool).expect("a frame changed");
+        let names: Vec<String> = out.iter().map(|f| f.display_name()).collect();
         assert_eq!(
             names,
             ["main", "caller", "leaf", "app+0x11ad", "other+0x11ad"]
@@ -144,6 +157,9 @@ mod tests {
         assert_eq!(out[2].rel_pc, 0x11ad);
         assert_eq!(out[2].build_id, [0xab, 0xcd]);
         // A stack with nothing to symbolize is left alone.
-        assert_eq!(t.apply(&stack[2..]), None);
+        assert_eq!(t.apply(&stack[2..], &mut pool), None);
+        // The frames made are shared by every stack that has them.
+        let again = t.apply(&stack, &mut pool).unwrap();
+        assert!(out.iter().zip(&again).all(|(a, b)| Arc::ptr_eq(a, b)));
     }
 }

@@ -26,8 +26,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::TraceError;
 use super::data::{
-    CallstackValues, Counters, DumpPoint, HeapProfile, MemorySample, ResolvedFrame, TraceData,
-    Truncation,
+    CallstackValues, Counters, DumpPoint, Frame, HeapProfile, MemorySample, TraceData, Truncation,
 };
 use super::extension::{Extension, find_extension};
 use super::interned::{Resolver, Tables};
@@ -69,6 +68,8 @@ struct Reader {
     symbols: ModuleSymbolTable,
     /// Stack samples (`PerfSample` packets).
     samples: samples::SampleReader,
+    /// The distinct frames of the heap profiles' stacks (see [`Frame`]).
+    pool: FxHashSet<Frame>,
 }
 
 fn add_counters(t: &mut Counters, new: Counters, old: Counters) {
@@ -239,6 +240,7 @@ impl Reader {
             interned: &seq.tables,
             local: &local,
             cache: FxHashMap::default(),
+            pool: &mut self.pool,
             warnings: &mut warnings,
         };
         // Heap samples of the group, merged per (pid, heap): a header is
@@ -404,7 +406,7 @@ impl Reader {
             }
             // Merge distinct iids that resolve to the same stack; `index`
             // maps a position in `order` to the callstack it became.
-            let mut by_stack: FxHashMap<Vec<ResolvedFrame>, usize> = FxHashMap::default();
+            let mut by_stack: FxHashMap<Vec<Frame>, usize> = FxHashMap::default();
             let mut index = vec![0u32; order.len()];
             for (pos, key) in order.into_iter().enumerate() {
                 let Some((mut v, _)) = latest.remove(&key) else {
@@ -412,7 +414,7 @@ impl Reader {
                 };
                 v.stats = stats.remove(&key);
                 if !self.symbols.is_empty()
-                    && let Some(frames) = self.symbols.apply(&v.frames)
+                    && let Some(frames) = self.symbols.apply(&v.frames, &mut self.pool)
                 {
                     v.frames = frames;
                 }

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 
 use heapprofd_proto::perfetto as pf;
 use heapprofd_proto::wire::PerfEvent;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::super::data::{ResolvedFrame, SampleProfile, SampledStack};
+use super::super::data::{Frame, SampleProfile, SampledStack};
 use super::super::extension::{SampleTotals, StackSampleExt};
 use super::super::interned::{Resolver, Tables};
 use super::super::module_symbols::ModuleSymbolTable;
@@ -32,7 +32,9 @@ struct Acc {
 #[derive(Debug, Default)]
 pub(super) struct SampleReader {
     /// Resolved stacks, and the callstack keys that gave them.
-    stacks: Vec<Vec<ResolvedFrame>>,
+    stacks: Vec<Vec<Frame>>,
+    /// The distinct frames of `stacks`.
+    pool: FxHashSet<Frame>,
     by_key: FxHashMap<Key, usize>,
     /// Per (pid, tag).
     accs: BTreeMap<(u32, u64), Acc>,
@@ -65,6 +67,7 @@ impl SampleReader {
                             interned: tables,
                             local: &empty,
                             cache: FxHashMap::default(),
+                            pool: &mut self.pool,
                             warnings,
                         };
                         let frames = resolver.callstack(iid);
@@ -114,7 +117,12 @@ impl SampleReader {
 
     /// The profiles, symbolized with the trace's `ModuleSymbols`.
     pub(super) fn finish(self, symbols: &ModuleSymbolTable) -> Vec<SampleProfile> {
-        let SampleReader { accs, totals, .. } = self;
+        let SampleReader {
+            accs,
+            totals,
+            mut pool,
+            ..
+        } = self;
         let mut out = Vec::new();
         for ((pid, tag), acc) in accs {
             let Acc {
@@ -158,7 +166,7 @@ impl SampleReader {
             profile.threads = if written.is_empty() { counted } else { written };
             if !symbols.is_empty() {
                 for s in &mut profile.stacks {
-                    if let Some(f) = symbols.apply(&s.frames) {
+                    if let Some(f) = symbols.apply(&s.frames, &mut pool) {
                         s.frames = f;
                     }
                 }
