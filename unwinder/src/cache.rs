@@ -13,7 +13,8 @@
 //! [`crate::elf::FileBytes::map`]) and, once symbolized, its symbol tables
 //! and DWARF. Modules that no process maps any more are evicted beyond a
 //! [`CacheBudget`] (the rule: [`crate::eviction`]); a module still mapped,
-//! or held by a frame waiting to be symbolized, never is. An evicted
+//! or held by a frame waiting to be symbolized (the daemon lets go of
+//! it once the frame's name is known), never is. An evicted
 //! module that is mapped again is read and parsed again. Each new module
 //! checks the budget; [`ModuleCache::trim`] checks it on demand (after a
 //! process ends).

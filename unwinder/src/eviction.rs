@@ -3,9 +3,10 @@
 //!
 //! A module is *in use* while anything besides the cache holds it: a
 //! mapping of a process being profiled (its `Arc<Module>`), or a frame
-//! waiting to be symbolized (which holds the mapping). Those are never
-//! evicted: their memory would stay anyway, and a second copy would be
-//! parsed for the next process that maps the same file. A module nobody
+//! waiting to be symbolized (which holds the mapping until its name is
+//! known: the daemon's warm-up thread names each new frame at once).
+//! Those are never evicted: their memory would stay anyway, and a second
+//! copy would be parsed for the next process that maps the same file. A module nobody
 //! else holds is *unused*: the process that mapped it unloaded it or ended.
 //! Unused modules are kept, least recently looked up first out, within a
 //! [`CacheBudget`] (a count and the bytes of their files), so that a
