@@ -311,6 +311,22 @@ mod tests {
         );
     }
 
+    /// A stripped library (`.dynsym` only) and the JVM, where present.
+    #[test]
+    fn the_symbol_part_of_other_large_files_reads_as_the_whole_file() {
+        let others = [
+            "/usr/lib/x86_64-linux-gnu/libLLVM-14.so.1",
+            "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
+        ];
+        for path in others.iter().filter(|p| std::path::Path::new(p).exists()) {
+            let file = File::open(path).unwrap();
+            let part = ModuleBytes::read(&file).unwrap();
+            assert!(part.is_partial(), "{path} read whole");
+            let whole = FileBytes::map(&file).unwrap();
+            assert_same_for_symbols(&part.symbols(), &whole);
+        }
+    }
+
     #[test]
     fn small_and_non_elf_files_are_read_whole() {
         let dir = tempfile::tempdir().unwrap();
