@@ -11,7 +11,8 @@
 //!   of the heap over time ([`timeline_svg`]).
 //! * Shared: which heaps ([`filter`]), which stacks and names
 //!   ([`stackopts`], [`names`]), which frame a stack is charged to
-//!   ([`plumbing`]), sites ([`sites`]), where outputs go ([`output`]).
+//!   ([`plumbing`]), sites ([`sites`]), where outputs go ([`output`]),
+//!   a status line while a long trace is read ([`progress`]).
 //!
 //! The `*Args` structs ([`args`]) derive [`clap::Args`] for the binary's
 //! command line.
@@ -28,6 +29,7 @@ pub mod output;
 pub mod plumbing;
 pub mod pprof;
 pub mod pprof_cpu;
+pub mod progress;
 pub mod run;
 pub mod sites;
 pub mod stackopts;

@@ -23,6 +23,7 @@ use crate::html::write_html;
 use crate::output::{Output, check_outputs};
 use crate::pprof::{to_pprof, to_pprof_diff, write_pprof_gz};
 use crate::pprof_cpu::to_pprof_cpu;
+use crate::progress::Progress;
 use crate::summary::{Report, ReportOptions, build_report, heap_report, truncated_of};
 use crate::text::{TextOptions, write_text};
 use crate::timeline::{GREW_MOST_SITES, at_peak, timelines, write_timelines};
@@ -31,9 +32,14 @@ use crate::timeline_svg::write_timeline_svg;
 
 /// Reads a trace with errors that name the file and say what to do.
 pub fn load_trace(path: &Path) -> anyhow::Result<TraceData> {
+    let label = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     let read = std::fs::File::open(path)
+        .and_then(|f| Ok((f.metadata()?.len(), f)))
         .map_err(TraceError::Read)
-        .and_then(read_trace);
+        .and_then(|(len, f)| read_trace(Progress::on_terminal(f, len, &label)));
     read.map_err(|e| {
         let (what, hint) = match &e {
             TraceError::Read(io) if io.kind() == io::ErrorKind::NotFound => (
