@@ -8,8 +8,9 @@
 //! vDSO is copied out of its memory. All of it is cheap: a read of the maps,
 //! an `open` per file. [`PendingProcess::finish`] then loads the modules
 //! (reading and parsing ELF files, see [`crate::sparse`]: milliseconds per
-//! library) from the open files, which stay readable after the process exits, so it can run
-//! after the client has been answered and has gone on with its program.
+//! library) from the open files, which stay readable after the process
+//! exits, so it can run after the client has been answered and has gone on
+//! with its program.
 //!
 //! What is opened is kept in [`crate::early::EarlyModules`].
 

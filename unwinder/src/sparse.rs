@@ -3,10 +3,11 @@
 //!
 //! Unwinding needs an ELF file's headers, notes (the build id) and its
 //! CFI (`.eh_frame`, `.eh_frame_hdr`, `.debug_frame`); a large binary is
-//! mostly other things (node: 98 MB, of which those are 3.3 MB). The part is read into a zero-filled buffer of the file's length, so
-//! every offset parses as in the file and the pages never read cost
-//! nothing (a large `calloc` is fresh anonymous memory); the rest reads as
-//! zeros, which nothing of unwinding looks at. Symbolization needs symbol
+//! mostly other things (node: 98 MB, of which those are 3.3 MB). The part
+//! is read into a zero-filled buffer of the file's length, so every offset
+//! parses as in the file and the pages never read cost nothing (a large
+//! `calloc` is fresh anonymous memory); the rest reads as zeros, which
+//! nothing of unwinding looks at. Symbolization needs symbol
 //! tables and DWARF, so the first symbol lookup reads, from the descriptor
 //! opened at the handshake, once, every section that is not part of the
 //! loaded image (`.symtab`, `.debug_*`, `.gnu_debugdata`, links...) plus

@@ -101,8 +101,7 @@ impl SymbolTable {
         for s in file.symbols() {
             self.push(&s);
         }
-        let static_end = self.syms.len();
-        if static_end == first {
+        if self.syms.len() == first {
             for s in file.dynamic_symbols() {
                 self.push(&s);
             }
@@ -145,8 +144,7 @@ impl SymbolTable {
     }
 
     fn name(&self, s: &Sym) -> &str {
-        let (at, len) = (s.name.0 as usize, s.name.1 as usize);
-        self.names.get(at..at + len).unwrap_or("")
+        name_in(&self.names, s)
     }
 
     fn finish(&mut self) {
@@ -156,18 +154,17 @@ impl SymbolTable {
         fn private(name: &str) -> bool {
             name.starts_with('_') && !name.starts_with("_Z") && !name.starts_with("_R")
         }
-        let mut syms = std::mem::take(&mut self.syms);
-        syms.sort_unstable_by(|a, b| {
+        let names = &self.names;
+        self.syms.sort_unstable_by(|a, b| {
             a.addr
                 .cmp(&b.addr)
                 .then_with(|| b.size.cmp(&a.size))
                 .then_with(|| {
-                    let (na, nb) = (self.name(a), self.name(b));
+                    let (na, nb) = (name_in(names, a), name_in(names, b));
                     private(na).cmp(&private(nb)).then_with(|| na.cmp(nb))
                 })
         });
-        syms.dedup_by_key(|s| s.addr);
-        self.syms = syms;
+        self.syms.dedup_by_key(|s| s.addr);
     }
 
     /// Number of symbols.
@@ -195,6 +192,12 @@ impl SymbolTable {
             None
         }
     }
+}
+
+/// The name of `s` in its table's `names`.
+fn name_in<'n>(names: &'n str, s: &Sym) -> &'n str {
+    let (at, len) = (s.name.0 as usize, s.name.1 as usize);
+    names.get(at..at + len).unwrap_or("")
 }
 
 /// Lazily built per-module symbolization state.

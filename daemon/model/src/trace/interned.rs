@@ -2,9 +2,9 @@
 //! ProfilePacket-local ones of Android Q traces), and resolving a
 //! callstack's ids into named frames through them.
 
-use heapprofd_proto::perfetto as pf;
 use std::sync::Arc;
 
+use heapprofd_proto::perfetto as pf;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::data::{Frame, ResolvedFrame};

@@ -12,9 +12,9 @@
 //! function names the place that allocated, as it does in a trace
 //! symbolized while recording.
 
-use heapprofd_proto::perfetto as pf;
 use std::sync::Arc;
 
+use heapprofd_proto::perfetto as pf;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::data::{Frame, ResolvedFrame};
