@@ -88,7 +88,12 @@ pub(crate) struct MetadataPage {
     /// unwinding the records that follow. Never changes for a peer that
     /// predates it.
     pub unload_epoch: AtomicU32,
-    _pad0: [u32; 6],
+    /// Bumped by the reader when it forgot a thread's stack base (or met a
+    /// sample whose base it lacks): a writer whose last stack was sent
+    /// under another value sends its next one whole. Never changes for a
+    /// peer that predates it.
+    pub stack_resync: AtomicU32,
+    _pad0: [u32; 5],
     // --- line 1: writers (under the spinlock or relaxed RMWs) ---------------
     /// Spinlock word: [`LOCK_HELD`] | [`LOCK_POISONED`].
     pub lock: AtomicU32,

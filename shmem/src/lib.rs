@@ -38,6 +38,7 @@ mod layout;
 mod mapping;
 mod reader;
 mod ring;
+mod stack_resync;
 mod writer;
 
 pub use drain::Drain;

@@ -150,6 +150,7 @@ impl Session {
             arch: Arch::native().expect("arch"),
             stack_pointer: 0x7ff0_0000_0000,
             stack_len: 0,
+            stack_reused: 0,
             regs,
         };
         self.next_seq += 1;

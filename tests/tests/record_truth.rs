@@ -31,7 +31,7 @@ use heapprofd_tests::alloc_truth::{
     DTV, OUTSIDE, ThreadStart, check_exact, group, in_group, show, truth,
 };
 use heapprofd_tests::record_harness::{
-    Heaptrack, TraceSummary, check_trace, group_by, record, record_programs, scratch_dir,
+    Heaptrack, TraceSummary, check_trace, group_by, heapprofd, record, record_programs, scratch_dir,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -124,6 +124,92 @@ fn every_function_exact_at_interval_1() {
         "empty stack:\n{}",
         show(&samples)
     );
+}
+
+/// One row of a trace at `-i 1`: frames, allocated and freed bytes and counts.
+type Row = (Vec<String>, u64, u64, u64, u64);
+
+/// Records `PROGRAM ARG` (a test program) at `-i 1` with `extra` options
+/// and `HEAPPROFD_DEBUG=1`; returns its rows, sorted, and the bytes that
+/// went through the ring (the daemon's `costs:` line).
+fn rows_and_ring_bytes(tag: &str, program: &str, arg: &str, extra: &[&str]) -> (Vec<Row>, u64) {
+    let dir = scratch_dir(tag);
+    let trace = dir.join("t.pftrace");
+    let mut c = heapprofd();
+    c.env("HEAPPROFD_DEBUG", "1")
+        .args(["record", "--no-service", "-i", "1", "-o"])
+        .arg(&trace)
+        .args(extra)
+        .arg("--")
+        .arg(record_programs().path(program))
+        .arg(arg);
+    let out = heapprofd_tests::client_harness::run(c, TIMEOUT);
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    let ring_bytes = out
+        .stderr
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ring_bytes="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ring_bytes in the costs line:\n{}", out.stderr));
+    let summary = check_trace(&trace);
+    assert_eq!(
+        summary.last_stat(summary.pids()[0], "unwinding_errors"),
+        0,
+        "unwinding errors ({tag})"
+    );
+    let mut rows: Vec<Row> = summary
+        .latest()
+        .into_iter()
+        .map(|s| (s.frames, s.allocated, s.freed, s.alloc_count, s.free_count))
+        .collect();
+    rows.sort();
+    let _ = std::fs::remove_dir_all(&dir);
+    (rows, ring_bytes)
+}
+
+/// Panics with the rows only one side has.
+fn assert_same_rows(reused: &[Row], whole: &[Row]) {
+    if reused != whole {
+        let only = |a: &[Row], b: &[Row]| -> Vec<String> {
+            a.iter()
+                .filter(|r| !b.contains(r))
+                .map(|r| format!("{r:?}"))
+                .collect()
+        };
+        panic!(
+            "rows differ\nonly with reuse:\n{}\nonly without:\n{}",
+            only(reused, whole).join("\n"),
+            only(whole, reused).join("\n")
+        );
+    }
+}
+
+/// Stack reuse (the default: a sample leaves out the top of its stack that
+/// its thread's previous sample sent, and the daemon puts it back) changes
+/// no stack: at `-i 1` the traces have the same rows, frame for frame and
+/// count for count, as with `--no-stack-reuse`, for `alloc_truth` (four
+/// threads, a 150-deep recursion, realloc chains; and fewer bytes went
+/// through the ring) and for `many_stacks 300` (300 stacks, each one frame
+/// deeper than the one before).
+#[test]
+fn stack_reuse_puts_every_stack_back() {
+    let (reused, reused_bytes) = rows_and_ring_bytes("reuse", "alloc_truth", "1", &[]);
+    let (whole, whole_bytes) =
+        rows_and_ring_bytes("whole", "alloc_truth", "1", &["--no-stack-reuse"]);
+    assert!(reused.len() >= 10, "too few rows: {}", reused.len());
+    assert_same_rows(&reused, &whole);
+    eprintln!(
+        "alloc_truth: {} rows; ring bytes {reused_bytes} with reuse, {whole_bytes} without",
+        reused.len()
+    );
+    assert!(
+        reused_bytes * 10 < whole_bytes * 9,
+        "reuse saved less than 10% of the ring bytes: {reused_bytes} against {whole_bytes}"
+    );
+    let (reused, _) = rows_and_ring_bytes("reuse-many", "many_stacks", "300", &[]);
+    let (whole, _) = rows_and_ring_bytes("whole-many", "many_stacks", "300", &["--no-stack-reuse"]);
+    assert!(reused.len() >= 300, "too few rows: {}", reused.len());
+    assert_same_rows(&reused, &whole);
 }
 
 /// Poisson tolerance of the sampled estimates.

@@ -21,7 +21,7 @@
 //!   behalf (`pthread_getattr_np`, `pthread_create`, `dlsym`) runs under
 //!   the reentrancy guard ([`tls::Guard`]), which makes nested hooks pass
 //!   straight through.
-//! * **No global-dynamic TLS.** Per-thread state lives in one 72-byte
+//! * **No global-dynamic TLS.** Per-thread state lives in one 80-byte
 //!   initial-exec TLS block (see [`tls`]); nothing from std that uses
 //!   `thread_local!` (`std::thread`, `std::env`) is used.
 //! * **Invisible when idle.** Dormant hooks cost one load and one branch.
@@ -29,7 +29,8 @@
 //! # Modules
 //! A front-end's hooks call [`hookpath`] (the checks and slow paths) →
 //! [`sampler`] (the decision) → [`session`] (ring writing, teardown) →
-//! [`capture`] (registers, stack bounds) and [`freeset`] (live sampled
+//! [`capture`] (registers, stack bounds), [`stackreuse`] (sending only
+//! the part of a stack that changed) and [`freeset`] (live sampled
 //! addresses). [`state`] holds the hooks' switch and the connection state
 //! machine; [`activation`] (a signal's request, started by the next
 //! allocation), [`watcher`] (the connecting and watching thread),
@@ -64,6 +65,7 @@ pub mod procmaps;
 pub mod sampler;
 pub mod session;
 pub mod socket_path;
+pub mod stackreuse;
 pub mod stacksample;
 pub mod state;
 pub mod threadslots;

@@ -32,7 +32,7 @@ use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 use crate::freeset::Removal;
 use crate::state::{ACTIVE, IDLE, STATE, free_set, mode};
 use crate::tls::{Guard, ThreadState};
-use crate::{capture, contexts};
+use crate::{capture, contexts, stackreuse};
 
 /// The active session, or null.
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
@@ -298,10 +298,36 @@ impl Session {
     }
 
     /// Writes a malloc sample. `st` is the calling thread's state.
+    ///
+    /// Only the registers are taken here; the rest is
+    /// [`Session::write_malloc`]'s, in a frame below the stack pointer
+    /// taken, so that the record's header, its encoding and the copy's
+    /// bookkeeping (900 bytes that change at every sample) are not part of
+    /// the stack copied (with stack reuse, a sample sends what changed
+    /// from the top of its stack down to its stack pointer).
     #[inline(never)]
     pub(crate) fn record_malloc(
         &self,
         st: *mut ThreadState,
+        addr: *mut c_void,
+        size: usize,
+        sample_size: u64,
+        heap_id: u32,
+    ) -> bool {
+        let mut regs = [0u64; MAX_REGS];
+        let sp = capture::capture_regs(&mut regs);
+        self.write_malloc(st, &regs, sp, addr, size, sample_size, heap_id)
+    }
+
+    /// The record of [`Session::record_malloc`], whose registers (`sp` the
+    /// stack pointer among them) are `regs`.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn write_malloc(
+        &self,
+        st: *mut ThreadState,
+        regs: &[u64; MAX_REGS],
+        sp: u64,
         addr: *mut c_void,
         size: usize,
         sample_size: u64,
@@ -312,15 +338,22 @@ impl Session {
         if context_id != 0 {
             contexts::ensure_sent(context_id, self.mode_word, |rec| self.write_small(rec));
         }
-        let mut regs = [0u64; MAX_REGS];
-        let sp = capture::capture_regs(&mut regs);
         let mut flags = 0;
+        let mut reuse = None;
         let stack_len = match capture::stack_end_for(st, sp) {
             Some(end) => {
                 let full = (end - sp) as usize;
                 if full > self.max_stack {
                     flags |= MallocHeader::FLAG_STACK_TRUNCATED;
                     self.max_stack
+                } else if self.config.stack_reuse()
+                    && let Some(plan) =
+                        stackreuse::plan(st, self.mode_word, self.rb().stack_resync(), sp, end)
+                {
+                    flags |= MallocHeader::FLAG_STACK_BASE;
+                    let fresh = full - plan.reused;
+                    reuse = Some((plan, end));
+                    fresh
                 } else {
                     full
                 }
@@ -343,7 +376,8 @@ impl Session {
             arch: NATIVE_ARCH,
             stack_pointer: sp,
             stack_len: stack_len as u64,
-            regs: RegisterFile(regs),
+            stack_reused: reuse.as_ref().map_or(0, |(p, _)| p.reused as u32),
+            regs: RegisterFile(*regs),
         };
         let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
         header.encode_into(&mut fixed);
@@ -358,15 +392,16 @@ impl Session {
             }
         };
         r.write_at(0, &fixed);
-        // SAFETY: [sp, sp + stack_len) is this thread's live stack (within the
-        // bounds found above), and the reservation has room for it after the
-        // header.
+        // SAFETY: [sp, sp + stack_len) (with reuse: [sp, end), of which
+        // stack_len bytes are copied) is this thread's live stack (within
+        // the bounds found above), and the reservation has room for those
+        // bytes after the header.
         unsafe {
-            capture::copy_to_ring(
-                r.as_mut_ptr().add(MallocHeader::ENCODED_LEN),
-                sp as *const u8,
-                stack_len,
-            );
+            let dst = r.as_mut_ptr().add(MallocHeader::ENCODED_LEN);
+            match &reuse {
+                Some((plan, end)) => stackreuse::copy(plan, sp, *end, dst),
+                None => capture::copy_to_ring(dst, sp as *const u8, stack_len),
+            }
         }
         let wake = r.commit();
         if !self.wake_if(wake) {

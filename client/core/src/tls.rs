@@ -3,7 +3,7 @@
 //! Rust's `thread_local!` compiles to global-dynamic TLS in a shared object:
 //! every access calls `__tls_get_addr`, which may call `malloc` (DTV growth
 //! after a `dlopen`), which would re-enter our hooks. So the client keeps its
-//! per-thread state in one 72-byte block of its own, declared in `.tbss` with
+//! per-thread state in one 80-byte block of its own, declared in `.tbss` with
 //! `global_asm!` and reached with the initial-exec sequence
 //! (`%fs:0 + GOTTPOFF` on x86_64, `tpidr_el0 + GOTTPREL` on aarch64). The
 //! linker marks the library `STATIC_TLS`; glibc's surplus static TLS has room
@@ -18,6 +18,8 @@
 //!  56     tid: u32, guard: u8, stack_state: u8, 2 bytes padding
 //!  64     context:   u64             the installed user context, `id << 1 |
 //!                                      excluded` (see `contexts`)
+//!  72     snapshot:  u64             the thread's last sampled stack (see
+//!                                      `stackreuse`: 0 none yet, 1 never)
 //! ```
 
 use crate::sampler::Sampler;
@@ -50,10 +52,12 @@ pub(crate) struct ThreadState {
     _pad: [u8; 2],
     /// The installed user context: `id << 1 | excluded` (see `contexts`).
     pub context: u64,
+    /// The thread's last sampled stack (see `stackreuse`).
+    pub snapshot: u64,
 }
 
 /// Bytes of the TLS block.
-pub(crate) const TLS_SIZE: usize = 72;
+pub(crate) const TLS_SIZE: usize = 80;
 const _: () = assert!(core::mem::size_of::<ThreadState>() == TLS_SIZE);
 const _: () = assert!(core::mem::align_of::<ThreadState>() <= 8);
 
@@ -66,9 +70,9 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_tls",
     ".hidden heapprofd_rs_tls",
     ".type heapprofd_rs_tls, @tls_object",
-    ".size heapprofd_rs_tls, 72",
+    ".size heapprofd_rs_tls, 80",
     "heapprofd_rs_tls:",
-    ".zero 72",
+    ".zero 80",
     ".popsection",
 );
 
@@ -79,9 +83,9 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_tls",
     ".hidden heapprofd_rs_tls",
     ".type heapprofd_rs_tls, %tls_object",
-    ".size heapprofd_rs_tls, 72",
+    ".size heapprofd_rs_tls, 80",
     "heapprofd_rs_tls:",
-    ".zero 72",
+    ".zero 80",
     ".popsection",
 );
 

@@ -114,6 +114,14 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_block_client: bool,
 
+    /// Send each malloc sample's whole stack through the ring buffer. By
+    /// default a sample leaves out the top of its stack that is the same
+    /// as in its thread's previous sample (each sampling thread keeps a
+    /// copy of up to 64 KiB of its last stack for that); this option is
+    /// for comparing the two, and costs more.
+    #[arg(long)]
+    pub no_stack_reuse: bool,
+
     /// Do not symbolize: the trace keeps build ids and addresses only, for
     /// symbolization later on another machine.
     #[arg(long)]

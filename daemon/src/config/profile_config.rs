@@ -120,6 +120,7 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
             no_heap: false,
             perf_event: 0,
             perf_period: 0,
+            no_stack_reuse: false,
         },
         dumps: Dumps {
             continuous,

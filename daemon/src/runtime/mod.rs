@@ -63,6 +63,7 @@ pub mod status;
 pub mod summary;
 pub mod supervise;
 pub mod symbolize;
+pub mod thread_stacks;
 pub mod triggers;
 pub mod worker;
 

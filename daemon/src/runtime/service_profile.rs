@@ -145,6 +145,9 @@ fn client_config(spec: &ProfileSpec) -> Result<ClientConfig> {
         client.clear_heaps();
         client.flags &= !ClientConfig::FLAG_ALL_HEAPS;
     }
+    if !spec.sampling.no_stack_reuse {
+        client.flags |= ClientConfig::FLAG_STACK_REUSE;
+    }
     if spec.sampling.block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = spec.sampling.block_timeout_us;

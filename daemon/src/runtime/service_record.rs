@@ -114,6 +114,7 @@ pub(super) fn sampling(args: &RecordArgs) -> Sampling {
         no_heap: args.no_heap,
         perf_event: args.perf_event().0,
         perf_period: args.perf_event().1,
+        no_stack_reuse: args.no_stack_reuse,
     }
 }
 

@@ -3,8 +3,9 @@
 //! session; a fuzzer drives it with a static process model).
 //!
 //! A record is decoded (a malformed one is counted, never trusted); a
-//! malloc sample's stack comes from the replay memo or a walk (see
-//! [`StackCache`]), and becomes an [`Op::Malloc`] with its stack id,
+//! malloc sample's stack is put back together from its thread's base when
+//! its record reuses one (see [`ThreadStacks`]), and its frames come from
+//! the replay memo or a walk (see [`StackCache`]), and becomes an [`Op::Malloc`] with its stack id,
 //! preceded by an [`Op::Stack`] when the stack is new; frees and heap
 //! declarations pass through; a context definition becomes an
 //! [`Op::Context`] with its root frame interned.
@@ -14,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use heapprofd_model::messages::{Op, SessionStats, StackUnwindError};
 use heapprofd_model::profile::{UnwindHistogram, context};
-use heapprofd_proto::wire::{ContextRecord, Record, StackSampleHeader};
+use heapprofd_proto::wire::{ContextRecord, MallocHeader, Record, StackSampleHeader};
 use heapprofd_unwinder::{ProcessContext, UnwindErrorKind};
 
 use super::stacks::{InternCtx, StackCache};
+use super::thread_stacks::ThreadStacks;
 
 /// One replayed sample in this many is timed (see
 /// [`SessionUnwinder::handle_record`]).
@@ -32,6 +34,11 @@ pub struct SessionUnwinder {
     client_text: Range<u64>,
     /// Stacks and pcs unwound before (see [`StackCache`]).
     pub stacks: StackCache,
+    /// The threads' last stacks, for samples that reuse them.
+    pub thread_stacks: ThreadStacks,
+    /// Set when the client must send whole stacks again (see
+    /// [`SessionUnwinder::take_resync`]).
+    resync: bool,
     /// Records that did not decode.
     pub corrupt_records: u64,
     /// Unwinding times.
@@ -56,6 +63,8 @@ impl SessionUnwinder {
             process,
             client_text,
             stacks: StackCache::default(),
+            thread_stacks: ThreadStacks::default(),
+            resync: false,
             corrupt_records: 0,
             hist: UnwindHistogram::default(),
             samples: 0,
@@ -80,7 +89,18 @@ impl SessionUnwinder {
     /// for a program with 32 KB stacks.)
     pub fn handle_record(&mut self, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCtx<'_>) {
         match Record::decode(bytes) {
-            Ok(Record::Malloc(h, stack)) => {
+            Ok(Record::Malloc(h, fresh)) => {
+                let (whole, resync) = self.thread_stacks.assemble(
+                    h.tid,
+                    h.stack_pointer,
+                    fresh,
+                    h.stack_reused as usize,
+                    h.flags & MallocHeader::FLAG_STACK_BASE != 0,
+                );
+                self.resync |= resync;
+                // Without its base, the sample unwinds from what it carries
+                // (its walk ends early, an unwinding error).
+                let stack = whole.unwrap_or(fresh);
                 self.timing_rng ^= self.timing_rng << 13;
                 self.timing_rng ^= self.timing_rng >> 7;
                 self.timing_rng ^= self.timing_rng << 17;
@@ -208,6 +228,12 @@ impl SessionUnwinder {
         if self.process.objects_unloaded() {
             self.stacks.clear();
         }
+    }
+
+    /// Whether the client must be told to send whole stacks (the ring's
+    /// stack resync); clears the request.
+    pub fn take_resync(&mut self) -> bool {
+        std::mem::take(&mut self.resync)
     }
 
     /// The unwinding part of the session's statistics (the ring buffer's

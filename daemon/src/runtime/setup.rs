@@ -44,6 +44,9 @@ pub(super) fn daemon_options(
             output.display()
         ))
     })?;
+    if !args.no_stack_reuse {
+        client.flags |= ClientConfig::FLAG_STACK_REUSE;
+    }
     if !args.no_block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = args

@@ -460,6 +460,7 @@ pub(crate) mod tests {
             arch: Arch::X86_64,
             stack_pointer: 0x7000_0000,
             stack_len: 0,
+            stack_reused: 0,
             regs,
         }
     }

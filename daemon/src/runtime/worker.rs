@@ -341,6 +341,9 @@ fn drain_records(
                     s.unwinder.objects_unloaded();
                 }
                 s.unwinder.handle_record(buf, ops, cx);
+                if s.unwinder.take_resync() {
+                    s.reader.ring().request_stack_resync();
+                }
             }
             ReadOutcome::Empty | ReadOutcome::Pending => {
                 let pending = matches!(outcome, ReadOutcome::Pending);
@@ -430,10 +433,14 @@ fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
         &s.unwinder.stacks.split,
     );
     log::debug!(
-        "session {} (pid {}) ended: {:?}; {} stacks cached; replayed walks: {} hits, {} misses, {} traces checked; unwinder rule cache {:?}",
+        "session {} (pid {}) ended: {:?}; stack bases: {} threads, {} KiB, {} missing, {} evictions; {} stacks cached; replayed walks: {} hits, {} misses, {} traces checked; unwinder rule cache {:?}",
         s.id,
         s.pid,
         s.reader.stats(),
+        s.unwinder.thread_stacks.threads(),
+        s.unwinder.thread_stacks.bytes() / 1024,
+        s.unwinder.thread_stacks.missing,
+        s.unwinder.thread_stacks.evictions,
         s.unwinder.stacks.len(),
         s.unwinder.stacks.memo.hits,
         s.unwinder.stacks.memo.misses,

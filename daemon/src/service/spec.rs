@@ -75,6 +75,9 @@ pub struct Sampling {
     /// Events per sample.
     #[serde(default)]
     pub perf_period: u64,
+    /// Malloc samples carry their whole stack (`record --no-stack-reuse`).
+    #[serde(default)]
+    pub no_stack_reuse: bool,
 }
 
 impl Default for Sampling {
@@ -91,6 +94,7 @@ impl Default for Sampling {
             no_heap: false,
             perf_event: 0,
             perf_period: 0,
+            no_stack_reuse: false,
         }
     }
 }

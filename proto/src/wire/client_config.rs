@@ -152,6 +152,10 @@ impl ClientConfig {
     /// (Perfetto's `all_heaps`); without it they are not sampled (Since
     /// [`version::V3`]).
     pub const FLAG_ALL_HEAPS: u32 = 2;
+    /// Malloc samples may leave out the top of the stack that the thread's
+    /// previous sample sent (`MallocHeader::stack_reused`; Since
+    /// [`version::V6`]).
+    pub const FLAG_STACK_REUSE: u32 = 4;
 
     /// A configuration sampling `libc.malloc` every `interval` bytes.
     pub fn new(sampling_interval: u64, shmem_size: u64) -> ClientConfig {
@@ -203,6 +207,11 @@ impl ClientConfig {
     /// Whether writers block when the buffer is full.
     pub fn block_client(&self) -> bool {
         self.flags & Self::FLAG_BLOCK_CLIENT != 0
+    }
+
+    /// Whether malloc samples may reuse their thread's last stack.
+    pub fn stack_reuse(&self) -> bool {
+        self.flags & Self::FLAG_STACK_REUSE != 0
     }
 
     /// Whether heaps that `heaps` does not list are sampled.

@@ -55,7 +55,7 @@ pub use context_filter::{
 };
 pub use handshake::{Handshake, Unprofilable};
 pub use kind::RecordKind;
-pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record};
+pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record, STACK_REUSE_WINDOW};
 pub use stack_sample::{EventNameRecord, StackSampleHeader, TAG_CPU_TIME};
 
 /// `b"HPRS"` read as a little-endian `u32`; first field of the socket messages.
@@ -81,8 +81,12 @@ pub mod version {
     /// [`EventNameRecord`](super::EventNameRecord) in the ring,
     /// `ClientConfig::cpu_period_ns`, `perf_event` and `perf_period`.
     pub const V5: u32 = 5;
+    /// Stack reuse: `MallocHeader::stack_reused` (was padding) and
+    /// `MallocHeader::FLAG_STACK_BASE`, `ClientConfig::FLAG_STACK_REUSE`,
+    /// and the ring's stack resync counter.
+    pub const V6: u32 = 6;
     /// The version this build speaks.
-    pub const CURRENT: u32 = V5;
+    pub const CURRENT: u32 = V6;
 }
 
 /// Number of heap slots in [`ClientConfig`] (as Perfetto's client

@@ -8,6 +8,11 @@ use super::context::ContextRecord;
 use super::kind::RecordKind;
 use super::stack_sample::{EventNameRecord, StackSampleHeader};
 
+/// The most stack bytes a malloc record may reuse from its thread's base
+/// (`MallocHeader::stack_reused`): the client keeps the top this many bytes
+/// of a thread's last sampled stack, the daemon needs no more of a base.
+pub const STACK_REUSE_WINDOW: usize = 64 * 1024;
+
 fn check_kind(g: &mut Get<'_>, expected: RecordKind) -> Result<u32, DecodeError> {
     let kind = g.u32();
     let kind_ok = RecordKind::from_u32(kind)?;
@@ -22,7 +27,13 @@ fn check_kind(g: &mut Get<'_>, expected: RecordKind) -> Result<u32, DecodeError>
 
 /// Fixed part of a malloc sample; the raw stack bytes follow it directly.
 ///
-/// The stack copy starts at `stack_pointer` and is `stack_len` bytes long.
+/// The sample's stack is `[stack_pointer, stack_pointer + stack_len +
+/// stack_reused)`. The record carries its first `stack_len` bytes; the
+/// `stack_reused` bytes above them are the top bytes of the same thread's
+/// previous [`MallocHeader::FLAG_STACK_BASE`] sample of the session, which
+/// ended at the same address (Since [`version::V6`](super::version::V6);
+/// see `heapprofd_client_core`'s `stackreuse` for why they are unchanged
+/// and the daemon's `thread_stacks` for how they are put back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MallocHeader {
     /// [`MallocHeader::FLAG_STACK_TRUNCATED`] and friends.
@@ -51,6 +62,9 @@ pub struct MallocHeader {
     pub stack_pointer: u64,
     /// Number of stack bytes that follow the header.
     pub stack_len: u64,
+    /// Bytes of the stack above those, taken from the thread's base (at
+    /// most [`STACK_REUSE_WINDOW`]; 0 = the record carries the whole stack).
+    pub stack_reused: u32,
     /// Registers at the capture point.
     pub regs: RegisterFile,
 }
@@ -62,6 +76,10 @@ impl MallocHeader {
     pub const FLAG_STACK_TRUNCATED: u32 = 1;
     /// The stack bounds of the thread were unknown; only registers were sent.
     pub const FLAG_NO_STACK: u32 = 2;
+    /// This sample's whole stack becomes its thread's base: the next
+    /// sample of the thread may reuse its top bytes (`stack_reused`). Set
+    /// on every record that reuses, too.
+    pub const FLAG_STACK_BASE: u32 = 4;
 
     /// Encodes the fixed part into `out[..ENCODED_LEN]`.
     #[inline]
@@ -78,7 +96,7 @@ impl MallocHeader {
         p.u32(self.tid);
         p.u32(self.heap_id);
         p.u32(self.arch as u32);
-        p.u32(0);
+        p.u32(self.stack_reused);
         p.u64(self.stack_pointer);
         p.u64(self.stack_len);
         for r in &self.regs.0 {
@@ -102,7 +120,7 @@ impl MallocHeader {
         let tid = g.u32();
         let heap_id = g.u32();
         let arch = Arch::from_u32(g.u32())?;
-        let _pad = g.u32();
+        let stack_reused = g.u32();
         let stack_pointer = g.u64();
         let stack_len = g.u64();
         let mut regs = RegisterFile::default();
@@ -119,8 +137,17 @@ impl MallocHeader {
                 available: rest.len(),
             });
         };
-        if stack_pointer.checked_add(stack_len).is_none() {
+        if stack_pointer
+            .checked_add(stack_len)
+            .and_then(|e| e.checked_add(u64::from(stack_reused)))
+            .is_none()
+        {
             return Err(DecodeError::InvalidField("stack_pointer"));
+        }
+        if stack_reused as usize > STACK_REUSE_WINDOW
+            || (stack_reused != 0 && flags & Self::FLAG_STACK_BASE == 0)
+        {
+            return Err(DecodeError::InvalidField("stack_reused"));
         }
         let header = MallocHeader {
             flags,
@@ -135,6 +162,7 @@ impl MallocHeader {
             arch,
             stack_pointer,
             stack_len,
+            stack_reused,
             regs,
         };
         Ok((header, &rest[..n]))
@@ -335,7 +363,34 @@ mod tests {
             arch: Arch::X86_64,
             stack_pointer: 0x7fff_0000,
             stack_len: 16,
+            stack_reused: 0,
             regs,
+        }
+    }
+
+    #[test]
+    fn reuse_needs_the_base_flag_and_stays_in_the_window() {
+        let stack = [3u8; 16];
+        let ok = MallocHeader {
+            flags: MallocHeader::FLAG_STACK_BASE,
+            stack_reused: 4096,
+            ..sample_header()
+        };
+        let bytes = Record::Malloc(ok, &stack).encode_to_vec();
+        assert!(matches!(Record::decode(&bytes), Ok(Record::Malloc(h, _)) if h == ok));
+        for bad in [
+            MallocHeader { flags: 0, ..ok },
+            MallocHeader {
+                stack_reused: STACK_REUSE_WINDOW as u32 + 8,
+                ..ok
+            },
+            MallocHeader {
+                stack_pointer: u64::MAX - 20,
+                ..ok
+            },
+        ] {
+            let bytes = Record::Malloc(bad, &stack).encode_to_vec();
+            assert!(Record::decode(&bytes).is_err(), "{bad:?} decoded");
         }
     }
 
