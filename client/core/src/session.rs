@@ -315,24 +315,22 @@ impl Session {
         heap_id: u32,
     ) -> bool {
         let mut regs = [0u64; MAX_REGS];
-        let sp = capture::capture_regs(&mut regs);
-        self.write_malloc(st, &regs, sp, addr, size, sample_size, heap_id)
+        capture::capture_regs(&mut regs);
+        self.write_malloc(st, &regs, addr, size, sample_size, heap_id)
     }
 
-    /// The record of [`Session::record_malloc`], whose registers (`sp` the
-    /// stack pointer among them) are `regs`.
+    /// The record of [`Session::record_malloc`], whose registers are `regs`.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     fn write_malloc(
         &self,
         st: *mut ThreadState,
         regs: &[u64; MAX_REGS],
-        sp: u64,
         addr: *mut c_void,
         size: usize,
         sample_size: u64,
         heap_id: u32,
     ) -> bool {
+        let sp = regs[SP_SLOT];
         // SAFETY: the calling thread's own block.
         let context_id = unsafe { (*st).context } >> 1;
         if context_id != 0 {
@@ -484,6 +482,9 @@ pub(crate) const NATIVE_ARCH: wire::Arch = match wire::Arch::native() {
     Some(a) => a,
     None => panic!("unsupported architecture"),
 };
+
+/// The stack pointer's slot in a captured register file.
+const SP_SLOT: usize = NATIVE_ARCH.sp_ip_slots().0;
 
 fn coarse_now_ns() -> u64 {
     let mut ts = libc::timespec {
