@@ -11,7 +11,8 @@
 //!   ours). Otherwise the hook calls the allocator and then [`on_alloc`]
 //!   (registers, stack copy, ring buffer, free-set insert).
 //! * free: [`may_be_sampled`] is one load from the free set's 32 KiB
-//!   summary; only a possibly sampled address goes to [`on_free`], *before*
+//!   summary (none when every allocation is sampled: the set is bypassed
+//!   and every free recorded); only a possibly sampled address goes to [`on_free`], *before*
 //!   the allocator gets the block back, so the address cannot be handed out
 //!   again before the daemon hears of the free.
 //! * realloc: the free of the old block (before the call), then an
@@ -99,7 +100,10 @@ fn sampled(p: *mut c_void, size: usize, ss: u64, m: u64) {
 /// recorded (then call [`on_free`] before freeing it).
 #[inline(always)]
 pub fn may_be_sampled(p: *mut c_void, m: u64) -> bool {
-    m > MODE_PENDING && !p.is_null() && free_set().may_contain(p as u64)
+    m > MODE_PENDING && !p.is_null() && {
+        let set = free_set();
+        set.bypassed() || set.may_contain(p as u64)
+    }
 }
 
 /// Records the free (or the free half of a realloc) of a block that

@@ -94,6 +94,8 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
         return None;
     }
     free_set().clear();
+    // Every allocation sampled: the set would filter nothing.
+    free_set().set_bypass(p.interval == 1);
     let mode_word = NEXT_MODE_WORD.fetch_add(2, Ordering::Relaxed);
     let seed_base = if p.seed != 0 { p.seed } else { random_seed() };
     // Cap a record at half the ring so one sample can never be refused as too large.
@@ -565,14 +567,18 @@ fn init_fork_page() -> *mut u8 {
 /// A sampled allocation on the calling thread (guard held by the caller).
 pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: usize, ss: u64) {
     let Some(s) = acquire(mode_word) else { return };
-    if owns_session(s) && s.record_malloc(g.thread(), addr, size, ss, wire::HEAP_LIBC_MALLOC) {
+    if owns_session(s)
+        && s.record_malloc(g.thread(), addr, size, ss, wire::HEAP_LIBC_MALLOC)
+        && !free_set().bypassed()
+    {
         free_set().insert(addr as u64);
     }
     release(s);
 }
 
 /// A free (or the free half of a realloc) of an address the free set may
-/// hold. Returns true if a free record was sent for an address of the set.
+/// hold. Returns true if a free record was sent for an address of the set
+/// (for every address while the set is bypassed).
 pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
     let Some(_g) = Guard::enter() else {
         return false;
@@ -582,7 +588,10 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
         return false;
     };
     let mut found = false;
-    if owns_session(s) {
+    if owns_session(s) && set.bypassed() {
+        found = true;
+        s.record_free(addr, wire::HEAP_LIBC_MALLOC);
+    } else if owns_session(s) {
         match set.remove(addr) {
             Removal::Found => {
                 found = true;

@@ -45,6 +45,8 @@ pub static HOT: Hot = Hot {
 };
 
 const _: () = assert!(core::mem::offset_of!(Hot, mode) == 0);
+// The hooks' switch and the free set share one cache line.
+const _: () = assert!(core::mem::size_of::<Hot>() == 64);
 
 /// The mode while an activation signal waits for the next allocation.
 pub const MODE_PENDING: u64 = 1;

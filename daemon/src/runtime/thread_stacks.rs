@@ -14,8 +14,10 @@
 //! thread's base holds, or whose stack ends elsewhere, is
 //! [`Missing`]: the thread's base is dropped and the caller asks every
 //! writer to send its next stack whole (the ring's stack resync counter).
-//! The bases are bounded ([`MAX_THREADS`], [`MAX_BYTES`]): past either,
-//! the least recently used half is dropped, again with a resync.
+//! The bases are bounded ([`MAX_THREADS`], [`MAX_BYTES`]): before a base
+//! would pass either, the least recently used half of the others is
+//! dropped, again with a resync (a single stack larger than the byte
+//! bound is kept alone: the record that carried it was as large).
 
 use rustc_hash::FxHashMap;
 
@@ -27,6 +29,11 @@ pub const MAX_BYTES: usize = 64 << 20;
 /// A sample's record reuses a base this session does not have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Missing;
+
+/// The buffer a stack of `total` bytes gets: a power of two, at least a page.
+fn buffer_len(total: usize) -> usize {
+    total.next_power_of_two().max(4096)
+}
 
 #[derive(Debug, Default)]
 struct Base {
@@ -75,7 +82,6 @@ impl ThreadStacks {
         let Some(end) = sp.checked_add(total as u64) else {
             return (Err(Missing), false);
         };
-        let mut evicted = false;
         if reused != 0 {
             let fits = self
                 .bases
@@ -88,14 +94,18 @@ impl ThreadStacks {
                 }
                 return (Err(Missing), true);
             }
-        } else if !self.bases.contains_key(&tid) {
-            evicted = self.make_room();
         }
+        let have = self.bases.get(&tid).map(|b| b.buf.len());
+        let grow = match have {
+            Some(n) if n >= total => 0,
+            _ => buffer_len(total) - have.unwrap_or(0),
+        };
+        let evicted = self.make_room(tid, have.is_none(), grow);
         self.clock += 1;
         let b = self.bases.entry(tid).or_default();
         if b.buf.len() < total {
             // Grow, keeping the reused top right-aligned.
-            let mut grown = vec![0u8; total.next_power_of_two().max(4096)];
+            let mut grown = vec![0u8; buffer_len(total)];
             let (n, m) = (grown.len(), b.buf.len());
             grown[n - reused..].copy_from_slice(&b.buf[m - reused..]);
             self.bytes += n - m;
@@ -109,18 +119,27 @@ impl ThreadStacks {
         (Ok(&b.buf[n - total..]), evicted)
     }
 
-    /// Before a new thread's base: drops the least recently used half of
-    /// the bases if the table is at a bound. True if it dropped any.
-    fn make_room(&mut self) -> bool {
-        if self.bases.len() < MAX_THREADS && self.bytes < MAX_BYTES {
+    /// Before thread `tid` (`new`: without a base yet) takes `grow` more
+    /// bytes: drops the least recently used half of the other threads'
+    /// bases if the table would pass a bound. True if it dropped any.
+    fn make_room(&mut self, tid: u32, new: bool, grow: usize) -> bool {
+        if (!new || self.bases.len() < MAX_THREADS) && self.bytes + grow <= MAX_BYTES {
             return false;
         }
-        let mut uses: Vec<u64> = self.bases.values().map(|b| b.used).collect();
+        let mut uses: Vec<u64> = self
+            .bases
+            .iter()
+            .filter(|&(&t, _)| t != tid)
+            .map(|(_, b)| b.used)
+            .collect();
+        if uses.is_empty() {
+            return false;
+        }
         let mid = uses.len() / 2;
         let (_, &mut cut, _) = uses.select_nth_unstable(mid);
         let bytes = &mut self.bytes;
-        self.bases.retain(|_, b| {
-            let keep = b.used > cut;
+        self.bases.retain(|&t, b| {
+            let keep = t == tid || b.used > cut;
             if !keep {
                 *bytes -= b.buf.len();
             }
@@ -246,5 +265,24 @@ mod tests {
             "old one dropped"
         );
         assert_eq!(t.bytes(), t.threads() * 4096);
+    }
+
+    #[test]
+    fn bases_growing_past_the_byte_bound_drop_the_others() {
+        let mut t = ThreadStacks::default();
+        let big = stack(4 << 20, 1);
+        let n = MAX_BYTES / (4 << 20);
+        for tid in 0..n as u32 {
+            assert!(!t.assemble(tid, 0x1000_0000, &big, 0, true).1);
+        }
+        assert_eq!(t.bytes(), MAX_BYTES);
+        // An existing base growing past the bound drops the older half of
+        // the others and keeps its own.
+        let bigger = stack(8 << 20, 2);
+        let (r, resync) = t.assemble(0, 0x1000_0000, &bigger, 0, true);
+        assert_eq!(r.unwrap(), &bigger[..]);
+        assert!(resync);
+        assert!(t.bytes() <= MAX_BYTES, "{} bytes", t.bytes());
+        assert!(t.threads() <= n / 2 + 1, "{} bases", t.threads());
     }
 }
