@@ -230,7 +230,14 @@ impl Mapping {
     /// ms for both halves against 1.8-2.0 ms without the mirror, measured
     /// with a C program doing the same calls).
     pub(crate) fn prefault(&self) -> bool {
-        let len = self.page + self.data_size + self.data_size.min(MIRROR_PREFAULT);
+        self.prefault_head(self.data_size + self.data_size.min(MIRROR_PREFAULT))
+    }
+
+    /// [`Mapping::prefault`] of the metadata page and the first `bytes` of
+    /// the data area (past its end: of the mirror) only.
+    pub(crate) fn prefault_head(&self, bytes: usize) -> bool {
+        let bytes = bytes.min(self.data_size + self.data_size.min(MIRROR_PREFAULT));
+        let len = self.page + bytes;
         // SAFETY: advice on our own mapping (`len <= total_len`); contents
         // are not modified.
         unsafe { libc::madvise(self.base.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) == 0 }

@@ -88,6 +88,13 @@ impl RingBuffer {
         self.map.prefault()
     }
 
+    /// [`RingBuffer::prefault`] of the metadata page and the first `bytes`
+    /// of the data area only: where the first records go, while another
+    /// thread faults the rest in.
+    pub fn prefault_head(&self, bytes: usize) -> bool {
+        self.map.prefault_head(bytes)
+    }
+
     /// Size of the data area in bytes.
     pub fn size(&self) -> usize {
         self.map.data_size()

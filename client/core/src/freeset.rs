@@ -80,6 +80,8 @@ pub struct FreeSet {
 
 const COUNTS_BYTES: usize = BUCKETS;
 const SLOTS_BYTES: usize = BUCKETS * SLOTS * 8;
+/// The size of a transparent huge page (x86_64, and aarch64 with 4 KiB pages).
+const HUGE_PAGE: usize = 2 << 20;
 
 impl Default for FreeSet {
     fn default() -> Self {
@@ -115,19 +117,45 @@ impl FreeSet {
         if !self.counts.load(Ordering::Acquire).is_null() {
             return true;
         }
+        // The slots are one huge page where the kernel allows it (THP
+        // `madvise` or `always`): an insert's slot is a random line of 2
+        // MiB, and with 4 KiB pages each one was also a TLB miss (an insert
+        // cost 0.55 us, 1.8% of all CPU of `record -i 512k` of 10M
+        // malloc/free pairs). So the mapping is made one huge page larger
+        // than needed and the slots start at a huge-page boundary.
+        let len = HUGE_PAGE + SLOTS_BYTES + COUNTS_BYTES;
         // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let base = unsafe {
+        let raw = unsafe {
             libc::mmap(
                 core::ptr::null_mut(),
-                SLOTS_BYTES + COUNTS_BYTES,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
         };
-        if base == libc::MAP_FAILED {
+        if raw == libc::MAP_FAILED {
             return false;
+        }
+        let head = (HUGE_PAGE - raw as usize % HUGE_PAGE) % HUGE_PAGE;
+        // SAFETY: inside the mapping (head < HUGE_PAGE).
+        let base = unsafe { raw.cast::<u8>().add(head) }.cast::<libc::c_void>();
+        // SAFETY: unmapping the parts of our own fresh mapping outside
+        // [base, base + SLOTS_BYTES + COUNTS_BYTES); advice on the rest.
+        // Best effort: a failure leaves memory mapped, never unmapped.
+        unsafe {
+            if head != 0 {
+                libc::munmap(raw, head);
+            }
+            let tail = HUGE_PAGE - head;
+            if tail != 0 {
+                libc::munmap(
+                    base.cast::<u8>().add(SLOTS_BYTES + COUNTS_BYTES).cast(),
+                    tail,
+                );
+            }
+            libc::madvise(base, SLOTS_BYTES, libc::MADV_HUGEPAGE);
         }
         // SAFETY: inside the mapping.
         let counts = unsafe { base.cast::<u8>().add(SLOTS_BYTES) }.cast::<AtomicU8>();
@@ -250,6 +278,27 @@ impl FreeSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_start_at_a_huge_page_boundary_and_every_byte_is_usable() {
+        let set = FreeSet::new();
+        assert!(set.map());
+        let slots = set.slots.load(Ordering::Relaxed) as usize;
+        assert_eq!(slots % HUGE_PAGE, 0);
+        assert_eq!(
+            set.counts.load(Ordering::Relaxed) as usize,
+            slots + SLOTS_BYTES
+        );
+        // The first and last slot and count are mapped and writable.
+        for b in [0, BUCKETS - 1] {
+            for i in [0, SLOTS - 1] {
+                set.slot(b, i).store(1, Ordering::Relaxed);
+            }
+        }
+        set.count(BUCKETS - 1).unwrap().store(1, Ordering::Relaxed);
+        set.clear();
+        assert!(!set.may_contain(0x7f00_0000_0010));
+    }
 
     #[test]
     fn insert_lookup_remove() {

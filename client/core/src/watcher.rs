@@ -29,6 +29,9 @@ use crate::{cputimer, frontend};
 /// Waits on the session's socket until the daemon closes it (or the session
 /// ends some other way), then tears down and drops the watcher's reference.
 fn watch(s: &'static Session) {
+    // The part of the ring past `connect::PREFAULT_HEAD` (a no-op for the
+    // pages already in). Best effort: without it, writers fault pages in.
+    s.rb().prefault();
     let mut sink = [0u8; 64];
     // CPU-time profiling and perf events: the watcher arms the threads'
     // timers and events now and looks for new threads every
