@@ -358,12 +358,27 @@ impl ProcessContext {
     }
 
     /// The mapping of a frame and the frame's `rel_pc` (ELF virtual address
-    /// of `lookup_pc`), or `None` when `pc` is in no known mapping. One
-    /// binary search over the mappings; no allocation.
+    /// of `lookup_pc`), or `None` when `pc` is in no known *executable*
+    /// mapping. One binary search over the mappings; no allocation.
+    ///
+    /// A pc in a mapping we know as not executable means our copy of the
+    /// maps is stale: read while the dynamic loader was mapping a library
+    /// (it maps the whole file read-only first, then its segments over it),
+    /// so the library's code showed as a read-only file mapping without
+    /// unwind tables. Treated as unmapped, it gets the re-read of the maps
+    /// an unmapped pc gets, and a stack cut there is not cached (a churning
+    /// `dlopen`/`dlclose` program had every sample of one library instance
+    /// cut at its leaf, `ERROR UNWIND_INFO`, about one run in fifteen).
     #[inline]
     pub fn resolve_pc(&self, pc: u64, lookup_pc: u64) -> Option<(&Arc<Mapping>, u64)> {
-        let m = self.mapping_for(pc)?;
+        let m = self.code_mapping_for(pc)?;
         Some((m, m.rel_pc(lookup_pc)))
+    }
+
+    /// The executable mapping containing `pc` (see [`ProcessContext::resolve_pc`]).
+    #[inline]
+    fn code_mapping_for(&self, pc: u64) -> Option<&Arc<Mapping>> {
+        self.mapping_for(pc).filter(|m| m.exec)
     }
 
     /// `pc` is in no known mapping: re-reads the maps (a `dlopen` since the
@@ -377,7 +392,7 @@ impl ProcessContext {
             return false;
         }
         let changed = self.reparse();
-        let found = changed && self.mapping_for(pc).is_some();
+        let found = changed && self.code_mapping_for(pc).is_some();
         self.reparse_result(found);
         changed
     }
@@ -557,6 +572,43 @@ impl ProcessContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Maps text that changes from one read to the next (the last stays).
+    struct ChangingMaps(Vec<String>);
+
+    impl MapsSource for ChangingMaps {
+        fn read_maps(&mut self) -> std::io::Result<String> {
+            Ok(if self.0.len() > 1 {
+                self.0.remove(0)
+            } else {
+                self.0[0].clone()
+            })
+        }
+    }
+
+    /// A pc in a library's range that the maps, read while the loader was
+    /// mapping it, showed read-only: unmapped for unwinding until the maps
+    /// are read again, then resolved.
+    #[test]
+    fn a_pc_in_a_mapping_read_as_not_executable_waits_for_a_re_read() {
+        let lib = "/usr/bin/true";
+        let line =
+            |perms: &str| format!("7f0000000000-7f0000004000 {perms} 00000000 08:01 4242 {lib}\n");
+        let maps = ChangingMaps(vec![line("r--p"), line("r-xp")]);
+        let mut ctx = ProcessContext::new(
+            1,
+            Box::new(maps),
+            Box::new(crate::memory::SnapshotMemory::new()),
+            Arc::new(ModuleCache::default()),
+        );
+        let pc = 0x7f00_0000_1000;
+        assert!(ctx.mapping_for(pc).is_some_and(|m| !m.exec));
+        assert!(ctx.resolve_pc(pc, pc).is_none());
+        assert!(ctx.refresh_maps_for(pc), "the re-read changed the maps");
+        let (m, _) = ctx.resolve_pc(pc, pc).expect("executable now");
+        assert!(m.exec);
+        assert_eq!(m.path, lib);
+    }
 
     #[test]
     fn context_is_send() {
