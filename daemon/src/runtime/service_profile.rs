@@ -49,7 +49,7 @@ pub(super) async fn serve_request(
         return;
     };
     let got = tokio::task::spawn_blocking(move || read_request(std)).await;
-    let (request, fd, std, requester) = match got {
+    let (request, fd, std, requester, requester_pid) = match got {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             log::warn!("bad control request: {e:#}");
@@ -64,6 +64,7 @@ pub(super) async fn serve_request(
         request,
         fd,
         requester,
+        requester_pid,
     };
     let reply = match run_profile(&service, asked, &mut stream, stop).await {
         Ok(r) => r,
@@ -81,22 +82,25 @@ pub(super) async fn serve_request(
     }
 }
 
-/// A request as read: the profile, the trace's descriptor, and the user who
-/// asked.
+/// A request as read: the profile, the trace's descriptor, and the user
+/// (and process) who asked.
 struct Asked {
     request: Request,
     fd: OwnedFd,
     requester: u32,
+    /// The asking process (`record`): never woken by its own `--all` or
+    /// `-n` profile (installed system-wide, it has the client too).
+    requester_pid: u32,
 }
 
 /// Reads the framed request and the trace descriptor sent with it (a
 /// 2-second deadline: a peer that sends half a request cannot stall the
 /// service). A service run by root serves every user, another only its own
 /// user and root ([`access::may_request`]); the requester is the peer's
-/// user as the kernel tells it (`SO_PEERCRED`).
+/// user (and process) as the kernel tells it (`SO_PEERCRED`).
 fn read_request(
     std: std::os::unix::net::UnixStream,
-) -> Result<(Request, OwnedFd, std::os::unix::net::UnixStream, u32)> {
+) -> Result<(Request, OwnedFd, std::os::unix::net::UnixStream, u32, u32)> {
     std.set_nonblocking(false)?;
     std.set_read_timeout(Some(Duration::from_secs(2)))?;
     let peer = nix::sys::socket::getsockopt(&std, nix::sys::socket::sockopt::PeerCredentials)
@@ -119,7 +123,7 @@ fn read_request(
     };
     let mut reader = &std;
     let request: Request = read_body(&mut reader, header).context("reading the request")?;
-    Ok((request, fd, std, peer.uid()))
+    Ok((request, fd, std, peer.uid(), peer.pid() as u32))
 }
 
 /// A profile the service cannot run as asked is refused with why, never
@@ -187,6 +191,7 @@ async fn run_profile(
         request,
         fd,
         requester,
+        requester_pid,
     } = asked;
     let req = &request;
     let spec = &req.spec;
@@ -236,7 +241,7 @@ async fn run_profile(
         }
     }
     let (mut notes, to_inject) = if spec.targets.running {
-        take_running(service, id, spec, requester)
+        take_running(service, id, spec, requester, requester_pid)
     } else {
         Default::default()
     };
@@ -344,6 +349,7 @@ fn take_running(
     id: ProfileId,
     spec: &ProfileSpec,
     requester: u32,
+    requester_pid: u32,
 ) -> (Vec<String>, Vec<InjectRequest>) {
     let book = service.book.clone();
     let mut notes = Vec::new();
@@ -351,6 +357,11 @@ fn take_running(
     let samples_threads = spec.sampling.cpu_period_ns != 0 || spec.sampling.perf_event != 0;
     for found in running::find(&spec.targets) {
         let pid = found.pid;
+        if pid == requester_pid && !spec.targets.pids.contains(&pid) {
+            // `record` itself, found by name or by --all (its own client,
+            // installed system-wide): it would only profile its waiting.
+            continue;
+        }
         // Only what the requester may profile is woken (root's service
         // could signal anyone's); a pid asked for by number is named.
         if !running::effective_uid(pid).is_some_and(|u| access::may_profile(requester, u)) {
