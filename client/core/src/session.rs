@@ -587,19 +587,20 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
     let Some(s) = acquire(mode_word) else {
         return false;
     };
-    let mut found = false;
-    if owns_session(s) && set.bypassed() {
-        found = true;
-        s.record_free(addr, wire::HEAP_LIBC_MALLOC);
-    } else if owns_session(s) {
-        match set.remove(addr) {
-            Removal::Found => {
-                found = true;
-                s.record_free(addr, wire::HEAP_LIBC_MALLOC);
-            }
-            Removal::MaybeOverflowed => s.record_free(addr, wire::HEAP_LIBC_MALLOC),
-            Removal::Absent => {}
+    // Bypassed, every free counts as one of the set's.
+    let (send, found) = match owns_session(s).then(|| {
+        if set.bypassed() {
+            Removal::Found
+        } else {
+            set.remove(addr)
         }
+    }) {
+        Some(Removal::Found) => (true, true),
+        Some(Removal::MaybeOverflowed) => (true, false),
+        Some(Removal::Absent) | None => (false, false),
+    };
+    if send {
+        s.record_free(addr, wire::HEAP_LIBC_MALLOC);
     }
     release(s);
     found
