@@ -61,6 +61,9 @@ pub struct Route {
     /// The profiles it was admitted for: they get its start even if they
     /// began to end before it reached the bookkeeping.
     pub admitted: Vec<ProfileId>,
+    /// Whether it reached its worker: until then a drain asked of the
+    /// worker would not find it (the client may be writing already).
+    pub at_worker: bool,
 }
 
 /// The profiles that want a connecting process, as [`Hub::admit`] decides.
@@ -194,6 +197,7 @@ impl Hub {
                 profiles,
                 client,
                 rejected: rejected.clone(),
+                at_worker: false,
             },
         );
         Some(Admission { client, rejected })
@@ -241,6 +245,27 @@ impl Hub {
             .sessions
             .values()
             .any(|r| r.pid == pid && !r.profiles.is_empty())
+    }
+
+    /// Session `session` reached its worker; whether some profile still
+    /// wants it.
+    pub fn reached_worker(&self, session: SessionId) -> bool {
+        match self.state().sessions.get_mut(&session) {
+            Some(r) => {
+                r.at_worker = true;
+                !r.profiles.is_empty()
+            }
+            None => false,
+        }
+    }
+
+    /// Whether session `session` is known to its worker (or gone: nothing
+    /// to wait for).
+    pub fn at_worker(&self, session: SessionId) -> bool {
+        self.state()
+            .sessions
+            .get(&session)
+            .is_none_or(|r| r.at_worker)
     }
 
     /// A session ended: forgets it.
@@ -456,6 +481,30 @@ mod tests {
         assert_eq!(stop, vec![(13, 103)]);
         let (all, names) = hub.startup_triggers();
         assert_eq!((all, names.get("b").copied()), (0, Some(1)));
+    }
+
+    #[test]
+    fn a_session_is_at_its_worker_only_once_handed_over() {
+        let hub = Hub::default();
+        hub.add_profile(1, wanted(&["a"], 1));
+        hub.add_profile(2, wanted(&["a"], 1));
+        hub.admit(10, 100, 0, "a", true, None).expect("admitted");
+        // Admitted, not handed over: an ending profile must wait to drain it.
+        assert!(!hub.at_worker(10));
+        assert_eq!(hub.shared_by(1), vec![(10, 100)]);
+        assert!(hub.reached_worker(10), "still wanted");
+        assert!(hub.at_worker(10));
+        // Every profile ended before the hand-over: not wanted (stop it).
+        hub.admit(11, 101, 0, "a", true, None).expect("admitted");
+        assert!(hub.end_profile(1).is_empty());
+        let mut stop = hub.end_profile(2);
+        stop.sort_unstable();
+        assert_eq!(stop, vec![(10, 100), (11, 101)]);
+        assert!(!hub.reached_worker(11));
+        // A session gone from the table has nothing to wait for.
+        hub.session_ended(10);
+        assert!(hub.at_worker(10));
+        assert!(!hub.reached_worker(10));
     }
 
     #[test]

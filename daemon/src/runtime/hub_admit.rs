@@ -34,10 +34,8 @@ impl Admit for HubAdmit {
             .map(|a| a.client)
     }
 
-    fn still_wanted(&self, session: SessionId) -> bool {
-        self.0
-            .route(session)
-            .is_some_and(|r| !r.profiles.is_empty())
+    fn reached_worker(&self, session: SessionId) -> bool {
+        self.0.reached_worker(session)
     }
 
     fn abandoned(&self, session: SessionId) {

@@ -89,9 +89,10 @@ pub trait Admit: Send + Sync + std::fmt::Debug {
         uid: u32,
         from_startup: bool,
     ) -> Option<ClientConfig>;
-    /// The session reached its worker: whether some profile still wants it
-    /// (one that ended meanwhile could not stop it).
-    fn still_wanted(&self, session: SessionId) -> bool;
+    /// The session reached its worker (a drain asked from now on finds it
+    /// there): whether some profile still wants it (one that ended
+    /// meanwhile could not stop it).
+    fn reached_worker(&self, session: SessionId) -> bool;
     /// An admitted session never reached a worker (its handshake failed).
     fn abandoned(&self, session: SessionId);
 }
@@ -534,7 +535,7 @@ async fn handle_connection(
         return;
     }
     admitted.reached_worker();
-    if shared.admit.as_ref().is_some_and(|a| !a.still_wanted(id)) {
+    if shared.admit.as_ref().is_some_and(|a| !a.reached_worker(id)) {
         let _ = worker.send(WorkerMsg::Stop(id));
     }
     drop(in_flight);

@@ -38,6 +38,9 @@ use crate::service::spec::ProfileSpec;
 /// How long an ending profile waits for a worker to drain one of the
 /// sessions other profiles keep.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// How often an ending profile looks whether a shared session it must
+/// drain reached its worker.
+const AT_WORKER_POLL: Duration = Duration::from_millis(5);
 
 /// Serves one control connection: one profile.
 pub(super) async fn serve_request(
@@ -296,6 +299,13 @@ async fn run_profile(
     // trace has every record written before its end (bounded wait).
     let shared = service.hub.shared_by(id);
     for &(session, pid) in &shared {
+        // A session admitted but not yet at its worker (its client may
+        // have written, even exited, meanwhile) is waited for: a drain
+        // asked before would not find it there.
+        let until = tokio::time::Instant::now() + DRAIN_WAIT;
+        while !service.hub.at_worker(session) && tokio::time::Instant::now() < until {
+            tokio::time::sleep(AT_WORKER_POLL).await;
+        }
         let done = service.stopper.drain_session(session, pid);
         let _ = tokio::task::spawn_blocking(move || done.recv_timeout(DRAIN_WAIT)).await;
     }
