@@ -10,7 +10,8 @@
 //! public header (`client/include/heapprofd.h`) and the `heapprofd-api`
 //! crate look these names up at run time. Nothing here allocates or
 //! panics; every pointer argument is checked (a null or foreign heap info
-//! gives null or 0). The destructor disables the heaps at exit.
+//! gives null or 0). The library's destructor (`atexit`) disables the
+//! heaps at exit.
 
 // The C API's names (Perfetto's); in the unit-test build they are not
 // exported (`no_mangle` only outside tests) and some are unused.
@@ -133,20 +134,6 @@ pub unsafe extern "C" fn AHeapProfileEnableCallbackInfo_getSamplingInterval(
 fn accepts(name: &core::ffi::CStr) -> bool {
     // SAFETY: a valid C string.
     !unsafe { AHeapInfo_create(name.as_ptr()) }.is_null()
-}
-
-#[cfg(not(test))]
-#[used]
-#[unsafe(link_section = ".fini_array")]
-static DESTRUCTOR: extern "C" fn() = destructor;
-
-/// At exit (after the program's own destructors, which may still report
-/// frees): the heaps of the running session are disabled, then the
-/// samples threads lost since their last sample are sent.
-#[cfg_attr(test, allow(dead_code))]
-extern "C" fn destructor() {
-    heaps::at_exit();
-    heapprofd_client_core::stacksample::send_losses_at_exit();
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@
 
 #[macro_use]
 mod asm_export;
+mod atexit;
 mod attach;
 mod build_tag;
 mod contextapi;

@@ -93,7 +93,13 @@ pub(crate) struct MetadataPage {
     /// under another value sends its next one whole. Never changes for a
     /// peer that predates it.
     pub stack_resync: AtomicU32,
-    _pad0: [u32; 5],
+    /// Bumped by the client when it wants its maps read now (its process
+    /// is about to exit with objects loaded since the handshake; see
+    /// `maps_ask`). Never changes for a peer that predates it.
+    pub maps_asked: AtomicU32,
+    /// The `maps_asked` value whose maps the daemon has read and kept.
+    pub maps_kept: AtomicU32,
+    _pad0: [u32; 3],
     // --- line 1: writers (under the spinlock or relaxed RMWs) ---------------
     /// Spinlock word: [`LOCK_HELD`] | [`LOCK_POISONED`].
     pub lock: AtomicU32,

@@ -16,6 +16,10 @@
 //! 4. Before the process unloads an object, a writer waits for the reader to
 //!    consume what was written ([`RingBuffer::wait_consumed`]) and then bumps
 //!    the unload epoch ([`RingBuffer::note_unload`]); see `drain`.
+//! 5. Before the process exits with objects loaded since the handshake, a
+//!    writer asks the daemon to read and keep its maps
+//!    ([`RingBuffer::ask_maps`]) and waits for [`RingBuffer::maps_kept`];
+//!    see `maps_ask`.
 //!
 //! # Guarantees
 //! * Records are committed atomically: the header, written last with release
@@ -36,6 +40,7 @@
 mod drain;
 mod layout;
 mod mapping;
+mod maps_ask;
 mod reader;
 mod ring;
 mod stack_resync;

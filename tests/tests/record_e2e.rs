@@ -466,6 +466,32 @@ fn samples_in_a_dlopened_library() {
 }
 
 #[test]
+fn samples_in_a_library_dlopened_just_before_exit() {
+    let lib = prog("libdl_alloc.so");
+    // The program exits (through `exit`) at once after the dlopen: the
+    // daemon, still loading modules or unwinding, meets the library's pcs
+    // after the process is gone, and its maps with it. The client asks for
+    // its maps to be read and kept before it exits (`mapsask`); without
+    // the ask this test failed 3 times in 3 (`ERROR INVALID_MAP`).
+    let dir = scratch_dir("dlopen-exit");
+    for round in 0..3 {
+        let trace = dir.join(format!("t{round}.pftrace"));
+        let out = record(
+            &["-i", "1", "-o", &s(&trace)],
+            &[&prog("exit_now"), "1000", &lib, "0", "exit"],
+            TIMEOUT,
+        );
+        assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+        let sum = check_trace(&trace);
+        let samples = sum.latest();
+        no_error_frames(&samples);
+        assert_eq!(totals(&samples, "dl_alloc"), (1000, 48_000, 0, 0));
+        assert_eq!(totals(&samples, "alloc_then_exit"), (1000, 64_000, 0, 0));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn report_and_convert_a_real_trace() {
     let dir = scratch_dir("report");
     let trace = dir.join("t.pftrace");

@@ -123,6 +123,7 @@ mod early;
 mod elf;
 mod eviction;
 mod frame;
+mod kept_maps;
 mod mapping;
 mod maps;
 mod memory;
@@ -139,6 +140,7 @@ pub use debuginfo::{build_id_path, hex as build_id_hex};
 pub use elf::{ElfInfo, LoadSegment, compute_bias};
 pub use eviction::CacheBudget;
 pub use frame::{Frame, RawUnwind, UnwindErrorKind, UnwindResult};
+pub use kept_maps::{KeptMaps, LiveOrKept};
 pub use mapping::Mapping;
 pub use maps::{MapEntry, ParsedMaps, parse_maps};
 pub use memory::{

@@ -6,7 +6,7 @@
 //! and offline tools use [`SnapshotMemory`] and [`StaticMaps`] instead.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -121,7 +121,8 @@ pub trait MapsSource: Send {
     fn read_maps(&mut self) -> io::Result<String>;
 }
 
-/// Maps read from a `/proc/PID/maps` descriptor, seeking to 0 each time.
+/// Maps read from a `/proc/PID/maps` descriptor, from offset 0 each time
+/// (`pread`: copies of the descriptor share no file position).
 #[derive(Debug)]
 pub struct FdMaps {
     file: File,
@@ -131,6 +132,13 @@ impl FdMaps {
     /// Wraps an open `/proc/PID/maps` file (for example the client's fd).
     pub fn new(file: File) -> Self {
         FdMaps { file }
+    }
+
+    /// A second reader of the same descriptor (a `dup`), for another thread.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(FdMaps {
+            file: self.file.try_clone()?,
+        })
     }
 
     /// Opens `/proc/<pid>/maps`.
@@ -146,11 +154,23 @@ pub const MAX_MAPS_BYTES: u64 = 16 << 20;
 
 impl MapsSource for FdMaps {
     fn read_maps(&mut self) -> io::Result<String> {
-        self.file.seek(SeekFrom::Start(0))?;
-        let mut bytes = Vec::with_capacity(64 << 10);
-        (&mut self.file)
-            .take(MAX_MAPS_BYTES)
-            .read_to_end(&mut bytes)?;
+        let mut bytes = vec![0u8; 64 << 10];
+        let mut len = 0;
+        loop {
+            if len == bytes.len() {
+                if len as u64 >= MAX_MAPS_BYTES {
+                    break;
+                }
+                bytes.resize((len * 2).min(MAX_MAPS_BYTES as usize), 0);
+            }
+            match self.file.read_at(&mut bytes[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        bytes.truncate(len);
         // Valid text (always, from the kernel) is taken without a copy.
         Ok(String::from_utf8(bytes)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))

@@ -60,6 +60,7 @@ pub mod frontend;
 pub mod heaps;
 pub mod hookpath;
 pub mod log;
+pub mod mapsask;
 pub mod perfevent;
 pub mod procmaps;
 pub mod sampler;

@@ -180,6 +180,11 @@ impl Session {
         }
     }
 
+    /// The daemon's configuration.
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
     /// CPU-time profiling's period per thread in nanoseconds (0 = off).
     pub fn cpu_period_ns(&self) -> u64 {
         self.config.cpu_period_ns

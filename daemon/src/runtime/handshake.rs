@@ -43,7 +43,9 @@ use heapprofd_model::trace::ProcessMemory;
 use heapprofd_proto::socket::{recv_some_with_fds, send_with_fds};
 use heapprofd_proto::wire::{ClientConfig, Handshake, Unprofilable};
 use heapprofd_shmem::RingBuffer;
-use heapprofd_unwinder::{FdMaps, FdMemory, ModuleCache, PendingProcess, ProcessOptions};
+use heapprofd_unwinder::{
+    FdMaps, FdMemory, KeptMaps, LiveOrKept, ModuleCache, PendingProcess, ProcessOptions,
+};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::getsockopt;
 use nix::sys::socket::sockopt::PeerCredentials;
@@ -53,6 +55,7 @@ use tokio::io::Interest;
 
 use super::clock::read_clocks;
 use super::emulation;
+use super::maps_keeper::MapsKeeper;
 use super::procinfo;
 
 /// How long a connection has to complete its handshake, from its accept.
@@ -118,8 +121,12 @@ pub struct NewSession {
     pub peer: PeerCred,
     /// What the client said about itself.
     pub handshake: Handshake,
-    /// The ring buffer the daemon reads.
-    pub ring: RingBuffer,
+    /// The ring buffer the daemon reads (shared with `keeper`).
+    pub ring: Arc<RingBuffer>,
+    /// The answerer of the client's maps ask, for the session's socket
+    /// task (`None` if the maps descriptor could not be duplicated: the
+    /// client is then not told that asks are answered).
+    pub keeper: Option<MapsKeeper>,
     /// The client's maps read and the files of its executable mappings
     /// opened, from its maps and mem descriptors; the worker loads the
     /// modules (`PendingProcess::finish`) once the bookkeeping knows of the
@@ -297,9 +304,26 @@ pub fn establish(
         perf_map_owner: Some(peer.uid),
         ..ProcessOptions::default()
     };
+    let maps = FdMaps::new(File::from(maps));
+    let ring = Arc::new(ring);
+    let kept = KeptMaps::default();
+    let keeper = match maps.try_clone() {
+        Ok(second) => Some(MapsKeeper::new(Arc::clone(&ring), second, kept.clone())),
+        Err(e) => {
+            log::debug!(
+                "pid {}: no second maps reader ({e}): no maps kept at its exit",
+                peer.pid
+            );
+            None
+        }
+    };
+    let mut config = *config;
+    if keeper.is_some() {
+        config.flags |= ClientConfig::FLAG_KEEPS_MAPS;
+    }
     let pending = PendingProcess::read(
         peer.pid,
-        Box::new(FdMaps::new(File::from(maps))),
+        Box::new(LiveOrKept::new(Box::new(maps), kept)),
         Box::new(FdMemory::new(File::from(mem))),
         Arc::clone(cache),
         options,
@@ -333,6 +357,7 @@ pub fn establish(
         peer,
         handshake,
         ring,
+        keeper,
         process: pending,
         stream,
         cmdline,

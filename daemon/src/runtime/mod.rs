@@ -42,6 +42,7 @@ pub mod handshake;
 pub mod hub;
 pub mod hub_admit;
 pub mod mapping;
+pub mod maps_keeper;
 pub mod memo;
 pub mod procinfo;
 pub mod program;

@@ -37,6 +37,7 @@ use tokio::sync::oneshot;
 use super::book_thread;
 use super::bookkeeper::{BookkeeperOptions, BookkeeperShared};
 use super::handshake::{Accepted, HANDSHAKE_TIMEOUT, PeerAccess, establish, receive};
+use super::maps_keeper::MapsKeeper;
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
@@ -516,9 +517,10 @@ async fn handle_connection(
             None
         }
     };
-    let Some(session) = session else {
+    let Some(mut session) = session else {
         return;
     };
+    let keeper = session.keeper.take();
     let watch = match session.stream.try_clone().and_then(|s| {
         s.set_nonblocking(true)?;
         UnixStream::from_std(s)
@@ -540,7 +542,15 @@ async fn handle_connection(
     }
     drop(in_flight);
     let announce = shared.admit.is_some().then_some(pid);
-    watch_socket(watch, id, worker.clone(), &shared.counters, announce).await;
+    watch_socket(
+        watch,
+        id,
+        worker.clone(),
+        &shared.counters,
+        announce,
+        keeper,
+    )
+    .await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -621,13 +631,15 @@ fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unpro
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.
 /// The first byte also confirms that the client records (`Counters::confirmed`;
-/// the service, `announce` set to the pid, also says so).
+/// the service, `announce` set to the pid, also says so). A wake byte may
+/// follow a maps ask: `keeper` answers it (see `maps_keeper`).
 async fn watch_socket(
     mut sock: UnixStream,
     id: SessionId,
     worker: mpsc::Sender<WorkerMsg>,
     counters: &Counters,
     announce: Option<u32>,
+    mut keeper: Option<MapsKeeper>,
 ) {
     let mut buf = [0u8; 256];
     let mut first = true;
@@ -646,6 +658,10 @@ async fn watch_socket(
                 }
                 if worker.send(WorkerMsg::Poke(id)).is_err() {
                     return;
+                }
+                // A client about to exit may have asked for its maps.
+                if let Some(k) = keeper.as_mut() {
+                    k.on_wake().await;
                 }
             }
         }

@@ -74,7 +74,7 @@ pub enum WorkerMsg {
 struct Session {
     id: SessionId,
     pid: u32,
-    reader: Reader<Box<RingBuffer>>,
+    reader: Reader<Arc<RingBuffer>>,
     /// Turns its records into operations.
     unwinder: SessionUnwinder,
     /// Keeps the socket (and so the client's session) alive until we finish.
@@ -151,7 +151,7 @@ pub fn run_worker(
                     Session {
                         id,
                         pid,
-                        reader: Reader::new(Box::new(s.ring)),
+                        reader: Reader::new(s.ring),
                         unwinder: SessionUnwinder::new(process, client_text, id),
                         _stream: s.stream,
                         pidfd: s.pidfd,

@@ -156,6 +156,11 @@ impl ClientConfig {
     /// previous sample sent (`MallocHeader::stack_reused`; Since
     /// [`version::V6`]).
     pub const FLAG_STACK_REUSE: u32 = 4;
+    /// The daemon reads and keeps the process's maps when the ring's maps
+    /// ask moves (a client about to exit asks, see the shared memory's
+    /// `maps_ask`); without it the client never asks. Set by the daemon
+    /// for every session (a flag of [`version::V6`]: no layout change).
+    pub const FLAG_KEEPS_MAPS: u32 = 8;
 
     /// A configuration sampling `libc.malloc` every `interval` bytes.
     pub fn new(sampling_interval: u64, shmem_size: u64) -> ClientConfig {
@@ -212,6 +217,11 @@ impl ClientConfig {
     /// Whether malloc samples may reuse their thread's last stack.
     pub fn stack_reuse(&self) -> bool {
         self.flags & Self::FLAG_STACK_REUSE != 0
+    }
+
+    /// Whether the daemon answers the ring's maps ask.
+    pub fn keeps_maps(&self) -> bool {
+        self.flags & Self::FLAG_KEEPS_MAPS != 0
     }
 
     /// Whether heaps that `heaps` does not list are sampled.

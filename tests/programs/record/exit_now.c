@@ -1,9 +1,10 @@
-// exit_now N [LIB [SLEEP_MS]]: allocates N blocks of 64 bytes (kept) in
-// alloc_then_exit and calls _exit(0) at once, so the last samples are still
-// in the ring buffer when the process is gone. With LIB, first dlopen()s it
-// and calls its dl_alloc(N) (N more blocks, from code the daemon has not seen
-// in the maps it read at the handshake), then sleeps SLEEP_MS (default 0)
-// before the main allocations.
+// exit_now N [LIB [SLEEP_MS [exit]]]: allocates N blocks of 64 bytes (kept)
+// in alloc_then_exit and calls _exit(0) at once, so the last samples are
+// still in the ring buffer when the process is gone. With LIB, first
+// dlopen()s it and calls its dl_alloc(N) (N more blocks, from code the daemon
+// has not seen in the maps it read at the handshake), then sleeps SLEEP_MS
+// (default 0) before the main allocations. With `exit`, ends with exit(0)
+// (destructors run) instead of _exit(0).
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,5 +34,6 @@ int main(int argc, char **argv) {
         nanosleep(&ts, NULL);
     }
     alloc_then_exit(n);
+    if (argc > 4) exit(0);
     _exit(0);
 }
