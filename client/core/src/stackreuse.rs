@@ -153,19 +153,38 @@ pub(crate) unsafe fn copy(plan: &Plan, sp: u64, end: u64, dst: *mut u8) {
     }
 }
 
+/// Bytes compared at once, from the top down, before the word loop.
+const CHUNK: usize = 1024;
+
 /// Top bytes (a multiple of 8) that the `n` bytes below `a_end` and below
-/// `b_end` have in common, compared from the top down in blocks of 64.
+/// `b_end` have in common, compared from the top down: in chunks of
+/// [`CHUNK`] bytes (libc's `bcmp`, vectorized), then, in the chunk that
+/// differs, in blocks of 64 bytes and words. (Word by word alone, this was
+/// 4.4% of all CPU of `record -i 1` of node, whose samples share most of
+/// a deep stack.)
 ///
 /// # Safety
 /// Both `[a_end - n, a_end)` and `[b_end - n, b_end)` are readable.
 #[inline]
 unsafe fn common_top(a_end: *const u8, b_end: *const u8, n: usize) -> usize {
+    let mut bytes = 0;
+    while bytes + CHUNK <= n {
+        // SAFETY: `[end - bytes - CHUNK, end - bytes)` is inside both ranges.
+        let same = unsafe {
+            core::slice::from_raw_parts(a_end.sub(bytes + CHUNK), CHUNK)
+                == core::slice::from_raw_parts(b_end.sub(bytes + CHUNK), CHUNK)
+        };
+        if !same {
+            break;
+        }
+        bytes += CHUNK;
+    }
     let words = n / 8;
     // SAFETY: word `k` (counted from the top) is inside both ranges for
     // every `k < words`.
     let word =
         |p: *const u8, k: usize| unsafe { p.sub(8 * (k + 1)).cast::<u64>().read_unaligned() };
-    let mut k = 0;
+    let mut k = bytes / 8;
     while k + 8 <= words {
         let mut diff = 0;
         for j in 0..8 {
@@ -273,7 +292,7 @@ mod tests {
 
     #[test]
     fn common_top_counts_equal_words_from_the_top() {
-        let a: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let a: Vec<u8> = (0..5000u32).map(|i| (i * 13 + 1) as u8).collect();
         for (n, diff_at) in [
             (1000, None),
             (1000, Some(999)),
@@ -282,12 +301,24 @@ mod tests {
             (13, None),
             (7, None),
             (200, Some(137)),
+            // Longer than a chunk: the difference in the first chunk from
+            // the top, in a later one, on a chunk's edges, in none.
+            (5000, None),
+            (5000, Some(4999)),
+            (5000, Some(4000)),
+            (5000, Some(3976)),
+            (5000, Some(3975)),
+            (5000, Some(1234)),
+            (5000, Some(7)),
+            (4096, Some(0)),
+            (4096, None),
+            (4100, Some(3)),
         ] {
             let mut b = a.clone();
             if let Some(d) = diff_at {
                 b[d] ^= 0xff;
             }
-            // SAFETY: both vectors hold 1000 bytes; n <= 1000.
+            // SAFETY: both vectors hold 5000 bytes; n <= 5000.
             let got = unsafe { common_top(a.as_ptr().add(n), b.as_ptr().add(n), n) };
             // The equal top bytes, counting down from `n` to the difference,
             // rounded down to whole words of the compared range.
