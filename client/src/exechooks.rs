@@ -1,7 +1,9 @@
 //! The exported exec family, `posix_spawn`, `system` and `popen`: each
 //! passes the new image an environment that keeps the profiler
 //! (`inherit`), says when the image cannot load it (`unprofilable`: on
-//! stderr and to the daemon), and forwards to the original (glibc's).
+//! stderr and to the daemon), and forwards to the original (glibc's). An
+//! exec of this process's own image first has the daemon keep its maps if
+//! objects were loaded since the handshake (`mapsask`).
 //!
 //! glibc's own functions call each other internally, never through the
 //! PLT (`execvp` calls `__execvpe`, `system` and `popen` spawn through the
@@ -160,9 +162,12 @@ unsafe fn searched(file: *const c_char, buf: &mut [u8; 4096]) -> Option<*const c
     unprofilable::search_path(name, buf).map(CStr::as_ptr)
 }
 
-/// Before an exec: if the new image cannot load the client, say so (this
-/// process keeps its pid and runs unprofiled).
+/// Before an exec: the daemon reads our maps first if objects were loaded
+/// since the handshake (`mapsask`: this image's maps go with the exec),
+/// and if the new image cannot load the client, say so (this process
+/// keeps its pid and runs unprofiled).
 fn before_exec(why: Option<Unprofilable>, path: *const c_char) {
+    heapprofd_client_core::mapsask::before_image_ends(crate::got::current_adds);
     if let Some(why) = why {
         // SAFETY: getpid has no preconditions.
         unprofilable::report(why, path, unsafe { libc::getpid() } as u32);

@@ -1,13 +1,14 @@
-// exit_now N [LIB [SLEEP_MS [exit]]]: allocates N blocks of 64 bytes (kept)
+// exit_now N [LIB [SLEEP_MS [exit|exec]]]: allocates N blocks of 64 bytes (kept)
 // in alloc_then_exit and calls _exit(0) at once, so the last samples are
 // still in the ring buffer when the process is gone. With LIB, first
 // dlopen()s it and calls its dl_alloc(N) (N more blocks, from code the daemon
 // has not seen in the maps it read at the handshake), then sleeps SLEEP_MS
 // (default 0) before the main allocations. With `exit`, ends with exit(0)
-// (destructors run) instead of _exit(0).
+// (destructors run) instead of _exit(0); with `exec`, execs /bin/true.
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +35,10 @@ int main(int argc, char **argv) {
         nanosleep(&ts, NULL);
     }
     alloc_then_exit(n);
+    if (argc > 4 && strcmp(argv[4], "exec") == 0) {
+        execl("/bin/true", "true", (char *)NULL);
+        return 3;
+    }
     if (argc > 4) exit(0);
     _exit(0);
 }
