@@ -99,12 +99,15 @@ fn on_main_thread() -> bool {
     unsafe { libc::syscall(libc::SYS_gettid) == libc::syscall(libc::SYS_getpid) }
 }
 
-/// Registered by bionic with `__cxa_atexit`. Does nothing: the session ends
-/// when the process does (the watcher and the daemon see the socket close);
-/// ending it here would lose the frees of exit handlers and static
-/// destructors that run later.
+/// Registered by bionic with `__cxa_atexit`. The session ends when the
+/// process does (the watcher and the daemon see the socket close); ending
+/// it here would lose the frees of exit handlers and static destructors
+/// that run later. It only has the daemon keep our maps if libraries were
+/// loaded since the handshake (`heapprofd_client_core::mapsask`).
 #[unsafe(no_mangle)]
-pub extern "C" fn heapprofd_finalize() {}
+pub extern "C" fn heapprofd_finalize() {
+    heapprofd_client_core::mapsask::before_image_ends();
+}
 
 /// malloc-debug's leak report. heapprofd keeps none in the process (the
 /// profile is the daemon's): an empty report.

@@ -16,5 +16,5 @@ static DESTRUCTOR: extern "C" fn() = destructor;
 extern "C" fn destructor() {
     heapprofd_client_core::heaps::at_exit();
     heapprofd_client_core::stacksample::send_losses_at_exit();
-    heapprofd_client_core::mapsask::before_image_ends(crate::got::current_adds);
+    heapprofd_client_core::mapsask::before_image_ends();
 }

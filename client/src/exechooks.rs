@@ -167,7 +167,7 @@ unsafe fn searched(file: *const c_char, buf: &mut [u8; 4096]) -> Option<*const c
 /// and if the new image cannot load the client, say so (this process
 /// keeps its pid and runs unprofiled).
 fn before_exec(why: Option<Unprofilable>, path: *const c_char) {
-    heapprofd_client_core::mapsask::before_image_ends(crate::got::current_adds);
+    heapprofd_client_core::mapsask::before_image_ends();
     if let Some(why) = why {
         // SAFETY: getpid has no preconditions.
         unprofilable::report(why, path, unsafe { libc::getpid() } as u32);

@@ -218,24 +218,10 @@ fn global_symbol(name: &CStr) -> usize {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
 
-/// `dlpi_adds` now: changes when an object is loaded.
+/// The loader's count of objects ever added (see
+/// `heapprofd_client_core::mapsask::objects_added`).
 pub(crate) fn current_adds() -> u64 {
-    unsafe extern "C" fn cb(
-        info: *mut libc::dl_phdr_info,
-        size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        let need = core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs);
-        if size >= need {
-            // SAFETY: glibc passes a valid info of `size` bytes and our u64.
-            unsafe { *data.cast::<u64>() = (*info).dlpi_adds };
-        }
-        1
-    }
-    let mut adds = 0u64;
-    // SAFETY: the callback only reads what glibc passes.
-    unsafe { libc::dl_iterate_phdr(Some(cb), (&mut adds as *mut u64).cast()) };
-    adds
+    heapprofd_client_core::mapsask::objects_added()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -41,14 +41,39 @@ pub(crate) fn connecting(adds: u64) {
     ADDS_AT_CONNECT.store(adds, Ordering::Relaxed);
 }
 
-/// The process is about to exit or exec. `adds` gives the loader's count
-/// of objects ever added now; it is called only with a session this
-/// process owns whose daemon answers asks.
-pub fn before_image_ends(adds: impl FnOnce() -> u64) {
+/// The loader's count of objects ever added (`dl_iterate_phdr`'s
+/// `dlpi_adds`; 0 where the loader does not say): changes when an object
+/// is loaded. Takes the loader's lock.
+pub fn objects_added() -> u64 {
+    unsafe extern "C" fn cb(
+        info: *mut libc::dl_phdr_info,
+        size: usize,
+        data: *mut core::ffi::c_void,
+    ) -> core::ffi::c_int {
+        if size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) {
+            // SAFETY: the loader passes a valid info of `size` bytes and
+            // our u64.
+            unsafe { *data.cast::<u64>() = (*info).dlpi_adds };
+        }
+        1
+    }
+    let mut adds = 0u64;
+    // SAFETY: the callback only reads what the loader passes.
+    unsafe { libc::dl_iterate_phdr(Some(cb), (&mut adds as *mut u64).cast()) };
+    adds
+}
+
+/// The process is about to exit or exec: asks (and waits) if this
+/// process owns a session whose daemon answers asks and objects were
+/// loaded since its handshake.
+pub fn before_image_ends() {
     let Some(s) = session::acquire(mode().load(Ordering::Acquire)) else {
         return;
     };
-    if s.owns() && s.config().keeps_maps() && adds() != ADDS_AT_CONNECT.load(Ordering::Relaxed) {
+    if s.owns()
+        && s.config().keeps_maps()
+        && objects_added() != ADDS_AT_CONNECT.load(Ordering::Relaxed)
+    {
         let rb = s.rb();
         let asked = rb.ask_maps();
         ASKS.fetch_add(1, Ordering::Relaxed);
