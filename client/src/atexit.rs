@@ -1,7 +1,14 @@
-//! The library's destructor: what the client does when the process exits
-//! through `exit` (it runs after the program's own destructors, which may
-//! still allocate and free: the client was loaded first, so it is
-//! finalized last). A process that ends with `_exit` or a signal skips it.
+//! The process's end: the library's destructor, which runs when the
+//! process exits through `exit` (after the program's own destructors,
+//! which may still allocate and free: the client was loaded first, so it
+//! is finalized last), and the exported `_exit` and `_Exit`, which skip
+//! destructors. A process killed by a signal, or ending with a raw
+//! `exit_group` system call, does neither.
+
+use core::ffi::c_int;
+
+use crate::hook::{Hook, Kind};
+use crate::originals;
 
 #[cfg(not(test))]
 #[used]
@@ -17,4 +24,39 @@ extern "C" fn destructor() {
     heapprofd_client_core::heaps::at_exit();
     heapprofd_client_core::stacksample::send_losses_at_exit();
     heapprofd_client_core::mapsask::before_image_ends();
+}
+
+/// The record of `_exit`.
+pub(crate) static EXIT: Hook = Hook::new(c"_exit", exit_now as *const (), Kind::Forward);
+/// The record of `_Exit` (C99's name for it).
+pub(crate) static EXIT_C99: Hook = Hook::new(c"_Exit", exit_now_c99 as *const (), Kind::Forward);
+
+/// `_exit`: the maps ask (`mapsask`; nothing without a session this
+/// process owns, so a forked child's `_exit` costs a few loads), then
+/// glibc's. glibc's own `exit` reaches its `_exit` directly, not here.
+///
+/// # Safety
+/// Same contract as glibc's `_exit`.
+#[cfg_attr(not(test), unsafe(export_name = "_exit"))]
+pub unsafe extern "C" fn exit_now(status: c_int) -> ! {
+    heapprofd_client_core::mapsask::before_image_ends();
+    type F = unsafe extern "C" fn(c_int) -> !;
+    // SAFETY: the original is glibc's `_exit`.
+    let real: F = unsafe { originals::real::<F>(&EXIT) };
+    // SAFETY: forwarded.
+    unsafe { real(status) }
+}
+
+/// `_Exit`: as [`exit_now`].
+///
+/// # Safety
+/// Same contract as glibc's `_Exit`.
+#[cfg_attr(not(test), unsafe(export_name = "_Exit"))]
+pub unsafe extern "C" fn exit_now_c99(status: c_int) -> ! {
+    heapprofd_client_core::mapsask::before_image_ends();
+    type F = unsafe extern "C" fn(c_int) -> !;
+    // SAFETY: the original is glibc's `_Exit`.
+    let real: F = unsafe { originals::real::<F>(&EXIT_C99) };
+    // SAFETY: forwarded.
+    unsafe { real(status) }
 }

@@ -4,11 +4,12 @@
 //! (the malloc family, C++ `operator new`/`delete` when they are recorded,
 //! `dlopen` and `dlclose`); [`FORWARDED`] are exported and forwarded but never
 //! patched (`malloc_usable_size`: a program that reaches the allocator's
-//! directly gets the same answer; the exec family and `pthread_create`,
-//! which matter only for a preloaded client). `originals` resolves both.
+//! directly gets the same answer; the exec family, `pthread_create`,
+//! `_exit` and `_Exit`, which matter only for a preloaded client).
+//! `originals` resolves both.
 
 use crate::hook::Hook;
-use crate::{cxxhooks as cxx, dlclosehook, dlhook, exechooks as exec, hooks, threadhook};
+use crate::{atexit, cxxhooks as cxx, dlclosehook, dlhook, exechooks as exec, hooks, threadhook};
 
 /// Every function GOT patching may redirect.
 pub(crate) static HOOKS: [&Hook; 32] = [
@@ -47,7 +48,7 @@ pub(crate) static HOOKS: [&Hook; 32] = [
 ];
 
 /// Exported, forwarded, never patched.
-pub(crate) static FORWARDED: [&Hook; 15] = [
+pub(crate) static FORWARDED: [&Hook; 17] = [
     &hooks::MALLOC_USABLE_SIZE,
     &exec::EXECVE,
     &exec::EXECVEAT,
@@ -63,4 +64,6 @@ pub(crate) static FORWARDED: [&Hook; 15] = [
     &exec::EXECLE_REC,
     &exec::EXECLP_REC,
     &threadhook::PTHREAD_CREATE,
+    &atexit::EXIT,
+    &atexit::EXIT_C99,
 ];

@@ -172,6 +172,8 @@ fn exports_exactly_the_hooks() {
         "popen",
         "dlclose",
         "dlopen",
+        "_exit",
+        "_Exit",
         "AHeapInfo_create",
         "AHeapInfo_setEnabledCallback",
         "AHeapInfo_setDisabledCallback",

@@ -468,15 +468,16 @@ fn samples_in_a_dlopened_library() {
 #[test]
 fn samples_in_a_library_dlopened_just_before_exit_or_exec() {
     let lib = prog("libdl_alloc.so");
-    // The program exits (through `exit`) or execs /bin/true at once after
-    // the dlopen: the daemon, still loading modules or unwinding, meets the
-    // library's pcs after the image is gone, and its maps with it. The
-    // client asks for its maps to be read and kept first (`mapsask`);
-    // without the ask this test failed 3 times in 3 at the first `exit`
-    // round, and without the exec hooks' ask 1 time in 2 at an `exec`
-    // round (`ERROR INVALID_MAP`).
+    // The program exits (through `exit` or `_exit`) or execs /bin/true at
+    // once after the dlopen: the daemon, still loading modules or
+    // unwinding, meets the library's pcs after the image is gone, and its
+    // maps with it. The client asks for its maps to be read and kept first
+    // (`mapsask`); without the ask this test failed 3 times in 3 at the
+    // first `exit` round, and without the exec hooks' ask 1 time in 2 at
+    // an `exec` round (`ERROR INVALID_MAP`).
     let dir = scratch_dir("dlopen-exit");
-    for (round, how) in ["exit", "exec", "exit", "exec"].into_iter().enumerate() {
+    let hows = ["exit", "exec", "_exit", "exit", "exec", "_exit"];
+    for (round, how) in hows.into_iter().enumerate() {
         let trace = dir.join(format!("t{round}.pftrace"));
         let out = record(
             &["-i", "1", "-o", &s(&trace)],

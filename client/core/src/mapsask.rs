@@ -7,8 +7,9 @@
 //! object would end at `ERROR INVALID_MAP` (Debian's python3 imports its C
 //! extensions with `dlopen` moments before a short script ends: 35 of its
 //! 2,000 allocations in 5 runs of 6; the same in 3 runs of 3 when the
-//! script ends with `os.execv`). So at exit (the client's destructor) and
-//! before an exec (the exec hooks), when the loader's count
+//! script ends with `os.execv`). So at exit (the client's destructor, its
+//! `_exit` and `_Exit`, bionic's `heapprofd_finalize`) and before an exec
+//! (the exec hooks), when the loader's count
 //! of objects ever added (`dlpi_adds`) moved since the handshake, the
 //! client asks through the ring (the shared memory's `maps_ask`), pokes
 //! the daemon and waits for its answer, at most [`WAIT`]. Nothing is
@@ -16,8 +17,7 @@
 //! (`ClientConfig::FLAG_KEEPS_MAPS`), by a forked child that does not own
 //! the session, or without a session. (A `vfork` child shares the
 //! session's memory and so owns it: asking before its exec reads the
-//! maps they share, once.) A process that ends with `_exit` or a signal
-//! does not ask.
+//! maps they share, once.) A process killed by a signal does not ask.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 use core::time::Duration;
@@ -28,7 +28,8 @@ use crate::state::mode;
 /// The longest wait for the daemon's answer.
 pub const WAIT: Duration = Duration::from_millis(200);
 
-/// `dlpi_adds` when the session's handshake started.
+/// `dlpi_adds` when the session's handshake started, or when the daemon
+/// last answered an ask.
 static ADDS_AT_CONNECT: AtomicU64 = AtomicU64::new(0);
 
 /// Asks made (for tests and debugging).
@@ -70,15 +71,19 @@ pub fn before_image_ends() {
     let Some(s) = session::acquire(mode().load(Ordering::Acquire)) else {
         return;
     };
-    if s.owns()
-        && s.config().keeps_maps()
-        && objects_added() != ADDS_AT_CONNECT.load(Ordering::Relaxed)
-    {
-        let rb = s.rb();
-        let asked = rb.ask_maps();
-        ASKS.fetch_add(1, Ordering::Relaxed);
-        if s.wake_if(true) && !rb.wait_maps_kept(asked, WAIT) {
-            ASK_TIMEOUTS.fetch_add(1, Ordering::Relaxed);
+    if s.owns() && s.config().keeps_maps() {
+        let adds = objects_added();
+        if adds != ADDS_AT_CONNECT.load(Ordering::Relaxed) {
+            let rb = s.rb();
+            let asked = rb.ask_maps();
+            ASKS.fetch_add(1, Ordering::Relaxed);
+            if s.wake_if(true) && rb.wait_maps_kept(asked, WAIT) {
+                // The daemon has these maps: a later end (an `atexit`
+                // handler's `_exit`) asks again only after more loads.
+                ADDS_AT_CONNECT.store(adds, Ordering::Relaxed);
+            } else {
+                ASK_TIMEOUTS.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
     session::release(s);

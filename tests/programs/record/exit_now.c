@@ -1,4 +1,4 @@
-// exit_now N [LIB [SLEEP_MS [exit|exec]]]: allocates N blocks of 64 bytes (kept)
+// exit_now N [LIB [SLEEP_MS [exit|exec|_exit]]]: allocates N blocks of 64 bytes (kept)
 // in alloc_then_exit and calls _exit(0) at once, so the last samples are
 // still in the ring buffer when the process is gone. With LIB, first
 // dlopen()s it and calls its dl_alloc(N) (N more blocks, from code the daemon
@@ -39,6 +39,6 @@ int main(int argc, char **argv) {
         execl("/bin/true", "true", (char *)NULL);
         return 3;
     }
-    if (argc > 4) exit(0);
+    if (argc > 4 && strcmp(argv[4], "exit") == 0) exit(0);
     _exit(0);
 }
