@@ -593,7 +593,13 @@ impl Drop for Admitted {
     }
 }
 
-/// Says that `pid` runs unprofiled and why, and tells the bookkeeping.
+/// Says that `pid` runs unprofiled and why, and tells the bookkeeping
+/// through `pid`'s worker: a process that execs a program that cannot load
+/// the client says so just before, and its session's start, which that
+/// worker sends, must reach the bookkeeping first (the other way round,
+/// the start of the old image's session was taken for a new image's and
+/// cleared the process's `disconnected` flag: `unprofiled_e2e` failed
+/// once in a loaded run).
 fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
     {
         let mut noted = shared
@@ -626,7 +632,11 @@ fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unpro
         why,
         identity: super::procinfo::read_identity(pid),
     };
-    let _ = shared.book.send(BookMsg::Session(Box::new(event)));
+    let event = Box::new(event);
+    let worker = &shared.workers[pid as usize % shared.workers.len()];
+    if let Err(mpsc::SendError(WorkerMsg::Notice(event))) = worker.send(WorkerMsg::Notice(event)) {
+        let _ = shared.book.send(BookMsg::Session(event));
+    }
 }
 
 /// Turns wake bytes into pokes and EOF (or any error) into `Closed`.

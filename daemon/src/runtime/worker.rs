@@ -69,6 +69,11 @@ pub enum WorkerMsg {
     /// other profiles keep the session gets every record written before
     /// its end. Answered at once for a session this worker does not have.
     Drain(SessionId, Sender<()>),
+    /// An event for the bookkeeping thread that must come after what this
+    /// worker already sent for its pid: a notice that the process runs
+    /// unprofiled from now on (an exec of a program that cannot load the
+    /// client) follows its session's start, whose worker this is.
+    Notice(Box<SessionEvent>),
 }
 
 struct Session {
@@ -165,6 +170,9 @@ pub fn run_worker(
                 ready.push_back(id);
             }
             Some(WorkerMsg::Poke(id)) => ready.push_back(id),
+            Some(WorkerMsg::Notice(e)) => {
+                let _ = book.send(BookMsg::Session(e));
+            }
             Some(WorkerMsg::Closed(id)) => {
                 if let Some(s) = sessions.get_mut(&id) {
                     s.closed_at.get_or_insert_with(Instant::now);
