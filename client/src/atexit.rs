@@ -39,12 +39,8 @@ pub(crate) static EXIT_C99: Hook = Hook::new(c"_Exit", exit_now_c99 as *const ()
 /// Same contract as glibc's `_exit`.
 #[cfg_attr(not(test), unsafe(export_name = "_exit"))]
 pub unsafe extern "C" fn exit_now(status: c_int) -> ! {
-    heapprofd_client_core::mapsask::before_image_ends();
-    type F = unsafe extern "C" fn(c_int) -> !;
-    // SAFETY: the original is glibc's `_exit`.
-    let real: F = unsafe { originals::real::<F>(&EXIT) };
-    // SAFETY: forwarded.
-    unsafe { real(status) }
+    // SAFETY: the record of this very function.
+    unsafe { ask_then_forward(&EXIT, status) }
 }
 
 /// `_Exit`: as [`exit_now`].
@@ -53,10 +49,20 @@ pub unsafe extern "C" fn exit_now(status: c_int) -> ! {
 /// Same contract as glibc's `_Exit`.
 #[cfg_attr(not(test), unsafe(export_name = "_Exit"))]
 pub unsafe extern "C" fn exit_now_c99(status: c_int) -> ! {
+    // SAFETY: the record of this very function.
+    unsafe { ask_then_forward(&EXIT_C99, status) }
+}
+
+/// The maps ask, then the original of `rec` (glibc's `_exit` or `_Exit`).
+///
+/// # Safety
+/// `rec` is [`EXIT`] or [`EXIT_C99`].
+unsafe fn ask_then_forward(rec: &'static Hook, status: c_int) -> ! {
     heapprofd_client_core::mapsask::before_image_ends();
     type F = unsafe extern "C" fn(c_int) -> !;
-    // SAFETY: the original is glibc's `_Exit`.
-    let real: F = unsafe { originals::real::<F>(&EXIT_C99) };
+    // SAFETY: the caller's contract: the original is glibc's function of
+    // that signature.
+    let real: F = unsafe { originals::real::<F>(rec) };
     // SAFETY: forwarded.
     unsafe { real(status) }
 }
