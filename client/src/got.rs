@@ -218,12 +218,6 @@ fn global_symbol(name: &CStr) -> usize {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
 
-/// The loader's count of objects ever added (see
-/// `heapprofd_client_core::mapsask::objects_added`).
-pub(crate) fn current_adds() -> u64 {
-    heapprofd_client_core::mapsask::objects_added()
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pass {
     Patch,

@@ -14,6 +14,7 @@
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use heapprofd_client_core::errno;
+use heapprofd_client_core::mapsask::objects_added;
 use heapprofd_client_core::tls::Guard;
 
 use crate::got;
@@ -29,7 +30,7 @@ pub(crate) static NEW_OBJECTS: AtomicBool = AtomicBool::new(false);
 /// [`POLL_MS`]).
 pub(crate) fn poll() {
     let mut st = got::lock();
-    if st.active() && got::current_adds() != st.adds() {
+    if st.active() && objects_added() != st.adds() {
         st.patch_new();
     }
 }
@@ -51,7 +52,7 @@ fn catch_up_slow() {
     if let Some(mut st) = got::try_lock() {
         if !st.active() {
             NEW_OBJECTS.store(false, Ordering::Relaxed);
-        } else if got::current_adds() != st.adds() {
+        } else if objects_added() != st.adds() {
             // (Still set if the dlopen has not added its objects yet.)
             NEW_OBJECTS.store(false, Ordering::Relaxed);
             st.patch_new();

@@ -72,24 +72,17 @@ fn open_proc_fds() -> Option<(OwnedFd, OwnedFd)> {
     Some((maps?, mem?))
 }
 
-/// The client library's executable segment, so the daemon can drop our
-/// frames, and the loader's count of objects ever added (`dlpi_adds`; 0
-/// where the loader does not say).
-fn own_text_range() -> ((u64, u64), u64) {
+/// The client library's executable segment, so the daemon can drop our frames.
+fn own_text_range() -> (u64, u64) {
     struct Search {
         addr: u64,
         found: (u64, u64),
-        adds: u64,
     }
-    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, size: usize, data: *mut c_void) -> i32 {
-        // SAFETY: glibc passes a valid info struct of `size` bytes and our
-        // `Search`.
+    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> i32 {
+        // SAFETY: glibc passes a valid info struct and our `Search`.
         unsafe {
             let s = &mut *data.cast::<Search>();
             let info = &*info;
-            if size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) {
-                s.adds = info.dlpi_adds;
-            }
             for i in 0..info.dlpi_phnum as usize {
                 let ph = &*info.dlpi_phdr.add(i);
                 if ph.p_type != libc::PT_LOAD || ph.p_flags & PF_X == 0 {
@@ -108,11 +101,10 @@ fn own_text_range() -> ((u64, u64), u64) {
     let mut s = Search {
         addr: own_text_range as *const () as u64,
         found: (0, 0),
-        adds: 0,
     };
     // SAFETY: the callback only reads what glibc passes.
     unsafe { libc::dl_iterate_phdr(Some(cb), (&mut s as *mut Search).cast()) };
-    (s.found, s.adds)
+    s.found
 }
 
 /// How much of the ring's data area the connecting thread faults in (the
@@ -267,8 +259,8 @@ fn handshake(sock: RawFd, path: &SocketPath, flags: u32) -> Option<SessionParams
         return None;
     }
     let (maps, mem) = open_proc_fds()?;
-    let ((text_start, text_end), adds) = own_text_range();
-    crate::mapsask::connecting(adds);
+    let (text_start, text_end) = own_text_range();
+    crate::mapsask::connecting();
     let pid = getpid().as_raw();
     let hs = Handshake {
         version: wire::version::CURRENT,

@@ -37,9 +37,9 @@ pub static ASKS: AtomicU64 = AtomicU64::new(0);
 /// Asks the daemon did not answer within [`WAIT`].
 pub static ASK_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
 
-/// The handshake of a session starts with the loader's count `adds`.
-pub(crate) fn connecting(adds: u64) {
-    ADDS_AT_CONNECT.store(adds, Ordering::Relaxed);
+/// The handshake of a session starts (before the daemon reads the maps).
+pub(crate) fn connecting() {
+    ADDS_AT_CONNECT.store(objects_added(), Ordering::Relaxed);
 }
 
 /// The loader's count of objects ever added (`dl_iterate_phdr`'s

@@ -593,22 +593,18 @@ pub(crate) fn sampled_free(mode_word: u64, addr: u64) -> bool {
         return false;
     };
     // Bypassed, every free counts as one of the set's.
-    let (send, found) = match owns_session(s).then(|| {
-        if set.bypassed() {
-            Removal::Found
-        } else {
-            set.remove(addr)
-        }
-    }) {
-        Some(Removal::Found) => (true, true),
-        Some(Removal::MaybeOverflowed) => (true, false),
-        Some(Removal::Absent) | None => (false, false),
+    let removal = if !owns_session(s) {
+        Removal::Absent
+    } else if set.bypassed() {
+        Removal::Found
+    } else {
+        set.remove(addr)
     };
-    if send {
+    if removal != Removal::Absent {
         s.record_free(addr, wire::HEAP_LIBC_MALLOC);
     }
     release(s);
-    found
+    removal == Removal::Found
 }
 
 /// Sets a thread's sampler up for the session `mode_word`. False if that

@@ -531,7 +531,7 @@ async fn handle_connection(
             return;
         }
     };
-    let worker = &shared.workers[session.peer.pid as usize % shared.workers.len()];
+    let worker = worker_of(&shared.workers, session.peer.pid);
     shared.counters.sessions.fetch_add(1, Ordering::Relaxed);
     if worker.send(WorkerMsg::Add(id, Box::new(session))).is_err() {
         return;
@@ -562,7 +562,7 @@ impl Stopper {
     /// Stops session `id` of process `pid` (its client stops writing, the
     /// rest is drained, then it ends).
     pub fn stop_session(&self, id: SessionId, pid: u32) {
-        let _ = self.0[pid as usize % self.0.len()].send(WorkerMsg::Stop(id));
+        let _ = worker_of(&self.0, pid).send(WorkerMsg::Stop(id));
     }
 
     /// Has session `id` of process `pid` drained now; the receiver gets a
@@ -570,9 +570,15 @@ impl Stopper {
     /// thread (see [`WorkerMsg::Drain`]).
     pub fn drain_session(&self, id: SessionId, pid: u32) -> mpsc::Receiver<()> {
         let (tx, rx) = mpsc::channel();
-        let _ = self.0[pid as usize % self.0.len()].send(WorkerMsg::Drain(id, tx));
+        let _ = worker_of(&self.0, pid).send(WorkerMsg::Drain(id, tx));
         rx
     }
+}
+
+/// The worker of process `pid`'s sessions: always the same one, so what is
+/// sent to it about a pid stays in order.
+fn worker_of(workers: &[mpsc::Sender<WorkerMsg>], pid: u32) -> &mpsc::Sender<WorkerMsg> {
+    &workers[pid as usize % workers.len()]
 }
 
 /// An admitted session on its way to a worker; dropped before it got there,
@@ -633,7 +639,7 @@ fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unpro
         identity: super::procinfo::read_identity(pid),
     };
     let event = Box::new(event);
-    let worker = &shared.workers[pid as usize % shared.workers.len()];
+    let worker = worker_of(&shared.workers, pid);
     if let Err(mpsc::SendError(WorkerMsg::Notice(event))) = worker.send(WorkerMsg::Notice(event)) {
         let _ = shared.book.send(BookMsg::Session(event));
     }
