@@ -375,3 +375,30 @@ fn module_symbols_name_the_bare_frames() {
         assert_eq!(total(a), total(b));
     }
 }
+
+/// A dump asked for before a process's profiling started (the runtime can
+/// learn of such a session while the dump waits for hand-overs) leaves the
+/// process for the next dump: its first window never starts before the
+/// session did.
+#[test]
+fn a_dump_asked_before_a_session_started_leaves_it_for_the_next() {
+    let p = Program::new();
+    let mut prof = Profile::new(&p.interner);
+    let pr = prof.add_process(100, vec!["app".into()], true);
+    pr.session_start_ns = at_ms(4);
+    prof.set_heap(100, 0, Some("libc.malloc"), 1);
+    prof.malloc(100, alloc(1, 0x10, 100, 100, 5), &p.stack_a());
+    let mut w = TraceWriter::new(Vec::new(), CLOCKS).unwrap();
+    let early = w.dump(&mut prof, &p.interner, at_ms(3)).unwrap();
+    assert_eq!((early.heap_dumps, early.samples), (0, 0));
+    let later = w.dump(&mut prof, &p.interner, at_ms(6)).unwrap();
+    assert_eq!(later.heap_dumps, 1);
+    let bytes = w.finish().unwrap();
+    let t = read_trace(bytes.as_slice()).unwrap();
+    let windows: Vec<(u64, u64)> = t.heaps[0]
+        .timeline
+        .iter()
+        .map(|d| (d.start, d.timestamp))
+        .collect();
+    assert_eq!(windows, [(at_ms(4), at_ms(6))]);
+}

@@ -36,8 +36,11 @@ use tokio::sync::oneshot;
 
 use super::book_thread;
 use super::bookkeeper::{BookkeeperOptions, BookkeeperShared};
+use super::dump_request::DumpRequests;
 use super::handshake::{Accepted, HANDSHAKE_TIMEOUT, PeerAccess, establish, receive};
 use super::maps_keeper::MapsKeeper;
+pub use super::stopper::Stopper;
+use super::stopper::worker_of;
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use super::worker::{WorkerMsg, WorkerOptions, run_worker};
@@ -126,6 +129,8 @@ pub struct Daemon {
     book_thread: Option<JoinHandle<()>>,
     /// Its times go into the `costs:` line.
     symbolizer: Arc<Symbolizer>,
+    /// Started by the first dump asked for.
+    dumps: std::sync::OnceLock<DumpRequests>,
 }
 
 #[derive(Debug)]
@@ -261,6 +266,7 @@ impl Daemon {
             book_tx,
             book_thread: Some(book_thread),
             symbolizer,
+            dumps: std::sync::OnceLock::new(),
         })
     }
 
@@ -348,9 +354,20 @@ impl Daemon {
     }
 
     /// Asks for a dump of every process now (SIGUSR1, continuous dumps).
+    /// The dump covers every record written before it was asked (see
+    /// [`super::dump_request`]).
     pub fn dump(&self) {
         let asked = super::clock::read_clocks().monotonic_coarse_ns;
-        let _ = self.book_tx.send(BookMsg::Dump(asked));
+        self.dumps
+            .get_or_init(|| {
+                let shared = Arc::clone(&self.shared);
+                DumpRequests::start(
+                    move || shared.in_flight.load(Ordering::Acquire),
+                    self.shared.workers.clone(),
+                    self.book_tx.clone(),
+                )
+            })
+            .ask(asked);
     }
 
     /// A sender to the bookkeeping thread.
@@ -552,33 +569,6 @@ async fn handle_connection(
     )
     .await;
     shared.counters.sessions.fetch_sub(1, Ordering::Relaxed);
-}
-
-/// Stops single sessions of a [`Daemon`].
-#[derive(Debug, Clone)]
-pub struct Stopper(Vec<mpsc::Sender<WorkerMsg>>);
-
-impl Stopper {
-    /// Stops session `id` of process `pid` (its client stops writing, the
-    /// rest is drained, then it ends).
-    pub fn stop_session(&self, id: SessionId, pid: u32) {
-        let _ = worker_of(&self.0, pid).send(WorkerMsg::Stop(id));
-    }
-
-    /// Has session `id` of process `pid` drained now; the receiver gets a
-    /// message once its operations are on their way to the bookkeeping
-    /// thread (see [`WorkerMsg::Drain`]).
-    pub fn drain_session(&self, id: SessionId, pid: u32) -> mpsc::Receiver<()> {
-        let (tx, rx) = mpsc::channel();
-        let _ = worker_of(&self.0, pid).send(WorkerMsg::Drain(id, tx));
-        rx
-    }
-}
-
-/// The worker of process `pid`'s sessions: always the same one, so what is
-/// sent to it about a pid stays in order.
-fn worker_of(workers: &[mpsc::Sender<WorkerMsg>], pid: u32) -> &mpsc::Sender<WorkerMsg> {
-    &workers[pid as usize % workers.len()]
 }
 
 /// An admitted session on its way to a worker; dropped before it got there,

@@ -69,6 +69,10 @@ pub enum WorkerMsg {
     /// other profiles keep the session gets every record written before
     /// its end. Answered at once for a session this worker does not have.
     Drain(SessionId, Sender<()>),
+    /// Drain what every session's ring holds now, then answer (a dump
+    /// asked now covers what was written before it: see
+    /// `super::dump_request`).
+    DrainAll(Sender<()>),
     /// An event for the bookkeeping thread that must come after what this
     /// worker already sent for its pid: a notice that the process runs
     /// unprofiled from now on (an exec of a program that cannot load the
@@ -205,6 +209,18 @@ pub fn run_worker(
                 drain_now(id, &mut sessions, &mut buf, &cx, &book, &counters);
                 let _ = done.send(());
             }
+            Some(WorkerMsg::DrainAll(done)) => {
+                let cx = InternCtx {
+                    interner: &interner,
+                    symbolizer: &symbolizer,
+                    symbolize: options.symbolize,
+                };
+                let ids: Vec<SessionId> = sessions.keys().copied().collect();
+                for id in ids {
+                    drain_now(id, &mut sessions, &mut buf, &cx, &book, &counters);
+                }
+                let _ = done.send(());
+            }
             None => ready.extend(sessions.keys().copied()),
         }
         if ready.is_empty() && stop_all && sessions.is_empty() {
@@ -241,8 +257,12 @@ pub fn run_worker(
     }
 }
 
-/// Drains session `id` until its ring is empty (or it finished), sending
-/// its operations batch by batch.
+/// Longest one [`drain_now`] reads a session whose client keeps writing
+/// as fast as it is read (the rest waits for the session's next turn).
+const DRAIN_NOW_LIMIT: Duration = Duration::from_millis(500);
+
+/// Drains session `id` until its ring is empty (or it finished, or
+/// [`DRAIN_NOW_LIMIT`] passed), sending its operations batch by batch.
 fn drain_now(
     id: SessionId,
     sessions: &mut HashMap<SessionId, Session>,
@@ -255,10 +275,12 @@ fn drain_now(
         return;
     };
     let mut ops = Vec::with_capacity(BATCH);
+    let deadline = Instant::now() + DRAIN_NOW_LIMIT;
     loop {
         let state = drain_batch(session, buf, &mut ops, cx, counters);
         send_ops(id, session, &mut ops, book);
         match state {
+            DrainState::More if Instant::now() >= deadline => return,
             DrainState::More => {}
             DrainState::Drained | DrainState::Idle => return,
             DrainState::Finished => {

@@ -458,6 +458,12 @@ impl<W: Write> TraceWriter<W> {
         let mut summary = DumpSummary::default();
         let (tree, processes) = profile.split_mut();
         for p in processes.values_mut() {
+            // A process whose profiling started after the dump was asked
+            // for is in the next one (a dump waits for sessions that were
+            // in hand-over when it was asked, and so can see later ones).
+            if p.session_start_ns > timestamp_ns {
+                continue;
+            }
             // A process's dumps have strictly increasing timestamps: two
             // dumps asked for within one tick of the coarse clock would
             // otherwise share one, and trace_processor (the Perfetto UI)
