@@ -19,8 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use heapprofd_tests::client_harness::{compile, workspace_root};
-use heapprofd_tests::record_harness::{Heaptrack, check_trace, record, scratch_dir};
+use heapprofd_tests::client_harness::{compile, run, workspace_root};
+use heapprofd_tests::record_harness::{Heaptrack, check_trace, heapprofd, record, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 /// Libraries built.
@@ -43,7 +43,7 @@ fn plugin_of(frame: &str) -> Option<usize> {
 /// makes 24, the first call of each library one more it keeps) is
 /// attributed to a stack whose innermost frame is that function and whose
 /// library frames all name the same library; no stack has an error frame.
-fn check_stacks(latest: &[heapprofd_tests::record_harness::Sample]) {
+fn check_stacks(latest: &[heapprofd_tests::record_harness::Sample], rounds: u64) {
     let (mut plugin_allocs, mut errors, mut shown) = (0u64, 0u64, 0);
     for s in latest {
         if s.frames.iter().any(|f| f.starts_with("ERROR")) {
@@ -76,7 +76,6 @@ fn check_stacks(latest: &[heapprofd_tests::record_harness::Sample]) {
         );
     }
     assert_eq!(errors, 0, "allocations with a cut stack");
-    let rounds: u64 = ROUNDS.parse().unwrap();
     assert_eq!(
         plugin_allocs,
         rounds * 3 * 24 + LIBS as u64,
@@ -142,7 +141,7 @@ fn every_allocation_of_a_churning_program_is_counted_at_interval_1() {
         }
     }
     let latest = summary.latest();
-    check_stacks(&latest);
+    check_stacks(&latest, ROUNDS.parse().unwrap());
     let allocs: u64 = latest.iter().map(|s| s.alloc_count).sum();
     let bytes: u64 = latest.iter().map(|s| s.allocated).sum();
     let frees: u64 = latest.iter().map(|s| s.free_count).sum();
@@ -175,5 +174,50 @@ fn every_allocation_of_a_churning_program_is_counted_at_interval_1() {
     // Every library kept its block: live at the end, in both.
     assert!(live >= LIBS as u64 * KEPT, "{live} bytes live");
     assert!(ht_leaked >= LIBS as u64 * KEPT, "{ht_leaked} bytes leaked");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fresh copies: every round loads a new copy of a library (a new build
+/// id, so new mappings, frames and stacks that never come back). The
+/// callsites of copies already unloaded go idle and are retired from the
+/// daemon's tree during the run (`Profile::retire_idle`); the trace must
+/// still have every allocation, each under its library's functions.
+#[test]
+fn retiring_the_stacks_of_unloaded_copies_loses_no_allocation() {
+    const FRESH_ROUNDS: u64 = 900;
+    let dir = scratch_dir("churn-fresh");
+    let prog = build(&dir);
+    let trace = dir.join("t.pftrace");
+    let rounds = FRESH_ROUNDS.to_string();
+    let mut c = heapprofd();
+    c.env("HEAPPROFD_DEBUG", "1")
+        .args(["record", "-i", "1", "-c", "100ms", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&prog)
+        .arg(&dir)
+        .arg(LIBS.to_string())
+        .arg(&rounds)
+        .args(["0", "fresh"]);
+    let out = run(c, TIMEOUT);
+    assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
+    assert_eq!(out.stdout, format!("rounds {FRESH_ROUNDS}\n"));
+    // The retirement ran and removed callsites (HEAPPROFD_DEBUG's line).
+    let retired: usize = out
+        .stderr
+        .lines()
+        .filter_map(|l| {
+            l.split("retired ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    assert!(retired > 0, "no callsite retired:\n{}", out.stderr);
+    let summary = check_trace(&trace);
+    summary.assert_non_decreasing();
+    check_stacks(&summary.latest(), FRESH_ROUNDS);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -412,6 +412,22 @@ impl Bookkeeping {
         &self.profile
     }
 
+    /// Retires the idle callsites after a dump (see
+    /// [`Profile::retire_idle`]); what the sessions' stack ids and the
+    /// context callsites refer to stays. Returns the tree nodes removed.
+    pub fn retire_idle(&mut self) -> usize {
+        let held = self
+            .stacks
+            .values()
+            .flat_map(|v| v.iter().flatten().copied())
+            .chain(
+                self.context_callsites
+                    .iter()
+                    .flat_map(|(&(from, _), &to)| [from, to]),
+            );
+        self.profile.retire_idle(held)
+    }
+
     /// The profile, to dump it.
     pub fn profile_mut(&mut self) -> &mut Profile {
         &mut self.profile

@@ -112,6 +112,9 @@ pub(crate) fn summarize<'a>(
                     freed += c.freed;
                     estimated += c.stats.estimated_allocs;
                 }
+                allocated += h.retired.allocated;
+                freed += h.retired.freed;
+                estimated += h.retired.estimated_allocs;
             }
             let exact = p.heaps().all(|h| h.sampling_interval == 1);
             let dropped = dropped_by_pid.get(&p.pid).copied().unwrap_or(0);

@@ -69,7 +69,15 @@ pub struct Book {
     write_error: Option<String>,
     options: BookkeeperOptions,
     last_live_update: Instant,
+    /// The callsite tree's size that makes the next dump retire idle
+    /// callsites (see [`Book::retire_idle`]).
+    retire_at: usize,
 }
+
+/// The fewest callsites a tree must gain before a dump retires idle ones:
+/// a pass walks every heap slot and tree node, so it runs once the tree
+/// grew by a quarter (and at least this much) since the last one.
+const RETIRE_MIN_GROWTH: usize = 4096;
 
 impl Book {
     /// Starts the trace on `options.output`; why not, in words.
@@ -95,6 +103,7 @@ impl Book {
             write_error,
             options,
             last_live_update: Instant::now(),
+            retire_at: RETIRE_MIN_GROWTH,
         })
     }
 
@@ -202,6 +211,14 @@ impl Book {
     /// dumps of a `--continuous-dump` trace keep their spacing (and their
     /// allocation rates) when the thread falls behind.
     pub fn dump_at(&mut self, asked_ns: u64) {
+        if self.write_dump(asked_ns) {
+            self.retire_idle();
+        }
+    }
+
+    /// [`Book::dump_at`] without the retirement; whether the dump was
+    /// written.
+    fn write_dump(&mut self, asked_ns: u64) -> bool {
         // The live processes' threads and memory as of this dump.
         let live = self.book.active_pids();
         for &pid in &live {
@@ -219,11 +236,33 @@ impl Book {
             .symbolizer
             .resolve_pending(&self.shared.interner);
         let Some(w) = self.writer.as_mut() else {
-            return;
+            return false;
         };
         if let Err(e) = w.dump(self.book.profile_mut(), &self.shared.interner, asked_ns) {
             self.fail(e.to_string());
+            return false;
         }
+        true
+    }
+
+    /// After a dump, once the callsite tree grew enough: retires the
+    /// callsites nothing counts under any more, so a long profile of a
+    /// program that keeps making new stacks stays bounded (see
+    /// `Profile::retire_idle`). Not for `--dump-at-max` (the value at the
+    /// peak of a retired callsite would be lost).
+    fn retire_idle(&mut self) {
+        let nodes = self.book.profile().tree().len();
+        if self.options.dump_at_max || nodes < self.retire_at {
+            return;
+        }
+        let t0 = Instant::now();
+        let removed = self.book.retire_idle();
+        let left = self.book.profile().tree().len();
+        self.retire_at = left + (left / 4).max(RETIRE_MIN_GROWTH);
+        log::debug!(
+            "retired {removed} idle callsites of {nodes} in {:.1} ms",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
     }
 
     fn fail(&mut self, error: String) {
@@ -237,7 +276,7 @@ impl Book {
     /// Writes the final dump and closes the trace; the summary.
     pub fn finish(mut self) -> anyhow::Result<Summary> {
         self.book.finish();
-        self.dump();
+        self.write_dump(read_clocks().monotonic_coarse_ns);
         let mut trace_bytes = 0;
         if let Some(w) = self.writer.take() {
             trace_bytes = w.valid_len();

@@ -41,6 +41,10 @@ pub struct CallsiteTotals {
     max_count: u64,
     max_version: u64,
     dumped: Option<(u64, u64)>,
+    /// The counts it had, already dumped and with nothing live, at the
+    /// last [`HeapState::mark_idle`]: still the same at the next one, it
+    /// may be retired.
+    idle_at: Option<(u64, u64)>,
 }
 
 impl CallsiteTotals {
@@ -58,7 +62,26 @@ impl CallsiteTotals {
             max_count: 0,
             max_version: 0,
             dumped: None,
+            idle_at: None,
         }
+    }
+
+    /// An emptied slot (see [`HeapState::retire`]): zero, never dumped
+    /// again, until reused for another callsite.
+    fn vacant() -> Self {
+        CallsiteTotals {
+            dumped: Some((0, 0)),
+            ..Self::new(CallsiteId::ROOT)
+        }
+    }
+
+    fn is_vacant(&self) -> bool {
+        self.callsite == CallsiteId::ROOT && self.alloc_count == 0 && self.dumped == Some((0, 0))
+    }
+
+    /// Dumped with its final values and nothing live.
+    fn settled(&self) -> bool {
+        self.live_count == 0 && self.dumped == Some((self.alloc_count, self.free_count))
     }
 
     /// Whether a dump must include this callsite: it has live allocations,
@@ -104,6 +127,29 @@ pub(crate) struct Freed {
     slot: u32,
 }
 
+/// What the callsites of a heap that were retired had counted (they are in
+/// the trace already; the end-of-run summary still adds them up).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RetiredTotals {
+    /// Callsites retired.
+    pub callsites: u64,
+    /// Sampled bytes they allocated.
+    pub allocated: u64,
+    /// Sampled bytes they freed.
+    pub freed: u64,
+    /// Their estimated allocations.
+    pub estimated_allocs: f64,
+}
+
+impl RetiredTotals {
+    fn add(&mut self, t: &CallsiteTotals) {
+        self.callsites += 1;
+        self.allocated = self.allocated.saturating_add(t.allocated);
+        self.freed = self.freed.saturating_add(t.freed);
+        self.estimated_allocs += t.stats.estimated_allocs;
+    }
+}
+
 /// Live sampled allocations and per-callsite totals of one heap.
 #[derive(Debug)]
 pub struct HeapState {
@@ -118,6 +164,10 @@ pub struct HeapState {
     live: FxHashMap<u64, LiveAlloc>,
     slots: Vec<CallsiteTotals>,
     slot_of: FxHashMap<CallsiteId, u32>,
+    /// Slots emptied by [`HeapState::retire`], reused first.
+    free_slots: Vec<u32>,
+    /// What the retired callsites had counted (see [`RetiredTotals`]).
+    pub retired: RetiredTotals,
     live_bytes: u64,
     max_live_bytes: u64,
     max_version: u64,
@@ -137,6 +187,8 @@ impl HeapState {
             live: FxHashMap::default(),
             slots: Vec::new(),
             slot_of: FxHashMap::default(),
+            free_slots: Vec::new(),
+            retired: RetiredTotals::default(),
             live_bytes: 0,
             max_live_bytes: 0,
             max_version: 0,
@@ -151,10 +203,55 @@ impl HeapState {
         if let Some(&s) = self.slot_of.get(&callsite) {
             return s;
         }
-        let s = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-        self.slots.push(CallsiteTotals::new(callsite));
+        let s = if let Some(s) = self.free_slots.pop() {
+            self.slots[s as usize] = CallsiteTotals::new(callsite);
+            s
+        } else {
+            self.slots.push(CallsiteTotals::new(callsite));
+            u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+        };
         self.slot_of.insert(callsite, s);
         s
+    }
+
+    /// One pass of idle detection, after a dump: adds to `keep` every
+    /// callsite that must stay (something live, changed since it was
+    /// dumped, or changed since the previous pass). The others are idle:
+    /// dumped with final values, nothing live, unchanged for a whole pass.
+    pub(crate) fn mark_idle(&mut self, keep: &mut Vec<CallsiteId>) {
+        for t in &mut self.slots {
+            if t.is_vacant() {
+                continue;
+            }
+            let now = (t.alloc_count, t.free_count);
+            if t.settled() && t.idle_at == Some(now) {
+                continue;
+            }
+            t.idle_at = t.settled().then_some(now);
+            keep.push(t.callsite);
+        }
+    }
+
+    /// Empties the slots of callsites that are no longer nodes of the tree
+    /// (`gone`), adding what they counted to [`HeapState::retired`]. Only
+    /// idle callsites can be gone (see [`HeapState::mark_idle`]).
+    pub(crate) fn retire(&mut self, gone: impl Fn(CallsiteId) -> bool) {
+        for (i, t) in self.slots.iter_mut().enumerate() {
+            if t.is_vacant() || !gone(t.callsite) {
+                continue;
+            }
+            debug_assert!(
+                t.settled(),
+                "a callsite with live or undumped values retired"
+            );
+            self.slot_of.remove(&t.callsite);
+            self.retired.add(t);
+            *t = CallsiteTotals::vacant();
+            self.free_slots.push(u32::try_from(i).unwrap_or(u32::MAX));
+        }
+        if self.slot_of.len() * 4 < self.slot_of.capacity() {
+            self.slot_of.shrink_to_fit();
+        }
     }
 
     /// Copies the value at the last peak before a callsite changes.

@@ -45,7 +45,7 @@ use std::collections::BTreeMap;
 
 pub use alloc::Alloc;
 pub use callsite_stats::{CallsiteStats, LifetimeBucket, SizeBucket};
-pub use heap::{CallsiteTotals, HeapState};
+pub use heap::{CallsiteTotals, HeapState, RetiredTotals};
 pub use histogram::{UNWIND_HISTOGRAM_BUCKETS, UnwindHistogram};
 pub use interner::{
     FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
@@ -153,6 +153,33 @@ impl Profile {
         frames
             .iter()
             .fold(root, |node, &f| self.tree.child(node, f))
+    }
+
+    /// Retires the callsites nothing counts under any more, after a dump:
+    /// a callsite whose totals are in the trace, with nothing live, that
+    /// did not change since the previous call, and that neither `held` (the
+    /// caller's references: sessions' stack ids, context callsites) nor a
+    /// waiting operation or unwritten stack sample refers to. Their tree
+    /// nodes (and callers nothing else needs) go, their heap slots are
+    /// emptied for reuse, and what they counted stays in each heap's
+    /// [`heap::RetiredTotals`]. A long profile whose program keeps making
+    /// new stacks (libraries loaded and unloaded) so keeps its memory
+    /// bounded; a retired stack that comes back gets new ids (see
+    /// [`tree`]). Not for `dump_at_max` profiles (a retired callsite's
+    /// value at the peak would be lost). Returns the nodes removed.
+    pub fn retire_idle(&mut self, held: impl IntoIterator<Item = CallsiteId>) -> usize {
+        let mut keep: Vec<CallsiteId> = held.into_iter().collect();
+        for p in self.processes.values_mut() {
+            p.mark_idle(&mut keep);
+        }
+        let removed = self.tree.retain(keep);
+        if removed > 0 {
+            let tree = &self.tree;
+            for p in self.processes.values_mut() {
+                p.retire(|c| !tree.contains(c));
+            }
+        }
+        removed
     }
 
     /// Records a sampled allocation of `pid`. `stack` is outermost caller

@@ -56,6 +56,11 @@ impl<T> Reorder<T> {
         }
     }
 
+    /// The operations waiting, in no particular order.
+    pub fn waiting(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().flatten().map(|(_, op)| op)
+    }
+
     /// Number of operations waiting.
     pub fn pending(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()

@@ -241,6 +241,28 @@ impl ProcessState {
         self.heaps.values()
     }
 
+    /// Adds to `keep` every callsite this process still counts under or
+    /// will: its heaps' callsites that are not idle (see
+    /// [`HeapState::mark_idle`]), its operations waiting for their turn,
+    /// its stack samples not written yet.
+    pub(crate) fn mark_idle(&mut self, keep: &mut Vec<super::tree::CallsiteId>) {
+        for h in self.heaps.values_mut() {
+            h.mark_idle(keep);
+        }
+        keep.extend(self.order.waiting().filter_map(|op| match op {
+            PendingOp::Malloc(m) => Some(m.callsite),
+            PendingOp::Free { .. } => None,
+        }));
+        keep.extend(self.samples.pending.iter().map(|s| s.callsite));
+    }
+
+    /// Empties the heap slots of callsites no longer in the tree.
+    pub(crate) fn retire(&mut self, gone: impl Fn(super::tree::CallsiteId) -> bool + Copy) {
+        for h in self.heaps.values_mut() {
+            h.retire(gone);
+        }
+    }
+
     /// One heap.
     pub fn heap(&self, heap_id: u32) -> Option<&HeapState> {
         self.heaps.get(&heap_id)

@@ -16,9 +16,15 @@
 //!                          malloc (7)     stack [thread_start, worker, malloc] = 7
 //! ```
 //!
-//! Nodes are kept for the whole session: cumulative per-callsite values must
-//! never decrease in a trace, so a callsite that goes idle and later comes
-//! back must keep its id and totals.
+//! Cumulative per-callsite values never decrease in a trace, so a node
+//! keeps its id for as long as anything may still count under it. Nodes
+//! nothing counts under any more (their callsites settled, idle, and held
+//! by no session: see [`crate::profile::Profile::retire_idle`]) are removed
+//! by [`CallsiteTree::retain`]; if their stack comes back it gets new ids,
+//! whose totals start from zero. Trace processor adds the last values of
+//! the old id to those of a new id with the same frames (its correction for
+//! a source callstack that maps to a callsite it has seen), so its totals
+//! stay cumulative; `report` sums callsites by their frames.
 
 use std::num::NonZeroU32;
 
@@ -53,11 +59,6 @@ impl CallsiteId {
             None => None,
         }
     }
-
-    #[inline]
-    fn index(self) -> usize {
-        (self.0.get() - 1) as usize
-    }
 }
 
 impl std::fmt::Display for CallsiteId {
@@ -78,8 +79,11 @@ struct Node {
 /// The callsite tree; see the module docs.
 #[derive(Debug)]
 pub struct CallsiteTree {
-    nodes: Vec<Node>,
+    /// By id; the root included.
+    nodes: FxHashMap<CallsiteId, Node>,
     children: FxHashMap<(CallsiteId, FrameId), CallsiteId>,
+    /// The id the next node gets (ids are never reused).
+    next: u32,
 }
 
 impl Default for CallsiteTree {
@@ -91,13 +95,19 @@ impl Default for CallsiteTree {
 impl CallsiteTree {
     /// A tree with only the root.
     pub fn new() -> Self {
-        CallsiteTree {
-            nodes: vec![Node {
+        let mut nodes = FxHashMap::default();
+        nodes.insert(
+            CallsiteId::ROOT,
+            Node {
                 parent: None,
                 frame: None,
                 depth: 0,
-            }],
+            },
+        );
+        CallsiteTree {
+            nodes,
             children: FxHashMap::default(),
+            next: 2,
         }
     }
 
@@ -106,15 +116,19 @@ impl CallsiteTree {
         if let Some(&c) = self.children.get(&(parent, frame)) {
             return c;
         }
-        let depth = self.nodes.get(parent.index()).map_or(0, |n| n.depth + 1);
-        // Saturates instead of panicking; u32::MAX nodes cannot fit in memory.
-        let n = u32::try_from(self.nodes.len() + 1).unwrap_or(u32::MAX);
-        let id = CallsiteId(NonZeroU32::new(n).unwrap_or(NonZeroU32::MAX));
-        self.nodes.push(Node {
-            parent: Some(parent),
-            frame: Some(frame),
-            depth,
-        });
+        let depth = self.nodes.get(&parent).map_or(0, |n| n.depth + 1);
+        // Saturates instead of panicking; u32::MAX ids take longer than
+        // any profile runs.
+        let id = CallsiteId(NonZeroU32::new(self.next).unwrap_or(NonZeroU32::MAX));
+        self.next = self.next.saturating_add(1);
+        self.nodes.insert(
+            id,
+            Node {
+                parent: Some(parent),
+                frame: Some(frame),
+                depth,
+            },
+        );
         self.children.insert((parent, frame), id);
         id
     }
@@ -136,22 +150,22 @@ impl CallsiteTree {
 
     /// Parent of `id` (`None` for the root and unknown ids).
     pub fn parent(&self, id: CallsiteId) -> Option<CallsiteId> {
-        self.nodes.get(id.index())?.parent
+        self.nodes.get(&id)?.parent
     }
 
     /// Innermost frame of `id` (`None` for the root and unknown ids).
     pub fn frame(&self, id: CallsiteId) -> Option<FrameId> {
-        self.nodes.get(id.index())?.frame
+        self.nodes.get(&id)?.frame
     }
 
     /// Number of frames of the stack `id` (0 for the root).
     pub fn depth(&self, id: CallsiteId) -> u32 {
-        self.nodes.get(id.index()).map_or(0, |n| n.depth)
+        self.nodes.get(&id).map_or(0, |n| n.depth)
     }
 
     /// Whether `id` is a node of this tree.
     pub fn contains(&self, id: CallsiteId) -> bool {
-        id.index() < self.nodes.len()
+        self.nodes.contains_key(&id)
     }
 
     /// Replaces `out` with the frames of `id`, outermost caller first.
@@ -159,7 +173,7 @@ impl CallsiteTree {
         out.clear();
         let mut cur = Some(id);
         while let Some(c) = cur {
-            let Some(node) = self.nodes.get(c.index()) else {
+            let Some(node) = self.nodes.get(&c) else {
                 break;
             };
             if let Some(f) = node.frame {
@@ -173,6 +187,36 @@ impl CallsiteTree {
     /// Number of nodes, the root included.
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// The highest id given so far (ids are never reused).
+    pub fn max_id(&self) -> u32 {
+        self.next - 1
+    }
+
+    /// Keeps the nodes of `keep` and their callers (the root always),
+    /// removes every other node; returns how many went. Ids that are not
+    /// nodes are ignored.
+    pub fn retain(&mut self, keep: impl IntoIterator<Item = CallsiteId>) -> usize {
+        let mut kept: rustc_hash::FxHashSet<CallsiteId> = rustc_hash::FxHashSet::default();
+        kept.insert(CallsiteId::ROOT);
+        for id in keep {
+            let mut cur = Some(id);
+            while let Some(c) = cur {
+                if !self.nodes.contains_key(&c) || !kept.insert(c) {
+                    break;
+                }
+                cur = self.nodes.get(&c).and_then(|n| n.parent);
+            }
+        }
+        let before = self.nodes.len();
+        self.nodes.retain(|id, _| kept.contains(id));
+        self.children.retain(|_, child| kept.contains(child));
+        if self.nodes.len() * 4 < self.nodes.capacity() {
+            self.nodes.shrink_to_fit();
+            self.children.shrink_to_fit();
+        }
+        before - self.nodes.len()
     }
 
     /// Always false: the root is always there.
@@ -231,5 +275,31 @@ mod tests {
         t.stack(CallsiteId::new(1000).unwrap(), &mut out);
         assert!(out.is_empty());
         assert!(!t.contains(CallsiteId::new(1000).unwrap()));
+    }
+
+    #[test]
+    fn retain_keeps_callers_and_new_stacks_get_new_ids() {
+        let mut t = CallsiteTree::new();
+        let a = t.intern(&[f(1), f(2), f(3)]);
+        let b = t.intern(&[f(1), f(4)]);
+        let c = t.intern(&[f(5)]);
+        assert_eq!(t.len(), 6);
+        // Keeping a keeps 1 and 1/2; b (1/4) and c (5) go.
+        assert_eq!(t.retain([a]), 2);
+        assert_eq!(t.len(), 4);
+        assert!(t.contains(a) && !t.contains(b) && !t.contains(c));
+        assert_eq!(t.find(&[f(1), f(2), f(3)]), Some(a));
+        assert_eq!(t.find(&[f(1), f(4)]), None);
+        // A stack that went comes back with ids never given before.
+        let b2 = t.intern(&[f(1), f(4)]);
+        assert!(b2.get() > c.get(), "{b2} after {c}");
+        assert_eq!(t.parent(b2), t.parent(a).and_then(|p| t.parent(p)));
+        let mut out = Vec::new();
+        t.stack(b2, &mut out);
+        assert_eq!(out, [f(1), f(4)]);
+        // Nothing kept: only the root stays, and unknown ids are ignored.
+        assert_eq!(t.retain([CallsiteId::new(999).unwrap()]), 4);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.max_id(), b2.get());
     }
 }
