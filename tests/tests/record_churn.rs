@@ -180,11 +180,15 @@ fn every_allocation_of_a_churning_program_is_counted_at_interval_1() {
 /// Fresh copies: every round loads a new copy of a library (a new build
 /// id, so new mappings, frames and stacks that never come back). The
 /// callsites of copies already unloaded go idle and are retired from the
-/// daemon's tree during the run (`Profile::retire_idle`); the trace must
-/// still have every allocation, each under its library's functions.
+/// daemon's tree during the run (`Profile::retire_idle`), and their
+/// frames, mappings and strings from its interner
+/// (`Interner::retire_unused`, two passes at least 2 s apart: the run
+/// lasts longer than that); the trace must still have every allocation,
+/// each under its library's functions, and no stack may end in an error
+/// frame (a frame dropped while a stack that names it was on its way).
 #[test]
 fn retiring_the_stacks_of_unloaded_copies_loses_no_allocation() {
-    const FRESH_ROUNDS: u64 = 900;
+    const FRESH_ROUNDS: u64 = 2000;
     let dir = scratch_dir("churn-fresh");
     let prog = build(&dir);
     let trace = dir.join("t.pftrace");
@@ -198,24 +202,34 @@ fn retiring_the_stacks_of_unloaded_copies_loses_no_allocation() {
         .arg(&dir)
         .arg(LIBS.to_string())
         .arg(&rounds)
-        .args(["0", "fresh"]);
+        // 2 ms after each round: at least 4 s in all.
+        .args(["2000", "fresh"]);
     let out = run(c, TIMEOUT);
     assert_eq!(out.code, Some(0), "record failed:\n{}", out.stderr);
     assert_eq!(out.stdout, format!("rounds {FRESH_ROUNDS}\n"));
-    // The retirement ran and removed callsites (HEAPPROFD_DEBUG's line).
-    let retired: usize = out
-        .stderr
-        .lines()
-        .filter_map(|l| {
-            l.split("retired ")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .sum();
-    assert!(retired > 0, "no callsite retired:\n{}", out.stderr);
+    // HEAPPROFD_DEBUG's lines: callsites retired, interned frames dropped.
+    let number_after = |tag: &str| -> usize {
+        out.stderr
+            .lines()
+            .filter_map(|l| {
+                let rest = l.split(tag).nth(1)?;
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .sum()
+    };
+    assert!(
+        number_after("retired ") > 0,
+        "no callsite retired:\n{}",
+        out.stderr
+    );
+    assert!(
+        number_after("dropped (") > 0,
+        "no interned frame dropped:\n{}",
+        out.stderr
+    );
     let summary = check_trace(&trace);
     summary.assert_non_decreasing();
     check_stacks(&summary.latest(), FRESH_ROUNDS);

@@ -428,6 +428,19 @@ impl Bookkeeping {
         self.profile.retire_idle(held)
     }
 
+    /// A retirement pass of `interner` (see [`Interner::retire_unused`]):
+    /// what the profile's tree, the sessions' contexts and the context
+    /// callsites refer to stays. Only for an interner this bookkeeping
+    /// alone uses.
+    pub fn retire_interned(&self, interner: &Interner) -> crate::profile::RetiredEntries {
+        let held = self
+            .contexts
+            .values()
+            .flat_map(|m| m.values().copied())
+            .chain(self.context_callsites.keys().filter_map(|&(_, f)| f));
+        interner.retire_unused(self.profile.frames().chain(held))
+    }
+
     /// The profile, to dump it.
     pub fn profile_mut(&mut self) -> &mut Profile {
         &mut self.profile

@@ -26,6 +26,7 @@ use heapprofd_model::trace::{ProcessMemory, TraceWriter, WriterConfig};
 use super::clock::read_clocks;
 use super::counters::Counters;
 use super::procinfo;
+use super::retirement::Retirement;
 use super::summary::Summary;
 use super::symbolize::Symbolizer;
 use heapprofd_report::human_bytes;
@@ -41,6 +42,10 @@ pub struct BookkeeperOptions {
     pub interval: u64,
     /// Write the state at the peak instead of at the end.
     pub dump_at_max: bool,
+    /// This profile alone uses the interner (`record`; not the service,
+    /// whose profiles share one): its retirement passes also retire
+    /// interned frames, mappings and strings nothing refers to.
+    pub owns_interner: bool,
     /// Write function names (else frames stay bare: build ids and
     /// addresses, [`WriterConfig::symbolize`]).
     pub symbolize: bool,
@@ -69,15 +74,9 @@ pub struct Book {
     write_error: Option<String>,
     options: BookkeeperOptions,
     last_live_update: Instant,
-    /// The callsite tree's size that makes the next dump retire idle
-    /// callsites (see [`Book::retire_idle`]).
-    retire_at: usize,
+    /// When dumps retire idle callsites and interned entries.
+    retirement: Retirement,
 }
-
-/// The fewest callsites a tree must gain before a dump retires idle ones:
-/// a pass walks every heap slot and tree node, so it runs once the tree
-/// grew by a quarter (and at least this much) since the last one.
-const RETIRE_MIN_GROWTH: usize = 4096;
 
 impl Book {
     /// Starts the trace on `options.output`; why not, in words.
@@ -101,14 +100,16 @@ impl Book {
             shared,
             writer,
             write_error,
+            retirement: Retirement::new(options.owns_interner),
             options,
             last_live_update: Instant::now(),
-            retire_at: RETIRE_MIN_GROWTH,
         })
     }
 
     /// Applies one session event (see [`Bookkeeping::handle`]).
-    pub fn handle(&mut self, event: SessionEvent) {
+    pub fn handle(&mut self, mut event: SessionEvent) {
+        self.retirement
+            .check_frames(&mut event, &self.shared.interner);
         let (force, started) = match &event {
             SessionEvent::Started {
                 pid,
@@ -251,17 +252,13 @@ impl Book {
     /// `Profile::retire_idle`). Not for `--dump-at-max` (the value at the
     /// peak of a retired callsite would be lost).
     fn retire_idle(&mut self) {
-        let nodes = self.book.profile().tree().len();
-        if self.options.dump_at_max || nodes < self.retire_at {
+        if self.options.dump_at_max {
             return;
         }
-        let t0 = Instant::now();
-        let removed = self.book.retire_idle();
-        let left = self.book.profile().tree().len();
-        self.retire_at = left + (left / 4).max(RETIRE_MIN_GROWTH);
-        log::debug!(
-            "retired {removed} idle callsites of {nodes} in {:.1} ms",
-            t0.elapsed().as_secs_f64() * 1e3
+        self.retirement.after_dump(
+            &mut self.book,
+            &self.shared.interner,
+            &self.shared.symbolizer,
         );
     }
 
@@ -321,6 +318,7 @@ mod tests {
             counters: Arc::default(),
         };
         let options = BookkeeperOptions {
+            owns_interner: false,
             output: file.try_clone().unwrap(),
             output_path: "t.pftrace".into(),
             interval: 1,

@@ -48,6 +48,7 @@ pub mod memo;
 pub mod procinfo;
 pub mod program;
 pub mod record;
+pub mod retirement;
 pub mod rundir;
 pub mod server;
 pub mod service;

@@ -744,6 +744,7 @@ mod tests {
             workers: 1,
             symbolize: false,
             book: BookkeeperOptions {
+                owns_interner: false,
                 output: File::create(&out).expect("trace file"),
                 output_path: out,
                 interval: 4096,

@@ -203,6 +203,7 @@ async fn run_profile(
     let id = service.profile_id();
     let book = service.book.clone();
     let options = BookkeeperOptions {
+        owns_interner: false,
         output: std::fs::File::from(fd),
         output_path: req.output_path.clone(),
         interval: super::setup::libc_malloc_interval(&client),

@@ -53,6 +53,8 @@ pub struct SessionUnwinder {
     pub unwind_time: Duration,
     /// Picks the replayed samples that are timed (xorshift, never 0).
     timing_rng: u64,
+    /// The interner's retire generation the caches were made under.
+    interner_generation: u64,
 }
 
 impl SessionUnwinder {
@@ -72,6 +74,7 @@ impl SessionUnwinder {
             unwind_errors: 0,
             unwind_time: Duration::ZERO,
             timing_rng: (0x9e37_79b9_7f4a_7c15 ^ seed) | 1,
+            interner_generation: 0,
         }
     }
 
@@ -88,6 +91,14 @@ impl SessionUnwinder {
     /// put the ring copy in the histogram, a mean of 5.2 µs instead of 0.19 µs
     /// for a program with 32 KB stacks.)
     pub fn handle_record(&mut self, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCtx<'_>) {
+        // Interned entries were condemned (a retirement pass): frames the
+        // caches hold may be dropped soon, so stacks and pcs are forgotten
+        // and interned again (see `Interner::retire_unused`).
+        let generation = cx.interner.retire_generation();
+        if generation != self.interner_generation {
+            self.interner_generation = generation;
+            self.stacks.clear();
+        }
         match Record::decode(bytes) {
             Ok(Record::Malloc(h, fresh)) => {
                 let (whole, resync) = self.thread_stacks.assemble(

@@ -65,6 +65,7 @@ pub(super) fn daemon_options(
         workers,
         symbolize: !args.no_symbolize,
         book: BookkeeperOptions {
+            owns_interner: true,
             output: file,
             output_path: output.to_path_buf(),
             interval: libc_malloc_interval(&client),

@@ -99,6 +99,24 @@ impl Symbolizer {
         st.generation += 1;
     }
 
+    /// Forgets the frames `keep` says no (frames an interner retirement
+    /// dropped): their queue entries and their place in the set of frames
+    /// seen.
+    pub fn retain_frames(&self, keep: impl Fn(FrameId) -> bool) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let before = st.queue.len();
+        st.seen.retain(|&id| keep(id));
+        st.queue.retain(|p| keep(p.id));
+        if st.queue.len() != before {
+            // Queue positions moved: answers of the warm-up thread for the
+            // old positions must find nothing.
+            st.generation += 1;
+        }
+        if st.seen.len() * 4 < st.seen.capacity() {
+            st.seen.shrink_to_fit();
+        }
+    }
+
     /// Queues bare frame `id` (the pc at `rel_pc` in `mapping`) once.
     pub fn request(&self, id: FrameId, mapping: &Arc<Mapping>, rel_pc: u64) {
         let (generation, index) = {

@@ -19,6 +19,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use rustc_hash::FxHashMap;
 
+mod retire;
+pub use retire::RetiredEntries;
+
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
@@ -140,19 +143,38 @@ pub struct Mapping<'a> {
     pub load_bias: u64,
 }
 
-/// One id space: entries by id and ids by entry.
+/// One id space: entries by id and ids by entry. Ids are handed out in
+/// order and never reused; entries retired (see [`retire`]) leave both
+/// maps, and only `ids` while they wait out their grace period.
 #[derive(Debug)]
 struct Table<K, I> {
-    by_id: Vec<K>,
+    /// By 0-based index (the id minus 1).
+    by_id: FxHashMap<u32, K>,
     ids: FxHashMap<K, I>,
+    /// The index the next entry gets.
+    next: u32,
 }
 
 impl<K, I> Default for Table<K, I> {
     fn default() -> Self {
         Table {
-            by_id: Vec::new(),
+            by_id: FxHashMap::default(),
             ids: FxHashMap::default(),
+            next: 0,
         }
+    }
+}
+
+impl<K, I> Table<K, I> {
+    fn get(&self, index: usize) -> Option<&K> {
+        self.by_id.get(&u32::try_from(index).ok()?)
+    }
+
+    /// The index for a new entry.
+    fn take_index(&mut self) -> usize {
+        let i = self.next as usize;
+        self.next = self.next.saturating_add(1);
+        i
     }
 }
 
@@ -165,6 +187,17 @@ struct Tables {
     /// Symbolized replacements of unnamed pc frames: the inline chain,
     /// outermost function first (see [`Interner::set_expansion`]).
     expansions: FxHashMap<FrameId, Box<[FrameId]>>,
+    /// Entries the last retirement pass condemned (see [`retire`]).
+    condemned: Condemned,
+}
+
+/// Entries condemned by the last retirement pass (see [`retire`]), by
+/// 0-based index.
+#[derive(Debug, Default)]
+struct Condemned {
+    strings: Vec<u32>,
+    mappings: Vec<u32>,
+    frames: Vec<u32>,
 }
 
 impl Tables {
@@ -172,9 +205,10 @@ impl Tables {
         if let Some(&id) = self.strings.ids.get(s) {
             return id;
         }
-        let id = StringId::from_index(self.strings.by_id.len());
+        let i = self.strings.take_index();
+        let id = StringId::from_index(i);
         let s: Arc<[u8]> = Arc::from(s);
-        self.strings.by_id.push(s.clone());
+        self.strings.by_id.insert(i as u32, s.clone());
         self.strings.ids.insert(s, id);
         id
     }
@@ -183,8 +217,9 @@ impl Tables {
         if let Some(&id) = self.mappings.ids.get(&m) {
             return id;
         }
-        let id = MappingId::from_index(self.mappings.by_id.len());
-        self.mappings.by_id.push(m.clone());
+        let i = self.mappings.take_index();
+        let id = MappingId::from_index(i);
+        self.mappings.by_id.insert(i as u32, m.clone());
         self.mappings.ids.insert(m, id);
         id
     }
@@ -193,8 +228,9 @@ impl Tables {
         if let Some(&id) = self.frames.ids.get(&f) {
             return id;
         }
-        let id = FrameId::from_index(self.frames.by_id.len());
-        self.frames.by_id.push(f);
+        let i = self.frames.take_index();
+        let id = FrameId::from_index(i);
+        self.frames.by_id.insert(i as u32, f);
         self.frames.ids.insert(f, id);
         id
     }
@@ -221,6 +257,8 @@ impl Tables {
 #[derive(Debug, Default)]
 pub struct Interner {
     tables: RwLock<Tables>,
+    /// See [`Interner::retire_generation`].
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// The function name of a synthetic error frame: `ERROR <WHAT>`.
@@ -381,7 +419,11 @@ impl Interner {
         if chain.is_empty() || chain[..] == [id] {
             return;
         }
-        self.write_tables().expansions.insert(id, chain);
+        let mut t = self.write_tables();
+        // A frame retired meanwhile (see [`retire`]) gets none.
+        if t.frames.get(id.index()).is_some() {
+            t.expansions.insert(id, chain);
+        }
     }
 
     /// The expansion set for `id`, if any.
@@ -399,17 +441,17 @@ impl Interner {
 
     /// The bytes of a string.
     pub fn string(&self, id: StringId) -> Option<Arc<[u8]>> {
-        self.read_tables().strings.by_id.get(id.index()).cloned()
+        self.read_tables().strings.get(id.index()).cloned()
     }
 
     /// A mapping.
     pub fn mapping(&self, id: MappingId) -> Option<MappingData> {
-        self.read_tables().mappings.by_id.get(id.index()).cloned()
+        self.read_tables().mappings.get(id.index()).cloned()
     }
 
     /// A frame.
     pub fn frame(&self, id: FrameId) -> Option<FrameData> {
-        self.read_tables().frames.by_id.get(id.index()).copied()
+        self.read_tables().frames.get(id.index()).copied()
     }
 
     /// Forgets everything interned: every id handed out so far is invalid
@@ -441,17 +483,17 @@ pub struct InternerView<'a> {
 impl InternerView<'_> {
     /// The bytes of a string.
     pub fn string(&self, id: StringId) -> Option<&[u8]> {
-        self.t.strings.by_id.get(id.index()).map(|s| &**s)
+        self.t.strings.get(id.index()).map(|s| &**s)
     }
 
     /// A mapping.
     pub fn mapping(&self, id: MappingId) -> Option<&MappingData> {
-        self.t.mappings.by_id.get(id.index())
+        self.t.mappings.get(id.index())
     }
 
     /// A frame.
     pub fn frame(&self, id: FrameId) -> Option<FrameData> {
-        self.t.frames.by_id.get(id.index()).copied()
+        self.t.frames.get(id.index()).copied()
     }
 
     /// The mapping of frames outside any known mapping (error frames), if

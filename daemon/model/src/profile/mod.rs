@@ -48,7 +48,8 @@ pub use callsite_stats::{CallsiteStats, LifetimeBucket, SizeBucket};
 pub use heap::{CallsiteTotals, HeapState, RetiredTotals};
 pub use histogram::{UNWIND_HISTOGRAM_BUCKETS, UnwindHistogram};
 pub use interner::{
-    FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, StringId,
+    FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, RetiredEntries,
+    StringId,
 };
 pub use process::{
     ClientError, MAX_HEAPS_PER_PROCESS, OrderStats, ParentProcess, ProcessFlags, ProcessIdentity,
@@ -180,6 +181,15 @@ impl Profile {
             }
         }
         removed
+    }
+
+    /// Every frame the profile refers to: its tree's and its own error and
+    /// context frames (what an interner retirement must keep, see
+    /// [`Interner::retire_unused`]).
+    pub fn frames(&self) -> impl Iterator<Item = FrameId> + '_ {
+        self.tree
+            .frames()
+            .chain([self.empty_stack, self.unknown_context])
     }
 
     /// Records a sampled allocation of `pid`. `stack` is outermost caller

@@ -189,6 +189,11 @@ impl CallsiteTree {
         self.nodes.len()
     }
 
+    /// The frames of every node (with repeats).
+    pub fn frames(&self) -> impl Iterator<Item = FrameId> + '_ {
+        self.nodes.values().filter_map(|n| n.frame)
+    }
+
     /// The highest id given so far (ids are never reused).
     pub fn max_id(&self) -> u32 {
         self.next - 1
