@@ -135,7 +135,11 @@ fn live_changed_held_and_waiting_callsites_stay() {
 }
 
 #[test]
-fn a_callsite_idle_in_one_process_stays_while_another_counts_under_it() {
+fn a_profile_of_two_processes_retires_nothing() {
+    // Trace processor carries a process's old totals over to a new id per
+    // id, not per process: two processes using a stack's new id would
+    // overwrite each other's correction. So with a second process nothing
+    // is retired, even a callsite idle in both.
     let p = Program::new();
     let mut prof = profile(&p);
     prof.add_process(200, vec!["other".into()], true);
@@ -143,19 +147,16 @@ fn a_callsite_idle_in_one_process_stays_while_another_counts_under_it() {
     let mut seq = Seq::default();
     let mut w = TraceWriter::new(Vec::new(), CLOCKS).unwrap();
     pair(&mut prof, &mut seq, &p.stack_b(), 0x10, 100, 1);
-    let s = seq.next(200);
-    let mut a = alloc(s, 0x10, 5, 1);
+    let (s1, s2) = (seq.next(200), seq.next(200));
+    let mut a = alloc(s1, 0x10, 5, 1);
     a.tid = 200;
     prof.malloc(200, a, &p.stack_b());
-    for ms in 2..5 {
+    prof.free(200, 0, s2, 0x10);
+    for ms in 2..6 {
         w.dump(&mut prof, &p.interner, at_ms(ms)).unwrap();
         assert_eq!(prof.retire_idle([]), 0);
     }
-    // Process 100's slot stays too: were it emptied, a later sample of
-    // stack_b in process 100 would start its totals again under the same id.
     let b = find(&prof, &p.stack_b()).unwrap();
-    assert_eq!(
-        prof.heap(PID, 0).unwrap().callsite(b).unwrap().allocated,
-        100
-    );
+    assert_eq!(prof.heap(PID, 0).unwrap().callsite(b).unwrap().allocated, 100);
+    assert_eq!(prof.heap(200, 0).unwrap().callsite(b).unwrap().allocated, 5);
 }

@@ -168,7 +168,17 @@ impl Profile {
     /// bounded; a retired stack that comes back gets new ids (see
     /// [`tree`]). Not for `dump_at_max` profiles (a retired callsite's
     /// value at the peak would be lost). Returns the nodes removed.
+    ///
+    /// Only a profile of one process retires: a stack that comes back gets
+    /// one new id for every process that uses it, and trace processor
+    /// keeps the correction that carries a process's old totals over to a
+    /// new id per id, not per process (`alloc_correction_`, set when each
+    /// process first sees the id), so a second process using the new id
+    /// would overwrite the first one's.
     pub fn retire_idle(&mut self, held: impl IntoIterator<Item = CallsiteId>) -> usize {
+        if self.processes.len() > 1 {
+            return 0;
+        }
         let mut keep: Vec<CallsiteId> = held.into_iter().collect();
         for p in self.processes.values_mut() {
             p.mark_idle(&mut keep);
