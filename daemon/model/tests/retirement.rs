@@ -157,6 +157,9 @@ fn a_profile_of_two_processes_retires_nothing() {
         assert_eq!(prof.retire_idle([]), 0);
     }
     let b = find(&prof, &p.stack_b()).unwrap();
-    assert_eq!(prof.heap(PID, 0).unwrap().callsite(b).unwrap().allocated, 100);
+    assert_eq!(
+        prof.heap(PID, 0).unwrap().callsite(b).unwrap().allocated,
+        100
+    );
     assert_eq!(prof.heap(200, 0).unwrap().callsite(b).unwrap().allocated, 5);
 }

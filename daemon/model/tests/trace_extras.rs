@@ -402,3 +402,57 @@ fn a_dump_asked_before_a_session_started_leaves_it_for_the_next() {
         .collect();
     assert_eq!(windows, [(at_ms(4), at_ms(6))]);
 }
+
+/// Threads are written once (again only when renamed), and a thread the
+/// profile forgot (it ended) is not written again: a program that keeps
+/// starting threads does not have all of them rewritten at every dump.
+#[test]
+fn threads_are_written_once_and_forgotten_ones_stay_in_the_trace() {
+    use heapprofd_proto::perfetto::{Trace, trace_packet};
+    use prost::Message;
+    let p = Program::new();
+    let mut prof = Profile::new(&p.interner);
+    let pr = prof.add_process(100, vec!["app".into()], true);
+    pr.set_thread_name(100, "app".into());
+    pr.set_thread_name(101, "w1".into());
+    let mut w = TraceWriter::new(Vec::new(), CLOCKS).unwrap();
+    w.dump(&mut prof, &p.interner, at_ms(1)).unwrap();
+    let pr = prof.process_mut(100).unwrap();
+    pr.set_thread_name(102, "w2".into());
+    pr.forget_threads(|tid| tid != 101);
+    w.dump(&mut prof, &p.interner, at_ms(2)).unwrap();
+    // Nothing changed: no process tree at all.
+    w.dump(&mut prof, &p.interner, at_ms(3)).unwrap();
+    prof.process_mut(100)
+        .unwrap()
+        .set_thread_name(100, "renamed".into());
+    w.dump(&mut prof, &p.interner, at_ms(4)).unwrap();
+    let bytes = w.finish().unwrap();
+    let written: Vec<Vec<(i32, String)>> = Trace::decode(bytes.as_slice())
+        .unwrap()
+        .packet
+        .into_iter()
+        .filter_map(|pk| match pk.data {
+            Some(trace_packet::Data::ProcessTree(t)) => Some(
+                t.threads
+                    .into_iter()
+                    .map(|th| (th.tid(), th.name().to_owned()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        written,
+        [
+            vec![(100, "app".to_owned()), (101, "w1".to_owned())],
+            vec![(102, "w2".to_owned())],
+            vec![(100, "renamed".to_owned())],
+        ]
+    );
+    let t = read_trace(bytes.as_slice()).unwrap();
+    let names = &t.processes[&100].threads;
+    assert_eq!(names.get(&101).map(String::as_str), Some("w1"));
+    assert_eq!(names.get(&102).map(String::as_str), Some("w2"));
+    assert_eq!(names.get(&100).map(String::as_str), Some("renamed"));
+}

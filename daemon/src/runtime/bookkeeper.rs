@@ -222,12 +222,15 @@ impl Book {
     fn write_dump(&mut self, asked_ns: u64) -> bool {
         // The live processes' threads and memory as of this dump.
         let live = self.book.active_pids();
+        let mut alive_threads: Vec<(u32, rustc_hash::FxHashSet<u32>)> = Vec::new();
         for &pid in &live {
             let threads = procinfo::read_threads(pid);
             if let Some(p) = self.book.profile_mut().process_mut(pid) {
+                let tids = threads.keys().copied().collect();
                 for (tid, name) in threads {
                     p.set_thread_name(tid, name);
                 }
+                alive_threads.push((pid, tids));
             }
         }
         self.write_memory(&live);
@@ -242,6 +245,15 @@ impl Book {
         if let Err(e) = w.dump(self.book.profile_mut(), &self.shared.interner, asked_ns) {
             self.fail(e.to_string());
             return false;
+        }
+        // The names are in the trace now: threads that ended are
+        // forgotten (a process that read as having none is left alone).
+        for (pid, tids) in alive_threads {
+            if let Some(p) = self.book.profile_mut().process_mut(pid)
+                && !tids.is_empty()
+            {
+                p.forget_threads(|tid| tids.contains(&tid));
+            }
         }
         true
     }

@@ -144,13 +144,16 @@ pub struct Mapping<'a> {
 }
 
 /// One id space: entries by id and ids by entry. Ids are handed out in
-/// order and never reused; entries retired (see [`retire`]) leave both
-/// maps, and only `ids` while they wait out their grace period.
+/// order and never reused. An entry condemned by a retirement pass (see
+/// [`retire`]) has its id in `condemned` instead of `ids` until the next
+/// pass drops it; interning the same content meanwhile revives it, so
+/// one content never has two live ids.
 #[derive(Debug)]
 struct Table<K, I> {
     /// By 0-based index (the id minus 1).
     by_id: FxHashMap<u32, K>,
     ids: FxHashMap<K, I>,
+    condemned: FxHashMap<K, I>,
     /// The index the next entry gets.
     next: u32,
 }
@@ -160,8 +163,25 @@ impl<K, I> Default for Table<K, I> {
         Table {
             by_id: FxHashMap::default(),
             ids: FxHashMap::default(),
+            condemned: FxHashMap::default(),
             next: 0,
         }
+    }
+}
+
+impl<K: Eq + Hash + Clone, I: Copy> Table<K, I> {
+    /// The id of `k`: live, or condemned and revived now.
+    fn find_or_revive<Q>(&mut self, k: &Q) -> Option<I>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Some(&id) = self.ids.get(k) {
+            return Some(id);
+        }
+        let (k, id) = self.condemned.remove_entry(k)?;
+        self.ids.insert(k, id);
+        Some(id)
     }
 }
 
@@ -187,22 +207,11 @@ struct Tables {
     /// Symbolized replacements of unnamed pc frames: the inline chain,
     /// outermost function first (see [`Interner::set_expansion`]).
     expansions: FxHashMap<FrameId, Box<[FrameId]>>,
-    /// Entries the last retirement pass condemned (see [`retire`]).
-    condemned: Condemned,
-}
-
-/// Entries condemned by the last retirement pass (see [`retire`]), by
-/// 0-based index.
-#[derive(Debug, Default)]
-struct Condemned {
-    strings: Vec<u32>,
-    mappings: Vec<u32>,
-    frames: Vec<u32>,
 }
 
 impl Tables {
     fn string(&mut self, s: &[u8]) -> StringId {
-        if let Some(&id) = self.strings.ids.get(s) {
+        if let Some(id) = self.strings.find_or_revive(s) {
             return id;
         }
         let i = self.strings.take_index();
@@ -214,7 +223,7 @@ impl Tables {
     }
 
     fn mapping(&mut self, m: MappingData) -> MappingId {
-        if let Some(&id) = self.mappings.ids.get(&m) {
+        if let Some(id) = self.mappings.find_or_revive(&m) {
             return id;
         }
         let i = self.mappings.take_index();
@@ -225,7 +234,7 @@ impl Tables {
     }
 
     fn frame(&mut self, f: FrameData) -> FrameId {
-        if let Some(&id) = self.frames.ids.get(&f) {
+        if let Some(id) = self.frames.find_or_revive(&f) {
             return id;
         }
         let i = self.frames.take_index();

@@ -231,6 +231,14 @@ impl ProcessState {
         }
     }
 
+    /// Forgets the threads `alive` says are gone (their names are in the
+    /// trace already: call after a dump), so that a program that keeps
+    /// starting threads does not grow the profile. A late sample of a
+    /// forgotten thread notes it again, without a name.
+    pub fn forget_threads(&mut self, alive: impl Fn(u32) -> bool) {
+        self.identity.threads.retain(|&tid, _| alive(tid));
+    }
+
     /// Threads seen in samples since the last call, to be named.
     pub fn take_unnamed_threads(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.unnamed_threads)

@@ -4,7 +4,10 @@
 //! subshell, `record` itself), named from what was read at the child's
 //! handshake, so the Perfetto UI shows each process under a named parent
 //! instead of under pid 0 or a bare pid. An entry is written again only
-//! when it changed.
+//! when it changed, and a thread only when it is new or renamed (a program
+//! that starts threads all the time would otherwise have every thread it
+//! ever had written again at every dump). Threads the profile forgot
+//! (dead ones, see `ProcessState::forget_threads`) are forgotten here too.
 
 use std::collections::BTreeMap;
 
@@ -14,10 +17,16 @@ use rustc_hash::FxHashMap;
 use crate::profile::{ParentProcess, Profile};
 
 /// The entries written so far, by pid: what the next [`Self::update`]
-/// compares against.
+/// compares against (a process entry, and per thread a hash of the name
+/// written).
 #[derive(Debug, Default)]
 pub(super) struct WrittenProcesses {
-    written: FxHashMap<u32, (process_tree::Process, Vec<process_tree::Thread>)>,
+    written: FxHashMap<u32, (process_tree::Process, FxHashMap<u32, u64>)>,
+}
+
+fn name_hash(name: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(name)
 }
 
 impl WrittenProcesses {
@@ -42,7 +51,7 @@ impl WrittenProcesses {
                 cmdline: pp.cmdline.clone(),
                 ..Default::default()
             };
-            self.add(&mut tree, entry, Vec::new());
+            self.add(&mut tree, entry);
         }
         for p in profile.processes() {
             let entry = process_tree::Process {
@@ -51,38 +60,38 @@ impl WrittenProcesses {
                 cmdline: p.cmdline.clone(),
                 ..Default::default()
             };
-            let threads = p
-                .identity
-                .threads
-                .iter()
-                .map(|(&tid, name)| process_tree::Thread {
+            let written = self.add(&mut tree, entry);
+            let threads = &p.identity.threads;
+            written.retain(|tid, _| threads.contains_key(tid));
+            for (&tid, name) in threads {
+                let h = name_hash(name);
+                if written.insert(tid, h) == Some(h) {
+                    continue;
+                }
+                tree.threads.push(process_tree::Thread {
                     tid: Some(tid as i32),
                     name: (!name.is_empty()).then(|| name.clone()),
                     tgid: Some(p.pid as i32),
                     ..Default::default()
-                })
-                .collect();
-            self.add(&mut tree, entry, threads);
+                });
+            }
         }
-        (!tree.processes.is_empty()).then_some(tree)
+        (!tree.processes.is_empty() || !tree.threads.is_empty()).then_some(tree)
     }
 
+    /// Puts `entry` in `tree` unless it was written unchanged; returns the
+    /// process's written threads.
     fn add(
         &mut self,
         tree: &mut ProcessTree,
         entry: process_tree::Process,
-        threads: Vec<process_tree::Thread>,
-    ) {
+    ) -> &mut FxHashMap<u32, u64> {
         let pid = entry.pid.unwrap_or(0) as u32;
-        if self
-            .written
-            .get(&pid)
-            .is_some_and(|(e, t)| *e == entry && *t == threads)
-        {
-            return;
+        let slot = self.written.entry(pid).or_default();
+        if slot.0 != entry {
+            tree.processes.push(entry.clone());
+            slot.0 = entry;
         }
-        tree.processes.push(entry.clone());
-        tree.threads.extend(threads.iter().cloned());
-        self.written.insert(pid, (entry, threads));
+        &mut slot.1
     }
 }

@@ -7,14 +7,15 @@
 //! the bookkeeping thread receiving the stack that uses it. So an entry
 //! goes in two steps, one [`Interner::retire_unused`] pass apart:
 //!
-//! 1. *condemned*: not reachable from what the caller keeps. It leaves the
-//!    content -> id map (interning the same content again makes a new id)
-//!    and [`Interner::retire_generation`] changes, which tells every worker
-//!    to forget its caches before its next record. Its data stays, so an
-//!    id already on its way still resolves.
-//! 2. *dropped*, at the next pass, if still unreachable; reachable again
-//!    (a stack that was on its way arrived), it is kept, and gets its
-//!    content -> id entry back unless a newer id took it.
+//! 1. *condemned*: not reachable from what the caller keeps. Its content
+//!    -> id entry moves aside and [`Interner::retire_generation`] changes,
+//!    which tells every worker to forget its caches before its next
+//!    record. Its data stays, so an id already on its way still resolves,
+//!    and interning the same content again *revives* it (the same id: one
+//!    content never has two live ids, which trace processor, merging
+//!    frames by content, would see as one callsite under two ids).
+//! 2. *dropped*, at the next pass, if neither revived nor reachable again
+//!    (a stack that was on its way arrived: then it is revived).
 //!
 //! Reachable: the frames the caller keeps (the callsite tree's, the
 //! sessions' context frames), the frames their expansions (inline chains)
@@ -27,7 +28,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{Condemned, FrameId, Interner, MappingId, StringId, Table, Tables};
+use super::{FrameId, Interner, MappingId, StringId, Table, Tables};
 
 /// What one [`Interner::retire_unused`] pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -91,23 +92,23 @@ impl Reachable {
     }
 }
 
-/// Drops the entries of `condemned` still unreachable and gives the others
-/// their content entry back; returns how many were dropped.
+/// Drops the condemned entries of `table` still unreachable (not revived
+/// since they were condemned) and revives the others (a stack that names
+/// them arrived); returns how many were dropped.
 fn drop_condemned<K, I>(
     table: &mut Table<K, I>,
-    condemned: Vec<u32>,
     reachable: &FxHashSet<u32>,
-    id_of: impl Fn(u32) -> I,
+    index_of: impl Fn(I) -> usize,
 ) -> usize
 where
-    K: Clone + Eq + std::hash::Hash,
+    K: Eq + std::hash::Hash,
+    I: Copy,
 {
     let mut dropped = 0;
-    for i in condemned {
+    for (k, id) in std::mem::take(&mut table.condemned) {
+        let i = idx(index_of(id));
         if reachable.contains(&i) {
-            if let Some(k) = table.by_id.get(&i) {
-                table.ids.entry(k.clone()).or_insert_with(|| id_of(i));
-            }
+            table.ids.insert(k, id);
         } else if table.by_id.remove(&i).is_some() {
             dropped += 1;
         }
@@ -115,31 +116,27 @@ where
     dropped
 }
 
-/// Condemns the entries of `table` that are neither reachable nor
-/// condemned already (`skip`); returns their indices.
+/// Condemns the live entries of `table` that are not reachable; returns
+/// how many.
 fn condemn<K, I>(
     table: &mut Table<K, I>,
     reachable: &FxHashSet<u32>,
-    id_of: impl Fn(u32) -> I,
-) -> Vec<u32>
+    index_of: impl Fn(I) -> usize,
+) -> usize
 where
     K: Eq + std::hash::Hash,
-    I: PartialEq,
+    I: Copy,
 {
-    let out: Vec<u32> = table
-        .by_id
-        .keys()
-        .copied()
-        .filter(|i| !reachable.contains(i))
-        .collect();
-    for &i in &out {
-        if let Some(k) = table.by_id.get(&i)
-            && table.ids.get(k) == Some(&id_of(i))
-        {
-            table.ids.remove(k);
+    let mut n = 0;
+    for (k, id) in std::mem::take(&mut table.ids) {
+        if reachable.contains(&idx(index_of(id))) {
+            table.ids.insert(k, id);
+        } else {
+            table.condemned.insert(k, id);
+            n += 1;
         }
     }
-    out
+    n
 }
 
 fn shrink<K: Eq + std::hash::Hash, I>(table: &mut Table<K, I>) {
@@ -149,6 +146,7 @@ fn shrink<K: Eq + std::hash::Hash, I>(table: &mut Table<K, I>) {
     if table.ids.len() * 4 < table.ids.capacity() {
         table.ids.shrink_to_fit();
     }
+    table.condemned.shrink_to_fit();
 }
 
 impl Interner {
@@ -158,41 +156,21 @@ impl Interner {
     pub fn retire_unused(&self, keep: impl IntoIterator<Item = FrameId>) -> RetiredEntries {
         let mut t = self.write_tables();
         let r = Reachable::of(&t, keep);
-        let old = std::mem::take(&mut t.condemned);
         let dropped = (
-            drop_condemned(&mut t.frames, old.frames, &r.frames, |i| {
-                FrameId::from_index(i as usize)
-            }),
-            drop_condemned(&mut t.mappings, old.mappings, &r.mappings, |i| {
-                MappingId::from_index(i as usize)
-            }),
-            drop_condemned(&mut t.strings, old.strings, &r.strings, |i| {
-                StringId::from_index(i as usize)
-            }),
+            drop_condemned(&mut t.frames, &r.frames, FrameId::index),
+            drop_condemned(&mut t.mappings, &r.mappings, MappingId::index),
+            drop_condemned(&mut t.strings, &r.strings, StringId::index),
         );
-        let frames = condemn(&mut t.frames, &r.frames, |i| {
-            FrameId::from_index(i as usize)
-        });
-        // Entries that were condemned before and are kept for their grace
-        // period are condemned again only if they were not just dropped:
-        // `condemn` sees only what is left in `by_id`.
-        let mappings = condemn(&mut t.mappings, &r.mappings, |i| {
-            MappingId::from_index(i as usize)
-        });
-        let strings = condemn(&mut t.strings, &r.strings, |i| {
-            StringId::from_index(i as usize)
-        });
+        let condemned = (
+            condemn(&mut t.frames, &r.frames, FrameId::index),
+            condemn(&mut t.mappings, &r.mappings, MappingId::index),
+            condemn(&mut t.strings, &r.strings, StringId::index),
+        );
         let tables = &mut *t;
         let frames_left = &tables.frames.by_id;
         tables
             .expansions
             .retain(|id, _| frames_left.contains_key(&idx(id.index())));
-        let condemned = (frames.len(), mappings.len(), strings.len());
-        t.condemned = Condemned {
-            strings,
-            mappings,
-            frames,
-        };
         shrink(&mut t.frames);
         shrink(&mut t.mappings);
         shrink(&mut t.strings);
@@ -246,19 +224,19 @@ mod tests {
         // new ids.
         let r = i.retire_unused([fa]);
         // fb, fb2; b; b.c, only_b, and b's path components and build id
-        // (tmp, fresh_1.so, bb).
+        // (tmp, fresh_1.so, bb). They still resolve.
         assert_eq!(r.condemned, (2, 1, 5));
         assert_eq!(r.dropped, (0, 0, 0));
         assert_ne!(i.retire_generation(), g0);
         assert!(i.has_frame(fb) && i.mapping(b).is_some());
-        let b_again = mapping(&i, b"/tmp/fresh_1.so", b"bb", 0x9000);
-        assert_ne!(b_again, b);
-        // Pass 2: still unreachable, so dropped; the new mapping (itself
-        // unreachable) is condemned now.
+        // Pass 2: still unreachable and not interned again: dropped.
         let r = i.retire_unused([fa]);
         assert_eq!(r.dropped, (2, 1, 5));
-        assert_eq!(r.condemned.1, 1);
+        assert_eq!(r.condemned, (0, 0, 0));
         assert!(!i.has_frame(fb) && !i.has_frame(fb2) && i.mapping(b).is_none());
+        // Interned again after that: new ids (never reused).
+        let b_again = mapping(&i, b"/tmp/fresh_1.so", b"bb", 0x9000);
+        assert!(b_again.get() > b.get());
         // What fa needs stays, and error frames always do.
         assert!(i.has_frame(fa) && i.has_frame(err));
         assert_eq!(i.read().function_name(fa).as_deref(), Some("shared"));
@@ -278,9 +256,27 @@ mod tests {
         // its mapping and strings, and interning it again finds it.
         let r = i.retire_unused([f]);
         assert_eq!(r.dropped, (0, 0, 0));
+        assert_eq!(r.condemned, (0, 0, 0));
         assert!(i.has_frame(f));
         assert_eq!(i.intern_frame(Some(b), 0x20, Some("f"), None, None), f);
         assert_eq!(mapping(&i, b"/tmp/fresh_2.so", b"cc", 0x9000), b);
+    }
+
+    #[test]
+    fn interning_a_condemned_entry_again_revives_its_id() {
+        let i = Interner::new();
+        let b = mapping(&i, b"/tmp/fresh_3.so", b"dd", 0x9000);
+        let f = i.intern_frame(Some(b), 0x20, Some("g"), None, None);
+        assert_eq!(i.retire_unused([]).condemned, (1, 1, 4));
+        // A worker that forgot its caches interns the same pc again: the
+        // same ids, never a second id for the same content.
+        assert_eq!(mapping(&i, b"/tmp/fresh_3.so", b"dd", 0x9000), b);
+        assert_eq!(i.intern_frame(Some(b), 0x20, Some("g"), None, None), f);
+        // Revived but (its stack not arrived yet) still unreachable: the
+        // next pass condemns it again instead of dropping it.
+        let r = i.retire_unused([]);
+        assert_eq!((r.dropped, r.condemned), ((0, 0, 0), (1, 1, 4)));
+        assert!(i.has_frame(f));
     }
 
     #[test]
