@@ -10,16 +10,9 @@ use heapprofd_model::trace::{TraceWriter, read_trace};
 
 const PID: u32 = 100;
 
+/// An allocation of the main thread of [`PID`].
 fn alloc(seq: u64, address: u64, size: u64, ms: u64) -> Alloc {
-    Alloc {
-        heap: 0,
-        seq,
-        address,
-        sample_size: size,
-        size,
-        tid: PID,
-        timestamp_ns: at_ms(ms),
-    }
+    core_support::alloc(seq, address, size, PID, ms)
 }
 
 fn profile(p: &Program) -> Profile {

@@ -5,22 +5,10 @@
 
 mod core_support;
 
-use core_support::{CLOCKS, Program, at_ms, check_trace};
+use core_support::{CLOCKS, Program, alloc, at_ms, check_trace};
 use heapprofd_model::profile::estimate::inverse_probability;
-use heapprofd_model::profile::{Alloc, Profile};
+use heapprofd_model::profile::Profile;
 use heapprofd_model::trace::{ProcessMemory, TraceWriter, read_trace};
-
-fn alloc(seq: u64, address: u64, size: u64, tid: u32, ms: u64) -> Alloc {
-    Alloc {
-        heap: 0,
-        seq,
-        address,
-        sample_size: size,
-        size,
-        tid,
-        timestamp_ns: at_ms(ms),
-    }
-}
 
 /// Exact mode, two threads and two dumps:
 /// thread 1: A (stack_a, 100 B) then frees A at once (temporary, lifetime 0);

@@ -91,6 +91,20 @@ impl Program {
     }
 }
 
+/// A sampled allocation of `size` bytes (sampled with certainty) at
+/// `address` by thread `tid`, `ms` milliseconds in.
+pub fn alloc(seq: u64, address: u64, size: u64, tid: u32, ms: u64) -> Alloc {
+    Alloc {
+        heap: 0,
+        seq,
+        address,
+        sample_size: size,
+        size,
+        tid,
+        timestamp_ns: at_ms(ms),
+    }
+}
+
 /// Sequence counters per pid for building profiles by hand.
 #[derive(Default)]
 pub struct Seq(std::collections::HashMap<u32, u64>);

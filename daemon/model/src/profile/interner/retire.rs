@@ -92,14 +92,15 @@ impl Reachable {
     }
 }
 
-/// Drops the condemned entries of `table` still unreachable (not revived
-/// since they were condemned) and revives the others (a stack that names
-/// them arrived); returns how many were dropped.
-fn drop_condemned<K, I>(
+/// One pass over `table`: the entries condemned by the previous pass are
+/// dropped if still unreachable (not revived since) or revived if a stack
+/// that names them arrived; then the live entries that are not reachable
+/// are condemned. Returns (dropped, condemned).
+fn sweep<K, I>(
     table: &mut Table<K, I>,
     reachable: &FxHashSet<u32>,
     index_of: impl Fn(I) -> usize,
-) -> usize
+) -> (usize, usize)
 where
     K: Eq + std::hash::Hash,
     I: Copy,
@@ -113,30 +114,16 @@ where
             dropped += 1;
         }
     }
-    dropped
-}
-
-/// Condemns the live entries of `table` that are not reachable; returns
-/// how many.
-fn condemn<K, I>(
-    table: &mut Table<K, I>,
-    reachable: &FxHashSet<u32>,
-    index_of: impl Fn(I) -> usize,
-) -> usize
-where
-    K: Eq + std::hash::Hash,
-    I: Copy,
-{
-    let mut n = 0;
+    let mut condemned = 0;
     for (k, id) in std::mem::take(&mut table.ids) {
         if reachable.contains(&idx(index_of(id))) {
             table.ids.insert(k, id);
         } else {
             table.condemned.insert(k, id);
-            n += 1;
+            condemned += 1;
         }
     }
-    n
+    (dropped, condemned)
 }
 
 fn shrink<K: Eq + std::hash::Hash, I>(table: &mut Table<K, I>) {
@@ -156,16 +143,11 @@ impl Interner {
     pub fn retire_unused(&self, keep: impl IntoIterator<Item = FrameId>) -> RetiredEntries {
         let mut t = self.write_tables();
         let r = Reachable::of(&t, keep);
-        let dropped = (
-            drop_condemned(&mut t.frames, &r.frames, FrameId::index),
-            drop_condemned(&mut t.mappings, &r.mappings, MappingId::index),
-            drop_condemned(&mut t.strings, &r.strings, StringId::index),
-        );
-        let condemned = (
-            condemn(&mut t.frames, &r.frames, FrameId::index),
-            condemn(&mut t.mappings, &r.mappings, MappingId::index),
-            condemn(&mut t.strings, &r.strings, StringId::index),
-        );
+        let frames = sweep(&mut t.frames, &r.frames, FrameId::index);
+        let mappings = sweep(&mut t.mappings, &r.mappings, MappingId::index);
+        let strings = sweep(&mut t.strings, &r.strings, StringId::index);
+        let dropped = (frames.0, mappings.0, strings.0);
+        let condemned = (frames.1, mappings.1, strings.1);
         let tables = &mut *t;
         let frames_left = &tables.frames.by_id;
         tables
