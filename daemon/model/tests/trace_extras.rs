@@ -6,8 +6,8 @@
 mod core_support;
 
 use core_support::{CLOCKS, Program, alloc, at_ms, check_trace};
-use heapprofd_model::profile::estimate::inverse_probability;
 use heapprofd_model::profile::Profile;
+use heapprofd_model::profile::estimate::inverse_probability;
 use heapprofd_model::trace::{ProcessMemory, TraceWriter, read_trace};
 
 /// Exact mode, two threads and two dumps:
