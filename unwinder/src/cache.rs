@@ -27,28 +27,16 @@ use std::sync::{Arc, Mutex};
 
 use crate::elf::{self, ElfInfo, FileBytes};
 use crate::eviction::{self, CacheBudget, Candidate};
+use crate::file_key::FileKey;
 use crate::maps::MapEntry;
 use crate::memory::ProcessMemory;
 use crate::sparse::ModuleBytes;
-use crate::symbols::{ModuleSymbolizer, SymbolFrame, SymbolSources, SymbolizeOptions, lock};
+use crate::symbol_frame::SymbolFrame;
+use crate::symbol_store::StoreKey;
+use crate::symbols::{ModuleSymbolizer, SymbolSources, SymbolizeOptions, lock};
 
 /// Largest vDSO image we read from a process.
 const MAX_VDSO_BYTES: u64 = 1 << 20;
-
-/// Identity of a file without a build id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FileKey {
-    /// `st_dev`.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-    /// `st_size`.
-    pub size: u64,
-    /// `st_mtime` seconds.
-    pub mtime: i64,
-    /// `st_mtime` nanoseconds.
-    pub mtime_nsec: i64,
-}
 
 /// One ELF image: unwind data now, symbols on demand. Shared across processes.
 #[derive(Debug)]
@@ -97,6 +85,12 @@ impl Module {
     pub fn symbol_sources(&self) -> SymbolSources {
         self.symbolizer
             .sources(&self.path, &self.bytes, &self.options)
+    }
+
+    /// Whether its symbol tables and DWARF were loaded (tests).
+    #[cfg(test)]
+    pub(crate) fn symbols_loaded(&self) -> bool {
+        self.symbolizer.state_loaded()
     }
 
     /// Number of addresses whose symbols are cached.
@@ -233,6 +227,28 @@ impl ModuleCache {
         }
     }
 
+    /// Writes every module's answers found since its file in the symbol
+    /// store was read (see [`crate::SymbolStore`]): the number of files
+    /// written, and the first error. Nothing without a store.
+    pub fn persist_symbols(&self) -> (usize, Option<std::io::Error>) {
+        let modules: Vec<Arc<Module>> = lock(&self.inner)
+            .modules
+            .values()
+            .map(|e| Arc::clone(&e.module))
+            .collect();
+        let (mut written, mut first_error) = (0, None);
+        for m in modules {
+            match m.symbolizer.persist(&self.options) {
+                Ok(true) => written += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        (written, first_error)
+    }
+
     /// Evicts the unused modules the budget does not let the cache keep
     /// (see [`CacheBudget`]); a module in use is never evicted.
     pub fn trim(&self) {
@@ -302,13 +318,7 @@ impl ModuleCache {
         mapped_path: Option<&Path>,
     ) -> Option<Arc<Module>> {
         let meta = file.metadata().ok()?;
-        let key = FileKey {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime: meta.mtime(),
-            mtime_nsec: meta.mtime_nsec(),
-        };
+        let key = FileKey::of(&meta);
         {
             let mut inner = lock(&self.inner);
             if let Some(serial) = inner.by_file.get(&key).copied()
@@ -376,11 +386,21 @@ impl ModuleCache {
             return m;
         }
         let size = bytes.len() as u64;
+        // Only a file with a build id and an identity of its own has
+        // answers in the store.
+        let store_key = match (&self.options.store, &info.build_id, key) {
+            (Some(_), Some(id), Some(module)) => Some(StoreKey {
+                build_id: Arc::clone(id),
+                module,
+                path: path.to_path_buf(),
+            }),
+            _ => None,
+        };
         let module = Arc::new(Module {
             path: path.to_path_buf(),
             elf: info,
             bytes,
-            symbolizer: ModuleSymbolizer::new(mapped_path.map(Path::to_path_buf)),
+            symbolizer: ModuleSymbolizer::new(mapped_path.map(Path::to_path_buf), store_key),
             options: Arc::clone(&self.options),
         });
         inner.stats.modules_loaded += 1;

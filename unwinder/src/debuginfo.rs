@@ -16,6 +16,7 @@
 //! only when its build id matches. `.gnu_debugdata` (MiniDebugInfo) is an xz
 //! stream holding an ELF with a `.symtab`; see [`mini_debug_info`].
 
+use std::cell::RefCell;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use object::{Object, ObjectSection};
 
 use crate::elf::FileBytes;
+use crate::file_key::{FileKey, Observation};
 
 /// Largest MiniDebugInfo payload we decompress.
 const MAX_MINI_DEBUG_INFO: usize = 256 << 20;
@@ -59,12 +61,37 @@ pub fn build_id_path(debug_dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
     )
 }
 
+thread_local! {
+    /// The paths [`map_file`] looked at, while [`consulted_during`] records.
+    static CONSULTED: RefCell<Option<Vec<Observation>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` and returns with its result every path it looked for a debug
+/// file at, and what was there (what its answers depend on besides the
+/// module itself: see [`crate::symbol_store`]).
+pub(crate) fn consulted_during<T>(f: impl FnOnce() -> T) -> (T, Vec<Observation>) {
+    let outer = CONSULTED.with(|c| c.replace(Some(Vec::new())));
+    let value = f();
+    let seen = CONSULTED.with(|c| c.replace(outer)).unwrap_or_default();
+    (value, seen)
+}
+
 fn map_file(path: &Path) -> Option<Arc<FileBytes>> {
-    let f = crate::elf::open_nonblocking(path).ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
-    FileBytes::map(&f).ok().map(Arc::new)
+    let f = crate::elf::open_nonblocking(path).ok();
+    let meta = f
+        .as_ref()
+        .and_then(|f| f.metadata().ok())
+        .filter(std::fs::Metadata::is_file);
+    CONSULTED.with(|c| {
+        if let Some(seen) = c.borrow_mut().as_mut() {
+            seen.push(Observation {
+                path: path.to_path_buf(),
+                file: meta.as_ref().map(FileKey::of),
+            });
+        }
+    });
+    meta?;
+    FileBytes::map(&f?).ok().map(Arc::new)
 }
 
 fn build_id_of(bytes: &[u8]) -> Option<Vec<u8>> {

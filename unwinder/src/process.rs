@@ -38,7 +38,8 @@ use crate::maps::{self, MapEntry};
 use crate::memory::{MapsSource, ProcessMemory};
 use crate::perfmap::{self, PerfMap};
 use crate::replay::{self, WalkTrace};
-use crate::symbols::{SymbolFrame, lock};
+use crate::symbol_frame::SymbolFrame;
+use crate::symbols::lock;
 use crate::unwind::{ProcessView, StackSample, Walker};
 
 /// Tunables of a [`ProcessContext`].

@@ -17,7 +17,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
@@ -25,18 +26,10 @@ use crate::checkout::CheckoutSlot;
 use crate::debuginfo::{self, DebugFile};
 use crate::dwarf_units::DwarfLookup;
 use crate::elf::{DwarfReader as Reader, FileBytes, SectionBytes};
+use crate::file_key::Observation;
 use crate::sparse::ModuleBytes;
-
-/// One (possibly inlined) function at an address.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SymbolFrame {
-    /// Demangled function name.
-    pub function: Option<String>,
-    /// Source file (as recorded in DWARF, directory joined).
-    pub file: Option<String>,
-    /// Source line.
-    pub line: Option<u32>,
-}
+use crate::symbol_frame::SymbolFrame;
+use crate::symbol_store::{StoreKey, Stored, SymbolStore};
 
 /// Where a module's symbols came from (diagnostics and tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,6 +57,9 @@ pub struct SymbolizeOptions {
     pub enabled: bool,
     /// Global debug directories (default `/usr/lib/debug`).
     pub debug_dirs: Vec<PathBuf>,
+    /// Where answers are kept between runs (modules with a build id), if
+    /// anywhere: [`crate::SymbolStore`].
+    pub store: Option<Arc<SymbolStore>>,
 }
 
 impl Default for SymbolizeOptions {
@@ -71,6 +67,7 @@ impl Default for SymbolizeOptions {
         SymbolizeOptions {
             enabled: true,
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+            store: None,
         }
     }
 }
@@ -249,6 +246,14 @@ pub(crate) struct ModuleSymbolizer {
     /// (offline symbolization): a `.gnu_debuglink` target is looked for
     /// at that directory under the debug directories too.
     mapped_path: Option<PathBuf>,
+    /// Its file in the symbol store, if it may have one.
+    store_key: Option<StoreKey>,
+    /// What the store held for it, read at the first address not cached.
+    stored: OnceLock<Option<Stored>>,
+    /// The paths the state's load consulted for debug files.
+    observed: Mutex<Option<Vec<Observation>>>,
+    /// Answers were found that the store does not have.
+    fresh: AtomicBool,
 }
 
 impl std::fmt::Debug for ModuleSymbolizer {
@@ -258,12 +263,63 @@ impl std::fmt::Debug for ModuleSymbolizer {
 }
 
 impl ModuleSymbolizer {
-    pub(crate) fn new(mapped_path: Option<PathBuf>) -> Self {
+    pub(crate) fn new(mapped_path: Option<PathBuf>, store_key: Option<StoreKey>) -> Self {
         ModuleSymbolizer {
             state: CheckoutSlot::default(),
             by_addr: RwLock::new(AddrMap::default()),
             mapped_path,
+            store_key,
+            stored: OnceLock::new(),
+            observed: Mutex::new(None),
+            fresh: AtomicBool::new(false),
         }
+    }
+
+    /// The store's answer for `svma`, cached as found.
+    fn stored_answer(&self, svma: u64, options: &SymbolizeOptions) -> Option<Arc<[SymbolFrame]>> {
+        let (store, key) = (options.store.as_ref()?, self.store_key.as_ref()?);
+        let stored = self
+            .stored
+            .get_or_init(|| store.load(key, &options.debug_dirs))
+            .as_ref()?;
+        let frames = stored.answers.get(&svma)?;
+        cache_answer(&mut write(&self.by_addr), svma, frames);
+        Some(Arc::clone(frames))
+    }
+
+    /// Writes the answers found since the store was read (with those it
+    /// had) to the store; false if there was nothing new to write.
+    pub(crate) fn persist(&self, options: &SymbolizeOptions) -> std::io::Result<bool> {
+        let (Some(store), Some(key)) = (options.store.as_ref(), self.store_key.as_ref()) else {
+            return Ok(false);
+        };
+        let Some(observed) = lock(&self.observed).clone() else {
+            return Ok(false);
+        };
+        if !self.fresh.swap(false, Ordering::AcqRel) {
+            return Ok(false);
+        }
+        let by_addr = read(&self.by_addr);
+        // Older answers only if they were made from the same debug files.
+        let older = self
+            .stored
+            .get()
+            .and_then(Option::as_ref)
+            .filter(|s| s.observed == observed)
+            .map(|s| &s.answers);
+        let answers = by_addr.iter().chain(
+            older
+                .into_iter()
+                .flatten()
+                .filter(|(pc, _)| !by_addr.contains_key(pc)),
+        );
+        store.save(
+            key,
+            &options.debug_dirs,
+            &observed,
+            answers.map(|(&pc, f)| (pc, &f[..])),
+        )?;
+        Ok(true)
     }
 
     /// Symbolizes `svma` (a rel_pc) of the module whose file is `bytes`
@@ -279,11 +335,15 @@ impl ModuleSymbolizer {
         if let Some(hit) = read(&self.by_addr).get(&svma) {
             return Arc::clone(hit);
         }
+        if let Some(hit) = self.stored_answer(svma, options) {
+            return hit;
+        }
         let frames: Arc<[SymbolFrame]> = self.state.with(
             || self.load_state(module_path, bytes, options),
             |state| lookup(state, svma).into(),
         );
         cache_answer(&mut write(&self.by_addr), svma, &frames);
+        self.fresh.store(true, Ordering::Release);
         frames
     }
 
@@ -306,11 +366,15 @@ impl ModuleSymbolizer {
         if let Some(hit) = read(&self.by_addr).get(&svma) {
             return Some(Arc::clone(hit));
         }
+        if let Some(hit) = self.stored_answer(svma, options) {
+            return Some(hit);
+        }
         let state = self
             .state
             .check_out(|| self.load_state(module_path, bytes, options))?;
         let frames: Arc<[SymbolFrame]> = lookup(&state, svma).into();
         cache_answer(&mut write(&self.by_addr), svma, &frames);
+        self.fresh.store(true, Ordering::Release);
         Some(frames)
     }
 
@@ -327,6 +391,12 @@ impl ModuleSymbolizer {
         )
     }
 
+    /// Whether the state was ever loaded (tests).
+    #[cfg(test)]
+    pub(crate) fn state_loaded(&self) -> bool {
+        lock(&self.observed).is_some()
+    }
+
     /// Number of addresses cached.
     pub(crate) fn cached_addresses(&self) -> usize {
         read(&self.by_addr).len()
@@ -338,12 +408,16 @@ impl ModuleSymbolizer {
         bytes: &ModuleBytes,
         options: &SymbolizeOptions,
     ) -> SymState {
-        load_state(
-            module_path,
-            self.mapped_path.as_deref(),
-            &bytes.symbols(),
-            options,
-        )
+        let (state, observed) = crate::debuginfo::consulted_during(|| {
+            load_state(
+                module_path,
+                self.mapped_path.as_deref(),
+                &bytes.symbols(),
+                options,
+            )
+        });
+        *lock(&self.observed) = Some(observed);
+        state
     }
 }
 
@@ -622,7 +696,7 @@ mod tests {
 
     #[test]
     fn garbage_module_gives_unnamed_frame() {
-        let s = ModuleSymbolizer::new(None);
+        let s = ModuleSymbolizer::new(None, None);
         let bytes = ModuleBytes::complete(Arc::new(FileBytes::Owned(vec![
             0x7f, b'E', b'L', b'F', 2, 1,
         ])));
@@ -645,7 +719,7 @@ mod tests {
 
     #[test]
     fn a_warm_up_caches_its_answer_and_gives_the_state_back() {
-        let s = ModuleSymbolizer::new(None);
+        let s = ModuleSymbolizer::new(None, None);
         let bytes = ModuleBytes::complete(Arc::new(FileBytes::Owned(vec![
             0x7f, b'E', b'L', b'F', 2, 1,
         ])));
@@ -670,7 +744,7 @@ mod tests {
 
     #[test]
     fn the_address_cache_is_bounded() {
-        let s = ModuleSymbolizer::new(None);
+        let s = ModuleSymbolizer::new(None, None);
         let bytes = ModuleBytes::complete(Arc::new(FileBytes::Owned(vec![
             0x7f, b'E', b'L', b'F', 2, 1,
         ])));

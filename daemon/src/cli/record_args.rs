@@ -98,9 +98,12 @@ pub struct RecordArgs {
     #[arg(long, conflicts_with = "continuous_dump")]
     pub dump_at_max: bool,
 
-    /// Size of each client's ring buffer (a power of two: 8M, 64MiB).
-    #[arg(long, default_value = "8MiB", value_parser = parse_shmem_size)]
-    pub shmem_size: u64,
+    /// Size of each client's ring buffer (a power of two: 8M, 64MiB)
+    /// [default: 8MiB at the default interval and finer, and with
+    /// --cpu-time or --event; at coarser intervals less, down to 1MiB from
+    /// -i 32k; 1MiB per process with --all].
+    #[arg(long, value_parser = parse_shmem_size)]
+    pub shmem_size: Option<u64>,
 
     /// When a ring buffer is full, the program waits up to TIMEOUT for the
     /// daemon instead of dropping the sample (0 = wait forever). This is the
@@ -126,6 +129,20 @@ pub struct RecordArgs {
     /// symbolization later on another machine.
     #[arg(long)]
     pub no_symbolize: bool,
+
+    /// Where names found by earlier runs are kept, one file per library or
+    /// program (by build id), so that profiling the same binaries again
+    /// does not parse their debug information again. An answer is used
+    /// only while the binary and the debug files it was found with (or
+    /// looked for and not found) are unchanged. Kept under 256 MiB, oldest
+    /// files removed first
+    /// [default: $XDG_CACHE_HOME/heapprofd-rs/symbols, else ~/.cache/heapprofd-rs/symbols].
+    #[arg(long, value_name = "DIR")]
+    pub symbol_cache: Option<PathBuf>,
+
+    /// Neither read nor write the symbol cache.
+    #[arg(long)]
+    pub no_symbol_cache: bool,
 
     /// The client library to preload [default: libheapprofd_client.so next to this binary].
     #[arg(long, value_name = "PATH")]
@@ -250,6 +267,16 @@ fn parse_heap_interval(s: &str) -> Result<(String, u64), String> {
 }
 
 impl RecordArgs {
+    /// The symbol cache's directory, `None` when it is off.
+    pub fn symbol_store(&self) -> Option<PathBuf> {
+        if self.no_symbol_cache || self.no_symbolize {
+            return None;
+        }
+        self.symbol_cache
+            .clone()
+            .or_else(heapprofd_unwinder::SymbolStore::default_dir)
+    }
+
     /// CPU-time profiling's period per thread in ns (0 = off).
     pub fn cpu_period_ns(&self) -> u64 {
         self.cpu_time.map_or(0, |c| c.period_ns_here())

@@ -73,6 +73,7 @@ pub fn run(args: &SymbolizeArgs) -> Result<i32> {
     let cache = ModuleCache::new(SymbolizeOptions {
         enabled: true,
         debug_dirs,
+        store: None,
     });
     let mut packets = Vec::new();
     let mut missing = Vec::new();

@@ -66,6 +66,7 @@ pub mod status;
 pub mod stopper;
 pub mod summary;
 pub mod supervise;
+pub mod symbol_cache;
 pub mod symbolize;
 pub mod thread_stacks;
 pub mod triggers;

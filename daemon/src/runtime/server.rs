@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use heapprofd_proto::wire::ClientConfig;
-use heapprofd_unwinder::{ModuleCache, SymbolizeOptions};
+use heapprofd_unwinder::{ModuleCache, SymbolStore, SymbolizeOptions};
 use nix::sys::stat::{Mode, umask};
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
@@ -59,6 +59,9 @@ pub struct DaemonOptions {
     pub workers: usize,
     /// Symbolize frames.
     pub symbolize: bool,
+    /// Where symbolization answers are kept between runs, if anywhere
+    /// ([`heapprofd_unwinder::SymbolStore`]).
+    pub symbol_store: Option<PathBuf>,
     /// Bookkeeping and trace options.
     pub book: BookkeeperOptions,
 }
@@ -75,6 +78,8 @@ pub struct ServerOptions {
     pub workers: usize,
     /// Symbolize frames.
     pub symbolize: bool,
+    /// Where symbolization answers are kept between runs, if anywhere.
+    pub symbol_store: Option<PathBuf>,
     /// Who decides which connecting processes are wanted.
     pub admit: Option<Arc<dyn Admit>>,
 }
@@ -107,6 +112,8 @@ pub type BookRunner = Box<dyn FnOnce(mpsc::Receiver<BookMsg>, BookkeeperShared) 
 /// How long [`Daemon::finish`] waits for the accept loop to stop and for
 /// handshakes in flight (each bounded by its 2 s deadline).
 const HANDOFF_WAIT: Duration = Duration::from_secs(5);
+/// The symbol store's budget on disk: the oldest files go beyond it.
+const SYMBOL_STORE_BYTES: u64 = 256 << 20;
 /// Connections in their handshake at most; more are closed at once.
 pub const MAX_PENDING_HANDSHAKES: usize = 128;
 /// Handshakes in their blocking part (descriptor checks, maps, ring
@@ -185,6 +192,7 @@ impl Daemon {
             client,
             workers,
             symbolize,
+            symbol_store,
             book,
         } = options;
         let server = ServerOptions {
@@ -192,6 +200,7 @@ impl Daemon {
             client,
             workers,
             symbolize,
+            symbol_store,
             admit: None,
         };
         let runner: BookRunner = Box::new(move |rx, shared| book_thread::run(rx, shared, book));
@@ -210,6 +219,10 @@ impl Daemon {
         let symbolizer = Arc::new(Symbolizer::new());
         let symbolize = SymbolizeOptions {
             enabled: options.symbolize,
+            store: options
+                .symbol_store
+                .clone()
+                .map(|dir| Arc::new(SymbolStore::new(dir, SYMBOL_STORE_BYTES))),
             ..SymbolizeOptions::default()
         };
         let cache = Arc::new(ModuleCache::new(symbolize));
@@ -408,6 +421,7 @@ impl Daemon {
         if let Some(t) = self.book_thread.take() {
             let _ = t.join();
         }
+        super::symbol_cache::persist(&self.shared.cache);
         let (symbolize, warm) = self.symbolizer.time_spent();
         log::debug!("{}", self.shared.counters.costs.render(symbolize, warm));
         log::debug!(
@@ -743,6 +757,7 @@ mod tests {
             client: ClientConfig::new(4096, 1 << 20),
             workers: 1,
             symbolize: false,
+            symbol_store: None,
             book: BookkeeperOptions {
                 owns_interner: false,
                 output: File::create(&out).expect("trace file"),

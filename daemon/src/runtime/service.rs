@@ -104,6 +104,8 @@ async fn serve(dir: PathBuf, env: &Env) -> Result<()> {
         client: ClientConfig::new(crate::service::spec::DEFAULT_INTERVAL, 1 << 20),
         workers: 2,
         symbolize: true,
+        // A service's modules stay cached while it runs.
+        symbol_store: None,
         admit: Some(Arc::new(HubAdmit(Arc::clone(&hub)))),
     };
     let book_hub = Arc::clone(&hub);

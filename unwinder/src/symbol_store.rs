@@ -1,0 +1,403 @@
+//! The symbol store: symbolization answers kept on disk between runs.
+//!
+//! Symbolizing a module for the first time parses its symbol tables and
+//! DWARF: libc with Debian's compressed debug file is 25-55 ms of inflating
+//! and parsing, node's symbol table more, in every `record` of every short
+//! program. The store keeps each module's answers (rel_pc -> inline chain)
+//! in one file per module, so that a later run that asks for the same
+//! addresses never loads the module's debug information at all.
+//!
+//! ```text
+//! DIR/<build id>-<hash of path and debug dirs>.sym
+//!   magic "HPSYMS01"
+//!   module: dev ino size mtime mtime_nsec      the file symbolized (fstat)
+//!   build id: u16 len, bytes
+//!   observed: u32 n, n x (u16 len, path, u8 present, dev ino size mtime mtime_nsec)
+//!   answers: u32 n, n x (u64 rel_pc, u16 frames,
+//!            frames x (u8 has fn|file|line, [u32 len, fn], [u32 len, file], [u32 line]))
+//!   crc32 of all the above
+//! ```
+//!
+//! An answer depends on the module's bytes and on every debug file the
+//! lookup found or looked for (by build id, `.gnu_debuglink`, the dwz
+//! file). So a file is used only when the module is the same file (device,
+//! inode, size, mtime) and every path the lookup consulted still is what it
+//! was, or still absent: installing a debug package, or adding a debug link
+//! next to a binary, makes the old answers go unused. Files are read with
+//! limits and a checksum, and trusted no further than that: anything that
+//! does not parse is ignored (and overwritten by the next save). Saves write
+//! a temporary file and rename it; the directory is kept under a byte
+//! budget by removing the oldest files.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::debuginfo::hex;
+use crate::file_key::{FileKey, Observation};
+use crate::symbol_frame::SymbolFrame;
+
+const MAGIC: &[u8; 8] = b"HPSYMS01";
+/// Largest store file read.
+const MAX_FILE_BYTES: u64 = 64 << 20;
+/// Most answers one file holds.
+pub(crate) const MAX_ANSWERS: usize = 1 << 16;
+/// Most frames one answer holds (as the lookup keeps).
+const MAX_FRAMES: usize = 256;
+/// Most paths one lookup consults that are kept.
+const MAX_OBSERVED: usize = 256;
+/// Longest name or path kept.
+const MAX_STRING: usize = 1 << 16;
+
+/// A directory of stored answers, shared by all modules of a cache.
+#[derive(Debug)]
+pub struct SymbolStore {
+    dir: PathBuf,
+    max_bytes: u64,
+}
+
+/// Which module a store file is for.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreKey {
+    pub(crate) build_id: Arc<[u8]>,
+    pub(crate) module: FileKey,
+    pub(crate) path: PathBuf,
+}
+
+/// Answers read from the store.
+pub(crate) type Answers = HashMap<u64, Arc<[SymbolFrame]>>;
+
+/// A module's file in the store, found current.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    /// The paths its answers were made with.
+    pub(crate) observed: Vec<Observation>,
+    pub(crate) answers: Answers,
+}
+
+impl SymbolStore {
+    /// A store in `dir` (created when first saved to) holding at most
+    /// `max_bytes` of files.
+    pub fn new(dir: PathBuf, max_bytes: u64) -> SymbolStore {
+        SymbolStore { dir, max_bytes }
+    }
+
+    /// `$XDG_CACHE_HOME/heapprofd-rs/symbols`, else `~/.cache/...`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| {
+                let home = PathBuf::from(std::env::var_os("HOME")?);
+                home.is_absolute().then(|| home.join(".cache"))
+            })?;
+        Some(base.join("heapprofd-rs").join("symbols"))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file_for(&self, key: &StoreKey, debug_dirs: &[PathBuf]) -> PathBuf {
+        // FNV-1a over the things that pick the debug files to look for.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |b: &[u8]| {
+            for &x in b.iter().chain(&[0xff]) {
+                h = (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        eat(key.path.as_os_str().as_encoded_bytes());
+        for d in debug_dirs {
+            eat(d.as_os_str().as_encoded_bytes());
+        }
+        self.dir
+            .join(format!("{}-{h:016x}.sym", hex(&key.build_id)))
+    }
+
+    /// The stored answers for `key`, if a file holds them and everything it
+    /// was made from is unchanged.
+    pub(crate) fn load(&self, key: &StoreKey, debug_dirs: &[PathBuf]) -> Option<Stored> {
+        let path = self.file_for(key, debug_dirs);
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(&path)
+            .ok()?;
+        let meta = f.metadata().ok()?;
+        if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        f.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
+        let file = decode(&bytes)?;
+        if file.module != key.module || *file.build_id != *key.build_id {
+            return None;
+        }
+        if file
+            .observed
+            .iter()
+            .any(|o| Observation::now(&o.path) != *o)
+        {
+            return None;
+        }
+        Some(Stored {
+            observed: file.observed,
+            answers: file.answers,
+        })
+    }
+
+    /// Saves `answers` for `key`, made with the debug files `observed`;
+    /// then keeps the directory within its budget.
+    pub(crate) fn save<'a>(
+        &self,
+        key: &StoreKey,
+        debug_dirs: &[PathBuf],
+        observed: &[Observation],
+        answers: impl Iterator<Item = (u64, &'a [SymbolFrame])>,
+    ) -> io::Result<()> {
+        let bytes = encode(key, observed, answers);
+        fs::create_dir_all(&self.dir)?;
+        let path = self.file_for(key, debug_dirs);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(&tmp)?;
+        let written = f.write_all(&bytes).and_then(|()| fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written?;
+        self.trim();
+        Ok(())
+    }
+
+    /// Removes the oldest files while the directory holds more than its
+    /// budget.
+    fn trim(&self) {
+        let Ok(dir) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut files: Vec<(i64, u64, PathBuf)> = dir
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                m.is_file().then(|| (m.mtime(), m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        files.sort();
+        for (_, len, path) in files {
+            if total <= self.max_bytes {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total = total.saturating_sub(len);
+            }
+        }
+    }
+}
+
+/// A store file, decoded.
+struct StoreFile {
+    module: FileKey,
+    build_id: Vec<u8>,
+    observed: Vec<Observation>,
+    answers: Answers,
+}
+
+fn put_key(out: &mut Vec<u8>, k: &FileKey) {
+    for v in [k.dev, k.ino, k.size, k.mtime as u64, k.mtime_nsec as u64] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    let s = &s.as_bytes()[..floor_char(s, MAX_STRING)];
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s);
+}
+
+/// The largest char boundary of `s` at most `max`.
+fn floor_char(s: &str, max: usize) -> usize {
+    let mut n = s.len().min(max);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
+}
+
+fn encode<'a>(
+    key: &StoreKey,
+    observed: &[Observation],
+    answers: impl Iterator<Item = (u64, &'a [SymbolFrame])>,
+) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    put_key(&mut out, &key.module);
+    let id = &key.build_id[..key.build_id.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(id.len() as u16).to_le_bytes());
+    out.extend_from_slice(id);
+    let observed: Vec<&Observation> = observed
+        .iter()
+        .filter(|o| o.path.as_os_str().len() <= u16::MAX as usize)
+        .take(MAX_OBSERVED)
+        .collect();
+    out.extend_from_slice(&(observed.len() as u32).to_le_bytes());
+    for o in observed {
+        let p = o.path.as_os_str().as_encoded_bytes();
+        out.extend_from_slice(&(p.len() as u16).to_le_bytes());
+        out.extend_from_slice(p);
+        out.push(u8::from(o.file.is_some()));
+        put_key(&mut out, &o.file.unwrap_or(FileKey::NONE));
+    }
+    let count_at = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut count = 0u32;
+    for (pc, frames) in answers.take(MAX_ANSWERS) {
+        count += 1;
+        out.extend_from_slice(&pc.to_le_bytes());
+        let frames = &frames[..frames.len().min(MAX_FRAMES)];
+        out.extend_from_slice(&(frames.len() as u16).to_le_bytes());
+        for f in frames {
+            let flags = u8::from(f.function.is_some())
+                | u8::from(f.file.is_some()) << 1
+                | u8::from(f.line.is_some()) << 2;
+            out.push(flags);
+            if let Some(s) = &f.function {
+                put_str(&mut out, s);
+            }
+            if let Some(s) = &f.file {
+                put_str(&mut out, s);
+            }
+            if let Some(l) = f.line {
+                out.extend_from_slice(&l.to_le_bytes());
+            }
+        }
+    }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// A reader over untrusted bytes: every read is checked.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.0.len() {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn key(&mut self) -> Option<FileKey> {
+        Some(FileKey {
+            dev: self.u64()?,
+            ino: self.u64()?,
+            size: self.u64()?,
+            mtime: self.u64()? as i64,
+            mtime_nsec: self.u64()? as i64,
+        })
+    }
+    fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        if n > MAX_STRING {
+            return None;
+        }
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
+fn decode(bytes: &[u8]) -> Option<StoreFile> {
+    let (body, crc) = bytes.split_at(bytes.len().checked_sub(4)?);
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return None;
+    }
+    let mut c = Cursor(body);
+    if c.take(MAGIC.len())? != MAGIC {
+        return None;
+    }
+    let module = c.key()?;
+    let n = c.u16()? as usize;
+    let build_id = c.take(n)?.to_vec();
+    let n = c.u32()? as usize;
+    if n > MAX_OBSERVED {
+        return None;
+    }
+    let mut observed = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = c.u16()? as usize;
+        let path = PathBuf::from(OsStr::from_bytes(c.take(len)?));
+        let present = c.u8()? != 0;
+        let key = c.key()?;
+        observed.push(Observation {
+            path,
+            file: present.then_some(key),
+        });
+    }
+    let n = c.u32()? as usize;
+    if n > MAX_ANSWERS {
+        return None;
+    }
+    let mut answers = Answers::with_capacity(n);
+    for _ in 0..n {
+        let pc = c.u64()?;
+        let frames = c.u16()? as usize;
+        if frames > MAX_FRAMES {
+            return None;
+        }
+        let mut v = Vec::with_capacity(frames);
+        for _ in 0..frames {
+            let flags = c.u8()?;
+            let function = if flags & 1 != 0 {
+                Some(c.string()?)
+            } else {
+                None
+            };
+            let file = if flags & 2 != 0 {
+                Some(c.string()?)
+            } else {
+                None
+            };
+            let line = if flags & 4 != 0 { Some(c.u32()?) } else { None };
+            v.push(SymbolFrame {
+                function,
+                file,
+                line,
+            });
+        }
+        answers.insert(pc, v.into());
+    }
+    c.0.is_empty().then_some(StoreFile {
+        module,
+        build_id,
+        observed,
+        answers,
+    })
+}
+
+#[cfg(test)]
+#[path = "symbol_store_tests.rs"]
+mod tests;

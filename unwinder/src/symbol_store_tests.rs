@@ -1,0 +1,203 @@
+//! Tests of the symbol store: its encoding against damaged files, the
+//! checks that keep stale answers out, its budget, and a module symbolized
+//! from the store without its debug information.
+
+use super::*;
+use crate::{ModuleCache, SymbolizeOptions};
+
+fn frame(function: Option<&str>, file: Option<&str>, line: Option<u32>) -> SymbolFrame {
+    SymbolFrame {
+        function: function.map(str::to_owned),
+        file: file.map(str::to_owned),
+        line,
+    }
+}
+
+fn key(dir: &Path) -> StoreKey {
+    let module = dir.join("module");
+    fs::write(&module, b"module bytes").expect("module");
+    StoreKey {
+        build_id: Arc::from(&[0xab, 0xcd, 0xef][..]),
+        module: FileKey::of(&fs::metadata(&module).expect("stat")),
+        path: module,
+    }
+}
+
+fn answers() -> Vec<(u64, Vec<SymbolFrame>)> {
+    vec![
+        (
+            0x1234,
+            vec![
+                frame(Some("inlined<T>"), Some("/src/a.rs"), Some(7)),
+                frame(Some("outer ü"), Some("/src/b.rs"), Some(70_000)),
+            ],
+        ),
+        (0x10, vec![frame(None, None, None)]),
+        (u64::MAX, vec![frame(Some("f"), None, Some(1))]),
+    ]
+}
+
+fn encoded(k: &StoreKey, observed: &[Observation]) -> Vec<u8> {
+    let a = answers();
+    encode(k, observed, a.iter().map(|(pc, f)| (*pc, &f[..])))
+}
+
+#[test]
+fn answers_and_observations_survive_the_round_trip() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let k = key(dir.path());
+    let observed = vec![
+        Observation::now(&k.path),
+        Observation::now(&dir.path().join("absent.debug")),
+    ];
+    let file = decode(&encoded(&k, &observed)).expect("decodes");
+    assert_eq!(file.module, k.module);
+    assert_eq!(file.build_id, &k.build_id[..]);
+    assert_eq!(file.observed, observed);
+    assert!(file.observed[0].file.is_some() && file.observed[1].file.is_none());
+    assert_eq!(file.answers.len(), 3);
+    for (pc, frames) in answers() {
+        assert_eq!(&file.answers[&pc][..], &frames[..]);
+    }
+}
+
+/// Every truncation and every changed byte is refused by the checksum;
+/// with the checksum made right again, the parser still never panics and
+/// reads nothing past its input.
+#[test]
+fn damaged_files_are_refused_without_a_panic() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let k = key(dir.path());
+    let good = encoded(&k, &[Observation::now(&k.path)]);
+    for len in 0..good.len() {
+        assert!(decode(&good[..len]).is_none(), "truncated at {len}");
+    }
+    let body = good.len() - 4;
+    for i in 0..body {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut bad = good.clone();
+            bad[i] ^= flip;
+            assert!(
+                decode(&bad).is_none(),
+                "byte {i} ^ {flip:#x} passed the checksum"
+            );
+            let crc = crc32fast::hash(&bad[..body]);
+            bad[body..].copy_from_slice(&crc.to_le_bytes());
+            let _ = decode(&bad);
+        }
+    }
+}
+
+#[test]
+fn a_file_is_used_only_while_what_it_was_made_from_is_unchanged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SymbolStore::new(dir.path().join("store"), 1 << 20);
+    let k = key(dir.path());
+    let dirs = vec![dir.path().join("debug")];
+    let debug = dir.path().join("prog.debug");
+    let observed = vec![Observation::now(&debug)];
+    let a = answers();
+    let save = || {
+        store
+            .save(&k, &dirs, &observed, a.iter().map(|(pc, f)| (*pc, &f[..])))
+            .expect("saved")
+    };
+    save();
+    let loaded = store.load(&k, &dirs).expect("current");
+    assert_eq!(loaded.answers.len(), 3);
+    assert_eq!(loaded.observed, observed);
+    // Other debug directories: another file.
+    assert!(store.load(&k, &[dir.path().join("other")]).is_none());
+    // Another module file with the same build id and path.
+    let mut other = k.clone();
+    other.module.mtime_nsec += 1;
+    assert!(store.load(&other, &dirs).is_none());
+    // A debug file appears where none was.
+    fs::write(&debug, b"debug").expect("debug file");
+    assert!(store.load(&k, &dirs).is_none());
+    // Saved with it; then it changes.
+    let observed = vec![Observation::now(&debug)];
+    store
+        .save(&k, &dirs, &observed, a.iter().map(|(pc, f)| (*pc, &f[..])))
+        .expect("saved");
+    assert!(store.load(&k, &dirs).is_some());
+    fs::write(&debug, b"another debug").expect("debug file");
+    assert!(store.load(&k, &dirs).is_none());
+    // Garbage and a FIFO where the file should be: ignored.
+    let path = store.file_for(&k, &dirs);
+    fs::write(&path, b"garbage").expect("garbage");
+    assert!(store.load(&k, &dirs).is_none());
+    fs::remove_file(&path).expect("rm");
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "fifo");
+    assert!(store.load(&k, &dirs).is_none());
+}
+
+#[test]
+fn the_oldest_files_go_beyond_the_budget() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("store");
+    fs::create_dir_all(&root).expect("dir");
+    for (i, age) in [(0, 300), (1, 200), (2, 100)] {
+        let p = root.join(format!("old{i}.sym"));
+        fs::write(&p, vec![0u8; 4000]).expect("file");
+        let t = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+        fs::File::options()
+            .write(true)
+            .open(&p)
+            .and_then(|f| f.set_modified(t))
+            .expect("mtime");
+    }
+    let store = SymbolStore::new(root.clone(), 5000);
+    let k = key(dir.path());
+    let a = answers();
+    store
+        .save(&k, &[], &[], a.iter().map(|(pc, f)| (*pc, &f[..])))
+        .expect("saved");
+    assert!(!root.join("old0.sym").exists() && !root.join("old1.sym").exists());
+    assert!(root.join("old2.sym").exists());
+    assert!(store.load(&k, &[]).is_some(), "the new file stays");
+}
+
+/// A module symbolized in one cache is named by the next from the store
+/// alone: the same answers, and its symbols never loaded.
+#[test]
+fn a_second_run_names_from_the_store_without_loading_symbols() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = std::env::current_exe().expect("test binary");
+    let options = || SymbolizeOptions {
+        store: Some(Arc::new(SymbolStore::new(dir.path().join("s"), 1 << 30))),
+        ..SymbolizeOptions::default()
+    };
+    // This function's address less the test binary's load bias (a PIE
+    // linked at 0: the base `dladdr` gives).
+    let f = a_second_run_names_from_the_store_without_loading_symbols as *const () as usize;
+    // SAFETY: `Dl_info` is plain data (pointers and integers): all zeros
+    // is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: a code address of this binary, and a place for the answer.
+    let found = unsafe { libc::dladdr(f as *const libc::c_void, &mut info) };
+    assert_ne!(found, 0);
+    let rel_pc = (f - info.dli_fbase as usize) as u64;
+    let first = ModuleCache::new(options());
+    let file = fs::File::open(&exe).expect("open");
+    let m = first.module_for_file(&file, &exe).expect("module");
+    let named = m.symbolize(rel_pc);
+    assert!(named.iter().any(|f| {
+        f.function
+            .as_deref()
+            .is_some_and(|n| n.contains("a_second_run_names_from_the_store"))
+    }));
+    assert_eq!(first.persist_symbols().0, 1);
+    assert_eq!(first.persist_symbols().0, 0, "nothing new to write");
+
+    let second = ModuleCache::new(options());
+    let m2 = second.module_for_file(&file, &exe).expect("module");
+    assert_eq!(m2.symbolize(rel_pc), named);
+    assert_eq!(m2.warm_symbols(rel_pc).as_deref(), Some(&named[..]));
+    assert!(!m2.symbols_loaded(), "answered from the store");
+    // An address the store does not have loads them.
+    let _ = m2.symbolize(rel_pc + 1);
+    assert!(m2.symbols_loaded());
+}
