@@ -36,7 +36,7 @@ use crate::cli::usage_error::UsageError;
 use crate::env::Env;
 use crate::service::control::{Reply, Request, frame_header, read_message, service_dir_to_ask};
 use crate::service::spec::{
-    Continuous, DEFAULT_SHMEM, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets,
+    Continuous, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets, default_shmem_for,
 };
 
 /// The profile `record -n NAME` or `record --config FILE` asks for.
@@ -97,10 +97,10 @@ pub(super) fn sampling(args: &RecordArgs) -> Sampling {
     Sampling {
         interval: args.interval,
         // Many processes at once under --all: smaller rings unless asked.
-        shmem_size: if args.all && args.shmem_size == DEFAULT_SHMEM {
-            DEFAULT_SHMEM_ALL
-        } else {
-            args.shmem_size
+        shmem_size: match args.shmem_size {
+            Some(size) => size,
+            None if args.all => DEFAULT_SHMEM_ALL,
+            None => default_shmem_for(args.interval, args.cpu_period_ns() != 0),
         },
         block_client: !args.no_block_client,
         block_timeout_us: args
