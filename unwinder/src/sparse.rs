@@ -26,7 +26,7 @@ use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
 use crate::elf::{FileBytes, READ_LIMIT};
 
 /// Files below this size are read whole: a partial read saves little.
-const SPARSE_MIN: u64 = 4 << 20;
+const SPARSE_MIN: u64 = 256 << 10;
 
 /// The sections unwinding reads (see [`crate::elf::parse_elf`]).
 const UNWIND_SECTIONS: &[&[u8]] = &[b".eh_frame", b".eh_frame_hdr", b".debug_frame"];
@@ -161,6 +161,7 @@ fn part_ranges<H: FileHeader<Endian = Endianness>>(
     };
     read_range(file, buf, shoff, shnum as u64 * shentsize)?;
     let mut ranges: Vec<Range<u64>> = Vec::new();
+    let mut unwind_found = false;
     if let Ok(phdrs) = header.program_headers(endian, &*buf) {
         for p in phdrs {
             if p.p_type(endian) == object::elf::PT_NOTE {
@@ -189,10 +190,12 @@ fn part_ranges<H: FileHeader<Endian = Endianness>>(
         };
         let kind = s.sh_type(endian);
         let flags = s.sh_flags(endian).0;
+        let cfi = sections
+            .section_name(endian, s)
+            .is_ok_and(|n| UNWIND_SECTIONS.contains(&n));
+        unwind_found |= cfi;
         let wanted = kind == object::elf::SHT_NOTE
-            || sections
-                .section_name(endian, s)
-                .is_ok_and(|n| UNWIND_SECTIONS.contains(&n))
+            || cfi
             || (part == Part::Symbols
                 && (flags & object::elf::SHF_ALLOC.0 == 0
                     || matches!(
@@ -202,6 +205,12 @@ fn part_ranges<H: FileHeader<Endian = Endianness>>(
         if wanted {
             ranges.push(off..off.saturating_add(size));
         }
+    }
+    if !unwind_found {
+        // No CFI section by name (section headers stripped, say): what
+        // unwinding reads is found otherwise (`PT_GNU_EH_FRAME`), so the
+        // file is read whole.
+        return Ok(false);
     }
     for r in ranges {
         read_range(file, buf, r.start, r.end - r.start)?;
@@ -316,6 +325,7 @@ mod tests {
     #[test]
     fn the_symbol_part_of_other_large_files_reads_as_the_whole_file() {
         let others = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
             "/usr/lib/x86_64-linux-gnu/libLLVM-14.so.1",
             "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so",
         ];
@@ -326,6 +336,24 @@ mod tests {
             let whole = FileBytes::map(&file).unwrap();
             assert_same_for_symbols(&part.symbols(), &whole);
         }
+    }
+
+    /// A file whose section headers are gone (`e_shoff` and `e_shnum` 0)
+    /// names no CFI section: read whole, where unwinding finds its CFI
+    /// through the program headers.
+    #[test]
+    fn a_file_without_section_headers_is_read_whole() {
+        let Ok(mut bytes) = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6") else {
+            return;
+        };
+        bytes[0x28..0x30].fill(0);
+        bytes[0x3c..0x3e].fill(0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("no-sections.so");
+        std::fs::write(&path, &bytes).unwrap();
+        let m = ModuleBytes::read(&File::open(&path).unwrap()).unwrap();
+        assert!(!m.is_partial());
+        assert_eq!(&m.unwind()[..], &bytes[..]);
     }
 
     #[test]
