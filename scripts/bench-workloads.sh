@@ -17,7 +17,7 @@
 #        scripts/bench-workloads.sh [--quick] [--rounds N] [--only W,W] [--no-heaptrack] [--base BIN]
 # --quick: one round of small sizes (a smoke run, a minute or two).
 # --base BIN: also run another build's heapprofd-rs (with its client library
-# beside it) at -i 1 and 4 KiB in the same rounds ("base -i 1", "base 4 KiB"),
+# beside it) at -i 1, 4 KiB and 512 KiB in the same rounds ("base -i 1", ...),
 # for a before/after of a change.
 # Prints markdown tables and the load average before and after.
 set -eu
@@ -94,7 +94,7 @@ if only:
     W = [w for w in W if w[0] in only]
 CONFIGS = ["bare", "-i 1", "4 KiB", "512 KiB"] + (["heaptrack"] if heaptrack else [])
 if base:
-    CONFIGS += ["base -i 1", "base 4 KiB"]
+    CONFIGS += ["base -i 1", "base 4 KiB", "base 512 KiB"]
 
 def command(config, argv, tag):
     out = f"{WORK}/{tag}"
