@@ -34,7 +34,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -123,6 +123,7 @@ impl SymbolStore {
     /// The stored answers for `key`, if a file holds them and everything it
     /// was made from is unchanged.
     pub(crate) fn load(&self, key: &StoreKey, debug_dirs: &[PathBuf]) -> Option<Stored> {
+        self.check_dir().ok()?;
         let path = self.file_for(key, debug_dirs);
         let f = fs::OpenOptions::new()
             .read(true)
@@ -162,7 +163,11 @@ impl SymbolStore {
         answers: impl Iterator<Item = (u64, &'a [SymbolFrame])>,
     ) -> io::Result<()> {
         let bytes = encode(key, observed, answers);
-        fs::create_dir_all(&self.dir)?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
+        self.check_dir()?;
         let path = self.file_for(key, debug_dirs);
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let mut f = fs::OpenOptions::new()
@@ -180,14 +185,33 @@ impl SymbolStore {
         Ok(())
     }
 
-    /// Removes the oldest files while the directory holds more than its
-    /// budget.
+    /// The directory must be a directory (not a link to one) of this
+    /// user: a daemon run by root never reads names from, writes into or
+    /// removes files of a directory someone else controls.
+    fn check_dir(&self) -> io::Result<()> {
+        let m = fs::symlink_metadata(&self.dir)?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if m.file_type().is_dir() && m.uid() == me {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "not a directory of this user",
+            ))
+        }
+    }
+
+    /// Removes the oldest of the store's own files (by their names) while
+    /// they hold more than its budget; nothing else in the directory is
+    /// touched.
     fn trim(&self) {
         let Ok(dir) = fs::read_dir(&self.dir) else {
             return;
         };
         let mut files: Vec<(i64, u64, PathBuf)> = dir
             .filter_map(Result::ok)
+            .filter(|e| is_store_file(&e.file_name()))
             .filter_map(|e| {
                 let m = e.metadata().ok()?;
                 m.is_file().then(|| (m.mtime(), m.len(), e.path()))
@@ -204,6 +228,26 @@ impl SymbolStore {
             }
         }
     }
+}
+
+/// Whether `name` is one the store writes: `<hex>-<16 hex>.sym`, or its
+/// temporary `<hex>-<16 hex>.tmp<pid>`.
+fn is_store_file(name: &OsStr) -> bool {
+    let Some(name) = name.to_str() else {
+        return false;
+    };
+    let Some((stem, ext)) = name.rsplit_once('.') else {
+        return false;
+    };
+    let hex = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_hexdigit());
+    let ext_ok = ext == "sym"
+        || ext
+            .strip_prefix("tmp")
+            .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+    ext_ok
+        && stem
+            .split_once('-')
+            .is_some_and(|(id, h)| hex(id) && h.len() == 16 && hex(h))
 }
 
 /// A store file, decoded.

@@ -134,30 +134,76 @@ fn a_file_is_used_only_while_what_it_was_made_from_is_unchanged() {
     assert!(store.load(&k, &dirs).is_none());
 }
 
+/// Only the store's own files (by name) count and go, oldest first; a
+/// file of another name in the directory is never removed.
 #[test]
 fn the_oldest_files_go_beyond_the_budget() {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().join("store");
     fs::create_dir_all(&root).expect("dir");
-    for (i, age) in [(0, 300), (1, 200), (2, 100)] {
-        let p = root.join(format!("old{i}.sym"));
-        fs::write(&p, vec![0u8; 4000]).expect("file");
+    let old = |i: u64| root.join(format!("{i:02x}-{i:016x}.sym"));
+    let aged = |p: &Path, age: u64| {
+        fs::write(p, vec![0u8; 4000]).expect("file");
         let t = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
         fs::File::options()
             .write(true)
-            .open(&p)
+            .open(p)
             .and_then(|f| f.set_modified(t))
             .expect("mtime");
+    };
+    for (i, age) in [(0, 300), (1, 200), (2, 100)] {
+        aged(&old(i), age);
     }
+    let foreign = root.join("notes.txt");
+    aged(&foreign, 1000);
     let store = SymbolStore::new(root.clone(), 5000);
     let k = key(dir.path());
     let a = answers();
     store
         .save(&k, &[], &[], a.iter().map(|(pc, f)| (*pc, &f[..])))
         .expect("saved");
-    assert!(!root.join("old0.sym").exists() && !root.join("old1.sym").exists());
-    assert!(root.join("old2.sym").exists());
+    assert!(!old(0).exists() && !old(1).exists());
+    assert!(old(2).exists());
+    assert!(foreign.exists(), "a file not the store's was removed");
     assert!(store.load(&k, &[]).is_some(), "the new file stays");
+}
+
+#[test]
+fn store_file_names() {
+    for ok in ["ab-0123456789abcdef.sym", "0-0123456789ABCDEF.tmp42"] {
+        assert!(is_store_file(OsStr::new(ok)), "{ok}");
+    }
+    for bad in [
+        "ab-0123456789abcdef.txt",
+        "ab-0123.sym",
+        "-0123456789abcdef.sym",
+        "xy-0123456789abcdef.sym",
+        "ab-0123456789abcdef.tmp",
+        "ab0123456789abcdef.sym",
+        "passwd",
+    ] {
+        assert!(!is_store_file(OsStr::new(bad)), "{bad}");
+    }
+}
+
+/// A store whose directory is a symbolic link (to a directory someone
+/// else may control) is neither written nor read.
+#[test]
+fn a_linked_directory_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let target = dir.path().join("elsewhere");
+    fs::create_dir_all(&target).expect("dir");
+    let link = dir.path().join("store");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let store = SymbolStore::new(link, 1 << 20);
+    let k = key(dir.path());
+    let a = answers();
+    let e = store
+        .save(&k, &[], &[], a.iter().map(|(pc, f)| (*pc, &f[..])))
+        .expect_err("a link is not the store's directory");
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+    assert_eq!(fs::read_dir(&target).expect("dir").count(), 0);
+    assert!(store.load(&k, &[]).is_none());
 }
 
 /// A module symbolized in one cache is named by the next from the store
