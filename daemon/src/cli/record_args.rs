@@ -277,6 +277,23 @@ impl RecordArgs {
             .or_else(heapprofd_unwinder::SymbolStore::default_dir)
     }
 
+    /// Each client's ring size: `--shmem-size`, else the default for the
+    /// finest interval any heap is sampled at and whether CPU-time or
+    /// perf-event samples share the ring
+    /// ([`crate::service::spec::default_shmem_for`]).
+    pub fn ring_size(&self) -> u64 {
+        self.shmem_size.unwrap_or_else(|| {
+            let finest = self
+                .heap_interval
+                .iter()
+                .map(|&(_, i)| i)
+                .filter(|&i| i != 0)
+                .fold(self.interval, u64::min);
+            let other_samples = self.cpu_period_ns() != 0 || self.perf_event().0 != 0;
+            crate::service::spec::default_shmem_for(finest, other_samples)
+        })
+    }
+
     /// CPU-time profiling's period per thread in ns (0 = off).
     pub fn cpu_period_ns(&self) -> u64 {
         self.cpu_time.map_or(0, |c| c.period_ns_here())

@@ -35,9 +35,7 @@ use crate::cli::record_args::RecordArgs;
 use crate::cli::usage_error::UsageError;
 use crate::env::Env;
 use crate::service::control::{Reply, Request, frame_header, read_message, service_dir_to_ask};
-use crate::service::spec::{
-    Continuous, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets, default_shmem_for,
-};
+use crate::service::spec::{Continuous, DEFAULT_SHMEM_ALL, Dumps, ProfileSpec, Sampling, Targets};
 
 /// The profile `record -n NAME` or `record --config FILE` asks for.
 pub fn spec_from(args: &RecordArgs) -> Result<ProfileSpec> {
@@ -98,9 +96,8 @@ pub(super) fn sampling(args: &RecordArgs) -> Sampling {
         interval: args.interval,
         // Many processes at once under --all: smaller rings unless asked.
         shmem_size: match args.shmem_size {
-            Some(size) => size,
             None if args.all => DEFAULT_SHMEM_ALL,
-            None => default_shmem_for(args.interval, args.cpu_period_ns() != 0),
+            _ => args.ring_size(),
         },
         block_client: !args.no_block_client,
         block_timeout_us: args

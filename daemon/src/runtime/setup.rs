@@ -13,7 +13,6 @@ use super::server::DaemonOptions;
 use crate::cli::record_args::RecordArgs;
 use crate::cli::usage_error::UsageError;
 use crate::service::contexts::apply_context_filters;
-use crate::service::spec::{DEFAULT_SHMEM, default_shmem_for};
 
 /// Creates the trace file and the daemon's options from the arguments
 /// shared by `record -- CMD` and `record --pid`. A trace path that cannot be
@@ -24,7 +23,7 @@ pub(super) fn daemon_options(
     output: &Path,
 ) -> Result<DaemonOptions> {
     // The heaps first: a bad selection leaves no empty trace file behind.
-    let mut client = ClientConfig::new(args.interval, args.shmem_size.unwrap_or(DEFAULT_SHMEM));
+    let mut client = ClientConfig::new(args.interval, args.ring_size());
     client.seed = args.seed;
     let heaps = args.heap_selection();
     heaps
@@ -38,12 +37,6 @@ pub(super) fn daemon_options(
     if args.no_heap {
         client.clear_heaps();
         client.flags &= !ClientConfig::FLAG_ALL_HEAPS;
-    }
-    if args.shmem_size.is_none() {
-        client.shmem_size = default_shmem_for(
-            finest_interval(&client),
-            client.cpu_period_ns != 0 || client.perf_event != 0,
-        );
     }
     let file = std::fs::File::create(output).map_err(|e| {
         UsageError(format!(
@@ -81,18 +74,6 @@ pub(super) fn daemon_options(
             symbolize: !args.no_symbolize,
         },
     })
-}
-
-/// The finest interval any heap of `c` is sampled at.
-fn finest_interval(c: &ClientConfig) -> u64 {
-    let listed = c.heaps[..(c.num_heaps as usize).min(c.heaps.len())]
-        .iter()
-        .map(|h| h.interval)
-        .filter(|&i| i != 0);
-    listed
-        .chain(c.all_heaps().then_some(c.sampling_interval))
-        .min()
-        .unwrap_or(c.sampling_interval)
 }
 
 /// The interval libc.malloc's heap is declared with in the trace: its own,
