@@ -54,7 +54,17 @@ impl RingBuffer {
     /// (a power of two, at least a page) and returns it with the descriptor
     /// to hand to the client.
     pub fn create(data_size: u64) -> Result<(RingBuffer, OwnedFd), SetupError> {
-        let (map, fd) = Mapping::create(data_size)?;
+        Self::create_with(data_size, false)
+    }
+
+    /// [`RingBuffer::create`] with every page allocated now (see
+    /// `Mapping::create`): for a ring prepared before a client asks for it.
+    pub fn create_allocated(data_size: u64) -> Result<(RingBuffer, OwnedFd), SetupError> {
+        Self::create_with(data_size, true)
+    }
+
+    fn create_with(data_size: u64, allocate: bool) -> Result<(RingBuffer, OwnedFd), SetupError> {
+        let (map, fd) = Mapping::create(data_size, allocate)?;
         let rb = RingBuffer {
             mask: map.data_size() as u64 - 1,
             map,

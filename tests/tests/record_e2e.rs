@@ -137,10 +137,16 @@ fn command_exiting_at_once_gives_a_valid_trace() {
         .find(|p| p["pid"] == program["ppid"])
         .unwrap_or_else(|| panic!("{procs:?}"));
     assert_eq!(parent["cmdline"][1], "record", "{procs:?}");
-    // A program that never allocates (coreutils `true`).
+    // A program that never allocates (coreutils `true`), with a longer
+    // file at the trace's path: `record` opens it without truncating and
+    // cuts it when its bookkeeping starts, so nothing of the old file may
+    // be left past the new trace.
     let trace = dir.join("true.pftrace");
+    std::fs::write(&trace, vec![0xab_u8; 4 << 20]).unwrap();
     let out = record(&["-o", &s(&trace)], &["true"], TIMEOUT);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let len = std::fs::metadata(&trace).unwrap().len();
+    assert!(len < 1 << 20, "{len} bytes: the old file was not cut");
     check_trace(&trace);
     // stdout, stderr and the exit code of a shell command pass through.
     let trace = dir.join("sh.pftrace");

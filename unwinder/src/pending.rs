@@ -69,6 +69,11 @@ impl PendingProcess {
         }
     }
 
+    /// The process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Loads the modules from the files opened by [`PendingProcess::read`]
     /// and makes the context, whose mappings are those of that read (a
     /// mapping made since is found by the context's usual re-read).

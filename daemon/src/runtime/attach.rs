@@ -190,6 +190,7 @@ impl Attach {
             daemon.allow_user(self.target.euid, self.target.egid)?;
         }
         daemon.serve();
+        daemon.prepare_ring();
         let pidfd = pidfd_open(pid).and_then(|fd| {
             // SAFETY: the AsyncFd owns the pidfd for its whole life.
             unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()

@@ -81,6 +81,18 @@ pub struct Book {
 impl Book {
     /// Starts the trace on `options.output`; why not, in words.
     pub fn open(shared: BookkeeperShared, options: BookkeeperOptions) -> Result<Book, String> {
+        // `record` opens the file without cutting an earlier trace (see
+        // `setup::daemon_options`): cut here, before anything is written.
+        if options
+            .output
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.len() > 0)
+        {
+            options
+                .output
+                .set_len(0)
+                .map_err(|e| format!("cannot empty the trace file: {e}"))?;
+        }
         let clocks = read_clocks();
         let file = options
             .output

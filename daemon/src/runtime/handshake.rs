@@ -57,6 +57,7 @@ use super::clock::read_clocks;
 use super::emulation;
 use super::maps_keeper::MapsKeeper;
 use super::procinfo;
+use super::spare_ring::SpareRing;
 
 /// How long a connection has to complete its handshake, from its accept.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -129,8 +130,8 @@ pub struct NewSession {
     pub keeper: Option<MapsKeeper>,
     /// The client's maps read and the files of its executable mappings
     /// opened, from its maps and mem descriptors; the worker loads the
-    /// modules (`PendingProcess::finish`) once the bookkeeping knows of the
-    /// session, so a dump asked for right after the reply names the process.
+    /// modules (`PendingProcess::finish`) when a record first needs them
+    /// (see `lazy_process`).
     pub process: PendingProcess,
     /// The connection; it now only carries wake bytes.
     pub stream: UnixStream,
@@ -273,6 +274,7 @@ pub fn establish(
     received: Received,
     config: &ClientConfig,
     cache: &Arc<ModuleCache>,
+    spare: Option<&SpareRing>,
 ) -> Result<NewSession> {
     let Received {
         peer,
@@ -293,12 +295,15 @@ pub fn establish(
         );
     }
     check_proc_file(&mem, peer.pid, "mem")?;
-    let (ring, memfd) =
-        RingBuffer::create(config.shmem_size).context("creating the ring buffer")?;
+    let (ring, memfd) = match spare {
+        Some(spare) => spare.take_or_create(config.shmem_size),
+        None => RingBuffer::create(config.shmem_size),
+    }
+    .context("creating the ring buffer")?;
     // The maps read and the files of the executable mappings opened while
     // the client waits for our reply, so they are known even if it exits
     // right after (see ARCHITECTURE.md, daemon); the modules are loaded
-    // from the open files after the reply, while the program runs.
+    // from the open files after the reply, when a record needs them.
     let t0 = Instant::now();
     let options = ProcessOptions {
         perf_map_owner: Some(peer.uid),

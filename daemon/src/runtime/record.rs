@@ -180,6 +180,7 @@ impl Run {
             Err(e) => return Ok(Outcome::NotStarted(SpawnError::new(&args.command[0], e))),
         };
         *cmd_started = true;
+        daemon.prepare_ring();
         if let Some(pid) = child.id() {
             super::cleanup::set_child(pid);
             if let Some(why) = unprofilable {

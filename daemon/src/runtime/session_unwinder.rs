@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use heapprofd_model::messages::{Op, SessionStats, StackUnwindError};
 use heapprofd_model::profile::{UnwindHistogram, context};
 use heapprofd_proto::wire::{ContextRecord, MallocHeader, Record, StackSampleHeader};
-use heapprofd_unwinder::{ProcessContext, UnwindErrorKind};
+use heapprofd_unwinder::{PendingProcess, ProcessContext, UnwindErrorKind};
 
+use super::lazy_process::LazyProcess;
 use super::stacks::{InternCtx, StackCache};
 use super::thread_stacks::ThreadStacks;
 
@@ -28,8 +29,9 @@ pub const HIT_TIMING: u64 = 16;
 /// What a worker keeps per session to turn its records into operations.
 #[derive(Debug)]
 pub struct SessionUnwinder {
-    /// The process's mappings, modules and memory.
-    pub process: ProcessContext,
+    /// The process's mappings, modules and memory (loaded at the first
+    /// record that needs them, see [`LazyProcess`]).
+    process: LazyProcess,
     /// The client library's code (its frames are left out of stacks).
     client_text: Range<u64>,
     /// Stacks and pcs unwound before (see [`StackCache`]).
@@ -61,6 +63,16 @@ impl SessionUnwinder {
     /// A session's unwinder over `process`; frames in `client_text` are
     /// skipped; `seed` picks which replayed samples are timed.
     pub fn new(process: ProcessContext, client_text: Range<u64>, seed: u64) -> Self {
+        Self::with_process(LazyProcess::ready(process), client_text, seed)
+    }
+
+    /// [`SessionUnwinder::new`] over a process whose modules are loaded
+    /// from `pending` when a record first needs them.
+    pub fn pending(pending: PendingProcess, client_text: Range<u64>, seed: u64) -> Self {
+        Self::with_process(LazyProcess::pending(pending), client_text, seed)
+    }
+
+    fn with_process(process: LazyProcess, client_text: Range<u64>, seed: u64) -> Self {
         SessionUnwinder {
             process,
             client_text,
@@ -130,7 +142,7 @@ impl SessionUnwinder {
                     None => {
                         let t0 = t0.unwrap_or_else(Instant::now);
                         let entry = self.stacks.stack_of_unreplayed(
-                            &mut self.process,
+                            self.process.get(),
                             &h,
                             stack,
                             &self.client_text,
@@ -172,7 +184,7 @@ impl SessionUnwinder {
                 let entry = match self.stacks.replay(&h, stack) {
                     Some(entry) => entry,
                     None => self.stacks.stack_of_unreplayed(
-                        &mut self.process,
+                        self.process.get(),
                         &h,
                         stack,
                         &self.client_text,
@@ -236,9 +248,14 @@ impl SessionUnwinder {
     /// (an object loaded where the unloaded one was must not inherit its
     /// frames).
     pub fn objects_unloaded(&mut self) {
-        if self.process.objects_unloaded() {
+        if self.process.get().objects_unloaded() {
             self.stacks.clear();
         }
+    }
+
+    /// The process context, if a record needed it.
+    pub fn process(&self) -> Option<&ProcessContext> {
+        self.process.loaded()
     }
 
     /// Whether the client must be told to send whole stacks (the ring's
@@ -253,7 +270,7 @@ impl SessionUnwinder {
         SessionStats {
             unwinding_errors: self.unwind_errors,
             heap_samples: self.samples,
-            map_reparses: self.process.stats().map_reparses,
+            map_reparses: self.process.loaded().map_or(0, |p| p.stats().map_reparses),
             total_unwinding_time_us: self.unwind_time.as_micros() as u64,
             unwinding_time_us: self.hist.clone(),
             corrupt_records: self.corrupt_records,
@@ -383,6 +400,56 @@ mod tests {
 
     /// Records in, operations out, with no thread, channel or `/proc` of
     /// another process: the maps are a static copy of our own.
+    /// A session's modules are loaded at the first record that needs a
+    /// walk: a free or a heap declaration leaves them alone (a process
+    /// that never samples never loads them), and the first malloc sample
+    /// is unwound as by an unwinder made loaded.
+    #[test]
+    fn modules_are_loaded_at_the_first_walk_only() {
+        let pending = heapprofd_unwinder::PendingProcess::read(
+            std::process::id(),
+            Box::new(StaticMaps(
+                std::fs::read_to_string("/proc/self/maps").unwrap(),
+            )),
+            Box::new(NoMemory),
+            Arc::new(ModuleCache::default()),
+            heapprofd_unwinder::ProcessOptions::default(),
+        );
+        let mut u = SessionUnwinder::pending(pending, 0..0, 1);
+        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
+        let cx = InternCtx {
+            interner: &interner,
+            symbolizer: &symbolizer,
+            symbolize: false,
+        };
+        let free = Record::Free(FreeRecord {
+            sequence: 3,
+            address: 0x1000,
+            heap_id: 0,
+        });
+        let heap = Record::HeapName(HeapNameRecord {
+            heap_id: 2,
+            interval: 512,
+            name: heap_name_field("pool").unwrap(),
+        });
+        let mut ops = Vec::new();
+        u.handle_record(&free.encode_to_vec(), &mut ops, &cx);
+        u.handle_record(&heap.encode_to_vec(), &mut ops, &cx);
+        assert!(u.process().is_none(), "loaded for a free");
+        assert_eq!(u.stats().map_reparses, 0);
+        let pc = modules_are_loaded_at_the_first_walk_only as *const () as usize as u64 + 4;
+        u.handle_record(&malloc(1, pc), &mut ops, &cx);
+        assert!(u.process().is_some(), "not loaded for a walk");
+        let mut loaded = own_maps_unwinder();
+        let mut expected = Vec::new();
+        loaded.handle_record(&malloc(1, pc), &mut expected, &cx);
+        assert_eq!(
+            format!("{:?}", &ops[2..]),
+            format!("{expected:?}"),
+            "the same stack as an unwinder made loaded"
+        );
+    }
+
     #[test]
     fn records_become_operations() {
         let mut u = own_maps_unwinder();

@@ -149,19 +149,13 @@ pub fn run_worker(
                     identity: s.identity,
                     memory: s.memory,
                 })));
-                let t0 = Instant::now();
-                let process = s.process.finish();
-                log::debug!(
-                    "session of pid {pid}: modules loaded in {:.2} ms",
-                    t0.elapsed().as_secs_f64() * 1e3
-                );
                 sessions.insert(
                     id,
                     Session {
                         id,
                         pid,
                         reader: Reader::new(s.ring),
-                        unwinder: SessionUnwinder::new(process, client_text, id),
+                        unwinder: SessionUnwinder::pending(s.process, client_text, id),
                         _stream: s.stream,
                         pidfd: s.pidfd,
                         closed_at: None,
@@ -475,7 +469,7 @@ fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
         s.unwinder.stacks.memo.hits,
         s.unwinder.stacks.memo.misses,
         s.unwinder.stacks.memo.checks,
-        s.unwinder.process.rule_cache_stats()
+        s.unwinder.process().and_then(|p| p.rule_cache_stats())
     );
     // The socket closes a moment before the process is reaped; a client
     // that went away while its process lives on (teardown after an error)
