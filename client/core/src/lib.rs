@@ -44,7 +44,8 @@
 //! [`walkbounds`] is the memory a front-end's in-process stack walk may
 //! read (the walked stack, from its stack pointer up). [`tls`] (per-thread state, the guard),
 //! [`procmaps`] (raw `/proc/self/maps` reading), [`env`], [`errno`] and
-//! [`log`] are the allocation-free plumbing.
+//! [`log`] are the allocation-free plumbing; [`logarithm`] spares the library
+//! a libm dependency.
 
 pub mod activation;
 pub mod capture;
@@ -60,6 +61,7 @@ pub mod frontend;
 pub mod heaps;
 pub mod hookpath;
 pub mod log;
+pub mod logarithm;
 pub mod mapsask;
 pub mod perfevent;
 pub mod procmaps;

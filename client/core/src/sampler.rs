@@ -56,7 +56,7 @@ impl Sampler {
         let interval = interval.clamp(1, MAX_INTERVAL);
         let mut s = Sampler {
             threshold: if interval == 1 { 0 } else { interval },
-            ln_q: (-1.0 / interval as f64).ln_1p(),
+            ln_q: crate::logarithm::ln_1p(-1.0 / interval as f64),
             remaining: 0,
             rng: seed,
         };
@@ -123,7 +123,7 @@ impl Sampler {
         // Uniform in (0, 1]: never 0, so the logarithm is finite.
         let u = ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
         // X = -ln(u) / lambda with lambda = -ln(1 - p); -ln(u) <= 36.8.
-        let x = u.ln() / self.ln_q;
+        let x = crate::logarithm::ln(u) / self.ln_q;
         // x >= 0 and at most 36.8 * ~MAX_INTERVAL: the cast cannot saturate.
         (x as i64).saturating_add(1)
     }
