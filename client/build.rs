@@ -1,7 +1,10 @@
 //! Passes the linker version script that limits the cdylib's exports to the
 //! glibc malloc family (see `exports.map`), `-Bsymbolic-functions` so the
 //! library's own references to its hooks bind locally, and, on glibc, links
-//! GCC's unwinder in (see `static_unwinder`).
+//! GCC's unwinder in (see `static_unwinder.rs`).
+
+#[path = "static_unwinder.rs"]
+mod static_unwinder;
 
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
@@ -19,35 +22,8 @@ fn main() {
         // its GOT patching needs the addresses of its own functions.
         println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     }
-    let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
-    if os == "linux" && env == "gnu" {
-        static_unwinder();
+    println!("cargo:rerun-if-changed=static_unwinder.rs");
+    if let Some(arg) = static_unwinder::link_arg() {
+        println!("cargo:rustc-cdylib-link-arg={arg}");
     }
-}
-
-/// Links GCC's unwinder (`libgcc_eh.a`, the one std calls for backtraces and
-/// panics) into the library, as `-static-libgcc` does for C, so that the
-/// library no longer needs `libgcc_s.so.1`: every profiled process loads
-/// the client's dependencies at start.
-fn static_unwinder() {
-    let target = std::env::var("TARGET").unwrap_or_default();
-    let cc = std::env::var(format!("CC_{}", target.replace('-', "_")))
-        .or_else(|_| std::env::var("CC"))
-        .unwrap_or_else(|_| "cc".into());
-    let Ok(out) = std::process::Command::new(&cc)
-        .arg("-print-file-name=libgcc_eh.a")
-        .output()
-    else {
-        return;
-    };
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let path = std::path::Path::new(&path);
-    let Some(dir) = path
-        .parent()
-        .filter(|_| path.is_absolute() && path.is_file())
-    else {
-        return;
-    };
-    println!("cargo:rustc-link-search=native={}", dir.display());
-    println!("cargo:rustc-link-lib=static:+whole-archive,-bundle=gcc_eh");
 }
