@@ -156,6 +156,8 @@ pub use process::{ProcessContext, ProcessOptions, ProcessStats};
 pub use replay::{WalkTrace, stack_matches, walk_inputs};
 pub use symbol_frame::SymbolFrame;
 pub use symbol_store::SymbolStore;
+#[doc(hidden)]
+pub use symbol_store::fuzz_decode as fuzz_symbol_store_decode;
 pub use symbols::{SymbolSources, SymbolizeOptions};
 pub use unwind::StackSample;
 
