@@ -7,8 +7,11 @@ Each round runs every command once (shell syntax), rotating the order from
 round to round, with STDIN_FILE (or /dev/null) as standard input and output
 discarded. Wall is start to exit; CPU is wait4's user+sys of the command
 and its children. Prints per command the medians, their ratio to the first
-command's (the baseline, e.g. the bare program), every round's wall, and
-the load average at the end (the machine is shared: compare within a run).
+command's (the baseline, e.g. the bare program), the paired differences
+to it (the median over rounds of this command's time less the baseline's
+in the same round: a machine whose speed drifts from round to round moves
+both), every round's wall, and the load average at the end (the machine
+is shared: compare within a run). A command that fails stops the run.
 """
 import os
 import statistics
@@ -30,8 +33,10 @@ def main():
                 t = time.perf_counter()
                 p = subprocess.Popen(cmd, shell=True, stdin=f, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-                _, _, ru = os.wait4(p.pid, 0)
+                _, status, ru = os.wait4(p.pid, 0)
                 wall = time.perf_counter() - t
+            if status != 0:
+                sys.exit(f"{name}: `{cmd}` exited with status {status:#x}")
             res[name].append((wall, ru.ru_utime + ru.ru_stime))
     base = res[cfgs[0][0]]
     bw = statistics.median(x[0] for x in base)
@@ -39,8 +44,11 @@ def main():
     for name, _ in cfgs:
         w = statistics.median(x[0] for x in res[name])
         c = statistics.median(x[1] for x in res[name])
+        dw = statistics.median(x[0] - y[0] for x, y in zip(res[name], base)) * 1e3
+        dc = statistics.median(x[1] - y[1] for x, y in zip(res[name], base)) * 1e3
         walls = " ".join("%.3f" % x[0] for x in res[name])
-        print(f"{name:12s} wall {w:.3f} ({w / bw:.2f}x) cpu {c:.3f} ({c / bc:.2f}x)  walls {walls}")
+        print(f"{name:12s} wall {w:.3f} ({w / bw:.2f}x) cpu {c:.3f} ({c / bc:.2f}x) "
+              f"paired {dw:+.2f} ms wall {dc:+.2f} ms cpu  walls {walls}")
     print("load", open("/proc/loadavg").read().strip())
 
 
