@@ -398,8 +398,21 @@ mod tests {
         assert_eq!(u.stack_samples, 1);
     }
 
-    /// Records in, operations out, with no thread, channel or `/proc` of
-    /// another process: the maps are a static copy of our own.
+    /// A free record and a heap declaration (neither needs a walk).
+    fn free_and_heap() -> [Vec<u8>; 2] {
+        let free = Record::Free(FreeRecord {
+            sequence: 3,
+            address: 0x1000,
+            heap_id: 0,
+        });
+        let heap = Record::HeapName(HeapNameRecord {
+            heap_id: 2,
+            interval: 512,
+            name: heap_name_field("pool").unwrap(),
+        });
+        [free.encode_to_vec(), heap.encode_to_vec()]
+    }
+
     /// A session's modules are loaded at the first record that needs a
     /// walk: a free or a heap declaration leaves them alone (a process
     /// that never samples never loads them), and the first malloc sample
@@ -422,19 +435,10 @@ mod tests {
             symbolizer: &symbolizer,
             symbolize: false,
         };
-        let free = Record::Free(FreeRecord {
-            sequence: 3,
-            address: 0x1000,
-            heap_id: 0,
-        });
-        let heap = Record::HeapName(HeapNameRecord {
-            heap_id: 2,
-            interval: 512,
-            name: heap_name_field("pool").unwrap(),
-        });
         let mut ops = Vec::new();
-        u.handle_record(&free.encode_to_vec(), &mut ops, &cx);
-        u.handle_record(&heap.encode_to_vec(), &mut ops, &cx);
+        for bytes in free_and_heap() {
+            u.handle_record(&bytes, &mut ops, &cx);
+        }
         assert!(u.process().is_none(), "loaded for a free");
         assert_eq!(u.stats().map_reparses, 0);
         let pc = modules_are_loaded_at_the_first_walk_only as *const () as usize as u64 + 4;
@@ -450,6 +454,8 @@ mod tests {
         );
     }
 
+    /// Records in, operations out, with no thread, channel or `/proc` of
+    /// another process: the maps are a static copy of our own.
     #[test]
     fn records_become_operations() {
         let mut u = own_maps_unwinder();
@@ -460,24 +466,9 @@ mod tests {
             symbolize: false,
         };
         let pc = records_become_operations as *const () as usize as u64 + 4;
-        let free = Record::Free(FreeRecord {
-            sequence: 3,
-            address: 0x1000,
-            heap_id: 0,
-        });
-        let heap = Record::HeapName(HeapNameRecord {
-            heap_id: 2,
-            interval: 512,
-            name: heap_name_field("pool").unwrap(),
-        });
+        let [free, heap] = free_and_heap();
         let mut ops = Vec::new();
-        for bytes in [
-            malloc(1, pc),
-            malloc(2, pc),
-            free.encode_to_vec(),
-            heap.encode_to_vec(),
-            vec![1, 2, 3],
-        ] {
+        for bytes in [malloc(1, pc), malloc(2, pc), free, heap, vec![1, 2, 3]] {
             u.handle_record(&bytes, &mut ops, &cx);
         }
         assert_eq!(ops.len(), 5, "{ops:?}");
