@@ -155,8 +155,11 @@ impl Inner {
         Some(Arc::clone(&e.module))
     }
 
-    /// Evicts what the budget does not let the cache keep.
-    fn trim(&mut self, budget: CacheBudget) {
+    /// Evicts what the budget does not let the cache keep; the modules
+    /// evicted.
+    #[must_use]
+    fn trim(&mut self, budget: CacheBudget) -> Vec<Arc<Module>> {
+        let mut evicted = Vec::new();
         let all = self
             .modules
             .iter()
@@ -184,7 +187,9 @@ impl Inner {
                 }
             }
             self.stats.evicted += 1;
+            evicted.push(e.module);
         }
+        evicted
     }
 }
 
@@ -252,7 +257,18 @@ impl ModuleCache {
     /// Evicts the unused modules the budget does not let the cache keep
     /// (see [`CacheBudget`]); a module in use is never evicted.
     pub fn trim(&self) {
-        lock(&self.inner).trim(self.budget);
+        let evicted = lock(&self.inner).trim(self.budget);
+        self.persist_evicted(evicted);
+    }
+
+    /// The new answers of modules the cache let go of go to the symbol
+    /// store now (they were written only when `record` finished, by which
+    /// time an evicted module had taken them with it). Best effort, with
+    /// the cache's lock released: a failure only loses them, as before.
+    fn persist_evicted(&self, evicted: Vec<Arc<Module>>) {
+        for m in evicted {
+            let _ = m.symbolizer.persist(&self.options);
+        }
     }
 
     /// Bytes of the files of the modules held (in use or not).
@@ -427,7 +443,9 @@ impl ModuleCache {
                 bytes: size,
             },
         );
-        inner.trim(self.budget);
+        let evicted = inner.trim(self.budget);
+        drop(inner);
+        self.persist_evicted(evicted);
         module
     }
 }

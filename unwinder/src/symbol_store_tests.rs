@@ -206,26 +206,34 @@ fn a_linked_directory_is_refused() {
     assert!(store.load(&k, &[]).is_none());
 }
 
+/// Symbolization with a store in `dir`/s.
+fn store_options(dir: &Path) -> SymbolizeOptions {
+    SymbolizeOptions {
+        store: Some(Arc::new(SymbolStore::new(dir.join("s"), 1 << 30))),
+        ..SymbolizeOptions::default()
+    }
+}
+
+/// The address of `f`, code of this test binary, less the binary's load
+/// bias (a PIE linked at 0: the base `dladdr` gives).
+fn rel_pc_of(f: *const ()) -> u64 {
+    // SAFETY: `Dl_info` is plain data (pointers and integers): all zeros
+    // is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: a code address of this binary, and a place for the answer.
+    let found = unsafe { libc::dladdr(f.cast(), &mut info) };
+    assert_ne!(found, 0);
+    (f as usize - info.dli_fbase as usize) as u64
+}
+
 /// A module symbolized in one cache is named by the next from the store
 /// alone: the same answers, and its symbols never loaded.
 #[test]
 fn a_second_run_names_from_the_store_without_loading_symbols() {
     let dir = tempfile::tempdir().expect("temp dir");
     let exe = std::env::current_exe().expect("test binary");
-    let options = || SymbolizeOptions {
-        store: Some(Arc::new(SymbolStore::new(dir.path().join("s"), 1 << 30))),
-        ..SymbolizeOptions::default()
-    };
-    // This function's address less the test binary's load bias (a PIE
-    // linked at 0: the base `dladdr` gives).
-    let f = a_second_run_names_from_the_store_without_loading_symbols as *const () as usize;
-    // SAFETY: `Dl_info` is plain data (pointers and integers): all zeros
-    // is a valid value.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: a code address of this binary, and a place for the answer.
-    let found = unsafe { libc::dladdr(f as *const libc::c_void, &mut info) };
-    assert_ne!(found, 0);
-    let rel_pc = (f - info.dli_fbase as usize) as u64;
+    let options = || store_options(dir.path());
+    let rel_pc = rel_pc_of(a_second_run_names_from_the_store_without_loading_symbols as *const ());
     let first = ModuleCache::new(options());
     let file = fs::File::open(&exe).expect("open");
     let m = first.module_for_file(&file, &exe).expect("module");
@@ -246,4 +254,36 @@ fn a_second_run_names_from_the_store_without_loading_symbols() {
     // An address the store does not have loads them.
     let _ = m2.symbolize(rel_pc + 1);
     assert!(m2.symbols_loaded());
+}
+
+/// A module the cache evicts writes its new answers to the store as it
+/// goes: a later cache names the address from the store without loading
+/// the module's symbols, though `persist_symbols` was never called.
+#[test]
+fn an_evicted_module_leaves_its_answers_in_the_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = std::env::current_exe().expect("test binary");
+    let options = || store_options(dir.path());
+    let rel_pc = rel_pc_of(an_evicted_module_leaves_its_answers_in_the_store as *const ());
+    let evicting = ModuleCache::with_budget(
+        options(),
+        crate::eviction::CacheBudget {
+            max_unused_modules: 0,
+            max_unused_bytes: 0,
+        },
+    );
+    let file = fs::File::open(&exe).expect("open");
+    let m = evicting.module_for_file(&file, &exe).expect("module");
+    let named = m.symbolize(rel_pc);
+    drop(m);
+    assert_eq!(
+        fs::read_dir(dir.path().join("s")).map_or(0, |d| d.count()),
+        0
+    );
+    evicting.trim();
+    assert_eq!(evicting.len(), 0, "evicted");
+    let later = ModuleCache::new(options());
+    let m2 = later.module_for_file(&file, &exe).expect("module");
+    assert_eq!(m2.symbolize(rel_pc), named);
+    assert!(!m2.symbols_loaded(), "answered from the store");
 }
