@@ -264,7 +264,9 @@ impl FreeSet {
                 continue;
             }
             if c & COUNT_MASK == COUNT_MASK {
-                // The count is at least 1 and stays so: the bit stays set.
+                // Sticky: the bit is never cleared again. It is set here
+                // too, as the inserts counted may still be on their way
+                // to setting it.
                 count.fetch_or(OVERFLOW, Ordering::SeqCst);
                 word.fetch_or(bit, Ordering::SeqCst);
                 return false;
@@ -295,15 +297,15 @@ impl FreeSet {
     /// never overflowed clears its summary bit (see the module docs).
     fn decrement(&self, count: &AtomicU8, word: &AtomicU64, bit: u64) {
         let mut c = count.load(Ordering::Relaxed);
-        loop {
+        let last = loop {
             let last = c & COUNT_MASK == 1 && c & OVERFLOW == 0;
             let next = if last { CLEARING } else { c - 1 };
             match count.compare_exchange_weak(c, next, Ordering::SeqCst, Ordering::Relaxed) {
-                Ok(_) => break,
+                Ok(_) => break last,
                 Err(now) => c = now,
             }
-        }
-        if c & COUNT_MASK == 1 && c & OVERFLOW == 0 {
+        };
+        if last {
             word.fetch_and(!bit, Ordering::SeqCst);
             count.store(0, Ordering::SeqCst);
         }
