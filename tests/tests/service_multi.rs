@@ -6,7 +6,8 @@
 //! running with the dormant client (a C program and a real perl, woken
 //! with the signal); `record --all`; `heapprofd-rs --pid` as shorthand;
 //! SIGTERM of the service writing every open profile, SIGKILL leaving the
-//! profiled programs running.
+//! profiled programs running; a program still starting when a profile
+//! takes the running ones left to its own client.
 //!
 //! Each test has its own service in a scratch `HEAPPROFD_SERVICE_DIR`; the
 //! programs are named through their `argv[0]` so that no other test's
@@ -119,6 +120,53 @@ fn concurrent_profiles_share_a_process_and_keep_their_own() {
         "{flagged:?}"
     );
     assert_eq!(totals(&tc, shared, "stack_leaf"), (0, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A program still starting when a `-n` profile takes the running ones
+/// (stopped at its exec, before the loader ran its preloaded client) is
+/// waited for, not given a second client with ptrace: its own client
+/// connects from its start, and every allocation is in the trace. (The
+/// service once loaded a client into such a process with ptrace, and the
+/// program ran unprofiled.)
+#[test]
+fn a_program_still_starting_is_left_to_its_own_client() {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    use nix::unistd::Pid;
+    use std::os::unix::process::CommandExt;
+    let dir = scratch_dir("svc-starting");
+    let svc = Service::start(&dir.join("svc"));
+    let trace = dir.join("starting.pftrace");
+    let mut cmd = preloaded(
+        &svc.dir,
+        &record_programs().path("many_stacks"),
+        "late_start",
+    );
+    cmd.arg("40").stdin(Stdio::null());
+    // SAFETY: the closure makes one system call between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| nix::sys::ptrace::traceme().map_err(std::io::Error::from));
+    }
+    let mut child = Reaped(cmd.spawn().expect("start the program"));
+    let pid = child.0.id();
+    let traced = Pid::from_raw(pid as i32);
+    match waitpid(traced, None) {
+        Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGTRAP)) => {}
+        other => panic!("the program did not stop at its exec: {other:?}"),
+    }
+    let rec = svc.record(&["-n", "late_start", "-i", "1"], &trace);
+    svc.wait_log(&format!("pid {pid} (late_start) is starting"));
+    nix::sys::ptrace::detach(traced, None).expect("let the program go on");
+    let st = child.0.wait().expect("wait for the program");
+    assert!(st.success(), "the program failed: {st}");
+    let err = end_record(rec, "record -n late_start");
+    assert!(
+        !err.contains("not profiled"),
+        "{err}\nservice:\n{}",
+        svc.log()
+    );
+    let t = check_trace(&trace);
+    assert_eq!(totals(&t, pid, "stack_leaf"), (40, 40 * 32));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -222,7 +222,9 @@ impl Bookkeeping {
     /// Process `pid` was wanted, but the client could not be loaded into
     /// it (`why`): it is in the trace with an empty default heap and the
     /// `disconnected` flag (Perfetto has no field for "could not be
-    /// profiled"), and the summary names it with the reason.
+    /// profiled"), and the summary names it with the reason. A process
+    /// that has a session, or that another profile's sampling got
+    /// rejected, keeps what it is (the failed load came second).
     pub fn not_attached(&mut self, pid: u32, cmdline: Vec<String>, why: String) {
         if self.profile.process(pid).is_none() {
             self.profile.add_process(pid, cmdline, false);
@@ -233,7 +235,11 @@ impl Bookkeeping {
                 self.interval,
             );
         }
-        if let Some(p) = self.profile.process_mut(pid).filter(|p| p.sessions == 0) {
+        if let Some(p) = self
+            .profile
+            .process_mut(pid)
+            .filter(|p| p.sessions == 0 && !p.flags.rejected_concurrent)
+        {
             p.flags.disconnected = true;
             p.not_attached = Some(why);
         }

@@ -14,7 +14,9 @@
 //! only expected by the next one (the hub shares the session once it
 //! connects). A process that cannot be injected (refused by the probe,
 //! not permitted, gone meanwhile, no safe point) is named in the profile's
-//! trace as not profiled, and `record`'s summary says why.
+//! trace as not profiled, and `record`'s summary says why, unless its own
+//! client connected meanwhile (the profile then shares that session, or is
+//! flagged `rejected_concurrent` by it).
 //!
 //! A profile of threads (`--cpu-time`, `--event`) of a process named by
 //! `-n` or `--pid` whose dormant client the signal could wake activates it
@@ -39,7 +41,7 @@ use heapprofd_unwinder::ModuleCache;
 
 use super::BookMsg;
 use super::book_msg::ServiceMsg;
-use super::hub::ProfileId;
+use super::hub::{Hub, Joined, ProfileId};
 use super::triggers::Triggers;
 use crate::service::{access, running};
 
@@ -118,6 +120,7 @@ impl Injector {
         req: InjectRequest,
         book: std::sync::mpsc::Sender<BookMsg>,
         triggers: &dyn Triggers,
+        hub: &Hub,
     ) -> Option<String> {
         let me = Arc::clone(&self);
         let r = req.clone();
@@ -131,6 +134,29 @@ impl Injector {
         let InjectRequest {
             profile, pid, name, ..
         } = req;
+        // Its own client may have connected meanwhile (a dormant one woken
+        // for another profile): the profile takes that session as a
+        // running process's, and the failed load does not count.
+        match hub.join(profile, pid) {
+            Joined::Shared => {
+                log::info!(
+                    "profile {profile}: pid {pid} ({name}) connected by itself while \
+                     the profiler was being loaded into it ({why}); shared"
+                );
+                return None;
+            }
+            Joined::Rejected => {
+                let cmdline = super::procinfo::read_cmdline(pid);
+                let _ = book.send(BookMsg::Service(ServiceMsg::Rejected(
+                    profile, pid, cmdline,
+                )));
+                return Some(format!(
+                    "pid {pid} ({name}): another profile samples it differently; \
+                     flagged rejected_concurrent"
+                ));
+            }
+            Joined::NoSession => {}
+        }
         let why = if req.wake_fallback {
             match triggers.wake(pid) {
                 Ok(()) => {

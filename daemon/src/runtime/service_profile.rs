@@ -33,7 +33,7 @@ use crate::service::access;
 use crate::service::contexts::apply_context_filters;
 use crate::service::control::{Reply, Request, read_body};
 use crate::service::running;
-use crate::service::spec::ProfileSpec;
+use crate::service::spec::{ProfileSpec, Targets};
 
 /// How long an ending profile waits for a worker to drain one of the
 /// sessions other profiles keep.
@@ -245,6 +245,7 @@ async fn run_profile(
         }
     }
     let (mut notes, to_inject) = if spec.targets.running {
+        settle_starting_clients(id, &spec.targets).await;
         take_running(service, id, spec, requester, requester_pid)
     } else {
         Default::default()
@@ -255,7 +256,9 @@ async fn run_profile(
         let (service, book) = (Arc::clone(service), book.clone());
         injections.spawn(async move {
             let injector = Arc::clone(&service.injector);
-            injector.inject(req, book, service.triggers.as_ref()).await
+            injector
+                .inject(req, book, service.triggers.as_ref(), &service.hub)
+                .await
         });
     }
     let deadline = spec
@@ -344,6 +347,60 @@ async fn run_profile(
         summary: text,
         processes,
     })
+}
+
+/// A process this young that preloads the client but does not catch the
+/// activation signal yet may still be starting: see
+/// [`settle_starting_clients`].
+const STARTING: Duration = Duration::from_secs(2);
+/// How long [`settle_starting_clients`] waits at most.
+const SETTLE_WAIT: Duration = Duration::from_secs(1);
+
+/// Waits, a bounded time, until every process `targets` names that started
+/// moments ago with the client preloaded catches the activation signal
+/// (its client's constructor ran) or exits. Until then it has no session
+/// and takes no signal, so [`take_running`] would load a second client
+/// into it with ptrace in the middle of its start, while its own client
+/// connects from its start: a program started just after a `-n` profile
+/// was added lost its samples to that race.
+async fn settle_starting_clients(id: ProfileId, targets: &Targets) {
+    let until = tokio::time::Instant::now() + SETTLE_WAIT;
+    let mut told = std::collections::HashSet::new();
+    loop {
+        let starting: Vec<_> = running::find(targets)
+            .into_iter()
+            .filter(|f| {
+                !running::catches_activation_signal(f.pid)
+                    && super::service_scan::age(f.pid).is_some_and(|a| a < STARTING)
+                    && running::preloads_client(f.pid)
+            })
+            .collect();
+        for f in &starting {
+            if told.insert(f.pid) {
+                log::info!(
+                    "profile {id}: pid {} ({}) is starting: waiting for its client",
+                    f.pid,
+                    f.name
+                );
+            }
+        }
+        if starting.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= until {
+            for f in &starting {
+                log::info!(
+                    "profile {id}: pid {} ({}) has not started its client after {:?}; \
+                     taken as it is",
+                    f.pid,
+                    f.name,
+                    SETTLE_WAIT
+                );
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Takes in the running processes profile `id` wants: shares a session

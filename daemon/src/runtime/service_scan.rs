@@ -34,13 +34,25 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 /// Now, in clock ticks since boot (the unit of a process's start time in
 /// `/proc/PID/stat`).
 pub fn boot_ticks() -> u64 {
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100, |h| h as u64);
+    let hz = ticks_per_second();
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
         t.tv_sec() as u64 * hz + t.tv_nsec() as u64 * hz / 1_000_000_000
     })
+}
+
+/// Clock ticks per second (`CLK_TCK`).
+fn ticks_per_second() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100, |h| (h as u64).max(1))
+}
+
+/// How long ago process `pid` started, to the clock tick; `None` if it is
+/// gone.
+pub fn age(pid: u32) -> Option<Duration> {
+    let ticks = boot_ticks().saturating_sub(start_ticks(pid)?);
+    Some(Duration::from_millis(ticks * 1000 / ticks_per_second()))
 }
 
 /// Process `pid`'s start time in clock ticks since boot (field 22 of
@@ -145,5 +157,8 @@ mod tests {
         let now = boot_ticks();
         assert!(me <= now + 1, "started at {me}, now {now}");
         assert!(now > 0);
+        let mine = age(std::process::id()).expect("our age");
+        assert!(mine < Duration::from_secs(24 * 3600), "{mine:?}");
+        assert_eq!(age(u32::MAX), None);
     }
 }

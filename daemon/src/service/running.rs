@@ -105,6 +105,28 @@ pub fn has_client(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.lines().any(maps_client))
 }
 
+/// Whether process `pid` loads the client from its start: it has it
+/// mapped, or its `LD_PRELOAD` or `/etc/ld.so.preload` names it (a program
+/// the loader is still starting has not mapped it yet).
+pub fn preloads_client(pid: u32) -> bool {
+    let names_client = preload_list_names_client;
+    let in_env = std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+        env.split(|&b| b == 0)
+            .filter_map(|kv| kv.strip_prefix(b"LD_PRELOAD="))
+            .any(names_client)
+    });
+    in_env || has_client(pid) || std::fs::read("/etc/ld.so.preload").is_ok_and(|l| names_client(&l))
+}
+
+/// Whether a preload list (`LD_PRELOAD`'s value, `/etc/ld.so.preload`'s
+/// text: paths or file names split by colons or white space) names the
+/// client.
+fn preload_list_names_client(list: &[u8]) -> bool {
+    list.split(|&b| b == b':' || b.is_ascii_whitespace())
+        .filter_map(|p| std::str::from_utf8(p).ok())
+        .any(|p| mapped_file(p).unwrap_or(p) == CLIENT_FILE)
+}
+
 /// Whether process `pid` has the glibc client mapped (the one with the
 /// attach entry that ptrace can call), not only the bionic front-end.
 pub fn has_glibc_client(pid: u32) -> bool {
@@ -227,6 +249,30 @@ pub fn find(targets: &Targets) -> Vec<Found> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preload_list_names_the_client_by_path_or_file_name() {
+        let yes = |l: &str| preload_list_names_client(l.as_bytes());
+        assert!(yes(&format!(
+            "/usr/lib/heapprofd-rs/preload/{CLIENT_FILE}\n"
+        )));
+        assert!(yes(&format!("libjemalloc.so.2:{CLIENT_FILE}")));
+        assert!(yes(&format!("/lib/a.so /opt/{CLIENT_FILE}")));
+        assert!(!yes(&format!("/opt/x{CLIENT_FILE}")));
+        assert!(!yes(&format!("/opt/{CLIENT_FILE}.bak")));
+        assert!(!yes(""));
+    }
+
+    #[test]
+    fn this_process_preloads_the_client_only_if_told_to() {
+        // The test binary runs without the client (a system-wide install
+        // aside: then /etc/ld.so.preload names it).
+        let system =
+            std::fs::read("/etc/ld.so.preload").is_ok_and(|l| preload_list_names_client(&l));
+        let env =
+            std::env::var("LD_PRELOAD").is_ok_and(|l| preload_list_names_client(l.as_bytes()));
+        assert_eq!(preloads_client(std::process::id()), system || env);
+    }
 
     #[test]
     fn the_client_and_the_bionic_front_end_count_as_loaded() {

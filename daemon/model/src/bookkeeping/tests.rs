@@ -284,6 +284,24 @@ fn events_of_unknown_sessions_are_ignored() {
 }
 
 #[test]
+fn a_failed_load_after_a_rejection_leaves_the_process_rejected() {
+    let i = Interner::new();
+    let mut b = Bookkeeping::new(&i, 1);
+    b.reject_concurrent(7, vec!["app".into()]);
+    b.not_attached(7, vec!["app".into()], "it exited".into());
+    b.not_attached(8, vec!["other".into()], "it exited".into());
+    let p = b.profile().process(7).unwrap();
+    assert!(p.flags.rejected_concurrent && !p.flags.disconnected);
+    assert_eq!(p.not_attached, None);
+    let s = b.summary();
+    let seven = s.iter().find(|p| p.pid == 7).unwrap();
+    assert_eq!(seven.not_attached, None);
+    assert_eq!(seven.warnings, [ProcessWarning::RejectedConcurrent]);
+    let eight = s.iter().find(|p| p.pid == 8).unwrap();
+    assert_eq!(eight.not_attached.as_deref(), Some("it exited"));
+}
+
+#[test]
 fn stats_set_flags_and_the_summary_warns() {
     let i = Interner::new();
     let mut b = Bookkeeping::new(&i, 1);
