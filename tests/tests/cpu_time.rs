@@ -363,17 +363,20 @@ fn threads_shorter_than_a_scan_are_sampled_whole() {
     let p = &profiles[0];
     let sampled = inclusive(p, "short_work");
     let threads = p["threads"].as_array().unwrap().len();
-    // Each thread's CPU after its last signal is never sampled: at most a
-    // scheduler tick (4 ms here) and a period, 8 ms allowed per thread.
-    // Armed by the scans alone, a thread would be missed until the next
-    // scan: about a fifth of this CPU would be seen.
+    // Armed by the scans alone, a thread is missed until the next scan:
+    // with that (its arming at the start disabled) 15-22% of this CPU was
+    // seen, in 6-8 threads, on an idle machine. Armed at their start, the
+    // threads lose only their CPU after their last signal: on an idle
+    // machine a tick and a period each, all but 8 ms a thread; on a
+    // loaded one more, since a CPU timer fires only at a scheduler tick
+    // that finds its thread running, and a thread sharing its CPU in
+    // slices can miss every tick (with two busy loops beside it: 55-58%
+    // seen, in 16-17 threads). Both bounds lie between the two cases.
     assert!(
-        sampled + 20 * 8_000_000 >= burned,
+        sampled * 10 >= burned * 4,
         "short_work sampled {sampled} ns of the {burned} ns the threads burned ({threads} threads)"
     );
-    // (A thread whose CPU all falls between two ticks of a loaded machine
-    // may get no signal: most must have samples.)
-    assert!(threads >= 15, "{threads} threads sampled of 20");
+    assert!(threads >= 12, "{threads} threads sampled of 20");
 }
 
 #[test]
