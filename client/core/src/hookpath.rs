@@ -10,7 +10,7 @@
 //!   sampled, the hook tail-calls the real allocator (no stack frame of
 //!   ours). Otherwise the hook calls the allocator and then [`on_alloc`]
 //!   (registers, stack copy, ring buffer, free-set insert).
-//! * free: [`may_be_sampled`] is one load from the free set's 32 KiB
+//! * free: [`may_be_sampled`] is one load from the free set's 4 KiB
 //!   summary (none when every allocation is sampled: the set is bypassed
 //!   and every free recorded); only a possibly sampled address goes to [`on_free`], *before*
 //!   the allocator gets the block back, so the address cannot be handed out

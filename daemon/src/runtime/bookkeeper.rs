@@ -167,11 +167,22 @@ impl Book {
     /// window: the trace's time range (bounded by counters and dumps,
     /// not by windows) then covers the window. Read now (a test's event
     /// has none), they are still stamped with the start.
+    /// The threads are listed again only if the handshake named none: by
+    /// now the client's own thread may run, and listing it would leave
+    /// entries under `/proc/PID/task` that slow the process's reaping (see
+    /// [`procinfo`]); threads that sample are named when they do.
     fn read_process(&mut self, pid: u32, started_ns: u64, memory: Option<ProcessMemory>) {
-        let threads = procinfo::read_threads(pid);
-        if let Some(p) = self.book.profile_mut().process_mut(pid) {
-            for (tid, name) in threads {
-                p.set_thread_name(tid, name);
+        let named = self
+            .book
+            .profile_mut()
+            .process_mut(pid)
+            .is_some_and(|p| p.identity.threads.values().any(|n| !n.is_empty()));
+        if !named {
+            let threads = procinfo::read_threads(pid);
+            if let Some(p) = self.book.profile_mut().process_mut(pid) {
+                for (tid, name) in threads {
+                    p.set_thread_name(tid, name);
+                }
             }
         }
         let at = (started_ns > 0).then_some(started_ns);
