@@ -113,8 +113,14 @@ fn warn_if_stale(bins: &ReleaseBins) {
 }
 
 /// A `heapprofd-rs` command (release build).
+///
+/// Its symbol cache is the tests' own (`target/test-cache`, through
+/// `XDG_CACHE_HOME`), not the user's: one run of the suite leaves
+/// thousands of files (each generated library is a module of its own).
 pub fn heapprofd() -> Command {
-    Command::new(&release_bins().heapprofd)
+    let mut c = Command::new(&release_bins().heapprofd);
+    c.env("XDG_CACHE_HOME", target_dir().join("test-cache"));
+    c
 }
 
 /// Compiled test programs of the record tests.

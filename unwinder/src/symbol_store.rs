@@ -27,7 +27,11 @@
 //! limits and a checksum, and trusted no further than that: anything that
 //! does not parse is ignored (and overwritten by the next save). Saves write
 //! a temporary file and rename it; the directory is kept under a byte
-//! budget by removing the oldest files.
+//! budget by removing the oldest files, looked over at most every
+//! [`TRIM_EVERY`] (a `.trimmed` file's mtime says when it last was): the
+//! look lists and stats every file, and a store of 4,151 files (one test
+//! suite's worth) cost each `record` 20-40 ms of CPU when it was made at
+//! every save.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -54,11 +58,18 @@ const MAX_OBSERVED: usize = 256;
 /// Longest name or path kept.
 const MAX_STRING: usize = 1 << 16;
 
+/// Least time between two looks at the directory's size (see the module
+/// docs): what is saved meanwhile can go over the budget until the next.
+pub const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// The file whose mtime is the last look at the directory's size.
+const TRIMMED: &str = ".trimmed";
+
 /// A directory of stored answers, shared by all modules of a cache.
 #[derive(Debug)]
 pub struct SymbolStore {
     dir: PathBuf,
     max_bytes: u64,
+    trim_every: std::time::Duration,
 }
 
 /// Which module a store file is for.
@@ -84,7 +95,26 @@ impl SymbolStore {
     /// A store in `dir` (created when first saved to) holding at most
     /// `max_bytes` of files.
     pub fn new(dir: PathBuf, max_bytes: u64) -> SymbolStore {
-        SymbolStore { dir, max_bytes }
+        SymbolStore {
+            dir,
+            max_bytes,
+            trim_every: TRIM_EVERY,
+        }
+    }
+
+    /// The same, looking at the directory's size at most every
+    /// `trim_every` (tests).
+    #[cfg(test)]
+    pub(crate) fn with_trim_every(
+        dir: PathBuf,
+        max_bytes: u64,
+        trim_every: std::time::Duration,
+    ) -> SymbolStore {
+        SymbolStore {
+            dir,
+            max_bytes,
+            trim_every,
+        }
     }
 
     /// `$XDG_CACHE_HOME/heapprofd-rs/symbols`, else `~/.cache/...`.
@@ -181,8 +211,37 @@ impl SymbolStore {
             let _ = fs::remove_file(&tmp);
         }
         written?;
-        self.trim();
+        if self.trim_due() {
+            self.trim();
+        }
         Ok(())
+    }
+
+    /// Whether the directory's size was last looked at `trim_every` ago or
+    /// longer (or never); if so, marks it looked at now.
+    fn trim_due(&self) -> bool {
+        let marker = self.dir.join(TRIMMED);
+        let recent = fs::symlink_metadata(&marker).is_ok_and(|m| {
+            m.file_type().is_file()
+                && m.modified()
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age < self.trim_every)
+        });
+        if recent {
+            return false;
+        }
+        // Not markable (a link, a directory): looked at every time, as if
+        // there were no marker.
+        let _ = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(&marker)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        true
     }
 
     /// The directory must be a directory (not a link to one) of this
@@ -218,7 +277,11 @@ impl SymbolStore {
             })
             .collect();
         let mut total: u64 = files.iter().map(|f| f.1).sum();
-        files.sort();
+        // Oldest first; names compared as bytes (comparing paths by their
+        // components was most of the sort).
+        files.sort_unstable_by(|a, b| {
+            (a.0, a.1, a.2.as_os_str().as_bytes()).cmp(&(b.0, b.1, b.2.as_os_str().as_bytes()))
+        });
         for (_, len, path) in files {
             if total <= self.max_bytes {
                 break;

@@ -2,6 +2,8 @@
 //! checks that keep stale answers out, its budget, and a module symbolized
 //! from the store without its debug information.
 
+use std::time::Duration;
+
 use super::*;
 use crate::{ModuleCache, SymbolizeOptions};
 
@@ -165,6 +167,55 @@ fn the_oldest_files_go_beyond_the_budget() {
     assert!(!old(0).exists() && !old(1).exists());
     assert!(old(2).exists());
     assert!(foreign.exists(), "a file not the store's was removed");
+    assert!(store.load(&k, &[]).is_some(), "the new file stays");
+}
+
+/// The directory's size is looked at once per `trim_every`: a save soon
+/// after a look leaves files over the budget; once the marker is older,
+/// the next save removes them. The marker is never taken for a store
+/// file.
+#[test]
+fn the_budget_is_looked_at_once_per_interval() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("store");
+    let store = SymbolStore::with_trim_every(root.clone(), 5000, Duration::from_secs(600));
+    let k = key(dir.path());
+    let a = answers();
+    let save = || {
+        store
+            .save(&k, &[], &[], a.iter().map(|(pc, f)| (*pc, &f[..])))
+            .expect("saved")
+    };
+    save();
+    let marker = root.join(".trimmed");
+    assert!(marker.is_file(), "no marker after the first save");
+    let filler = |i: u64| root.join(format!("{i:02x}-{i:016x}.sym"));
+    for i in 0..3 {
+        fs::write(filler(i), vec![0u8; 4000]).expect("file");
+        let t = std::time::SystemTime::now() - Duration::from_secs(300 - 100 * i);
+        fs::File::options()
+            .write(true)
+            .open(filler(i))
+            .and_then(|f| f.set_modified(t))
+            .expect("mtime");
+    }
+    save();
+    assert!(
+        (0..3).all(|i| filler(i).exists()),
+        "looked at again within the interval"
+    );
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(601);
+    fs::File::options()
+        .write(true)
+        .open(&marker)
+        .and_then(|f| f.set_modified(long_ago))
+        .expect("age the marker");
+    save();
+    assert!(
+        !filler(0).exists() && !filler(1).exists() && filler(2).exists(),
+        "the budget was not kept once the interval passed"
+    );
+    assert!(marker.is_file(), "the marker was removed");
     assert!(store.load(&k, &[]).is_some(), "the new file stays");
 }
 
