@@ -450,26 +450,12 @@ impl ModuleCache {
     }
 }
 
-/// Opens the file of a file-backed mapping of process `pid`: by its path
-/// if the file there is the one mapped (same device and inode), else
-/// through `/proc/PID/map_files` (the file the process mapped, even if its
+/// Opens the file of a file-backed mapping of process `pid`: through
+/// `/proc/PID/map_files` first (the file the process mapped, even if its
 /// path was replaced or is in another mount namespace), else by its path
-/// unchecked (`pid` `None`: the process may be gone). The inode check of
-/// `map_files` guards against a reused pid whose new process has a mapping
-/// at the same range.
-///
-/// The path comes first because every `map_files` lookup leaves a dentry
-/// under `/proc/PID` that the kernel tears down when the process is
-/// reaped, and that teardown spins while another thread is dropping one
-/// of them: `record`'s wait for its command took 2.4-5 ms in 12 of 29 runs
-/// of `record -- /bin/true` (`perf trace -e wait4`).
+/// (`pid` `None`: the process may be gone). The inode check guards against
+/// a reused pid whose new process has a mapping at the same range.
 pub(crate) fn open_mapped_file(pid: Option<u32>, entry: &MapEntry) -> Option<File> {
-    if !entry.deleted
-        && let Ok(f) = elf::open_nonblocking(Path::new(&entry.path))
-        && f.metadata().is_ok_and(|m| is_mapped_file(&m, entry))
-    {
-        return Some(f);
-    }
     let from_map_files = pid
         .and_then(|pid| {
             let link = format!("/proc/{pid}/map_files/{}", entry.map_files_name());
@@ -477,14 +463,6 @@ pub(crate) fn open_mapped_file(pid: Option<u32>, entry: &MapEntry) -> Option<Fil
         })
         .filter(|f| f.metadata().is_ok_and(|m| m.ino() == entry.inode));
     from_map_files.or_else(|| elf::open_nonblocking(Path::new(&entry.path)).ok())
-}
-
-/// Whether `meta` is the file `entry` maps: its device and inode.
-fn is_mapped_file(meta: &std::fs::Metadata, entry: &MapEntry) -> bool {
-    let dev = meta.dev();
-    meta.ino() == entry.inode
-        && libc::major(dev) == entry.dev_major
-        && libc::minor(dev) == entry.dev_minor
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! last thread and by the parent's reap of the main one, and the reap
 //! spins while the other teardown runs (`record`'s wait for its command
 //! took 1.4-5.8 ms in 9 of 30 runs of `record -- /bin/true`, its client's
-//! thread named that way; 0.4-1.1 ms at most without).
+//! thread named that way; under 0.11 ms in 59 of 59 since).
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -362,12 +362,20 @@ const SETTLE_WAIT: Duration = Duration::from_secs(1);
 /// and takes no signal, so [`take_running`] would load a second client
 /// into it with ptrace in the middle of its start, while its own client
 /// connects from its start: a program started just after a `-n` profile
-/// was added lost its samples to that race.
+/// was added lost its samples to that race. Only processes named (`-n`,
+/// `--pid`) are waited for: `--all` loads no client into anyone.
 async fn settle_starting_clients(id: ProfileId, targets: &Targets) {
+    if targets.names.is_empty() && targets.pids.is_empty() {
+        return;
+    }
+    let named = Targets {
+        all: false,
+        ..targets.clone()
+    };
     let until = tokio::time::Instant::now() + SETTLE_WAIT;
     let mut told = std::collections::HashSet::new();
     loop {
-        let starting: Vec<_> = running::find(targets)
+        let starting: Vec<_> = running::find(&named)
             .into_iter()
             .filter(|f| {
                 !running::catches_activation_signal(f.pid)

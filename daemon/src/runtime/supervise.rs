@@ -177,9 +177,13 @@ fn print_self_usage() {
     };
     let secs = |t: TimeVal| t.num_microseconds() as f64 * 1e-6;
     log::debug!(
-        "self usage: user_s={:.3} sys_s={:.3} maxrss_kib={}",
+        "self usage: user_s={:.3} sys_s={:.3} maxrss_kib={} minflt={} majflt={} nvcsw={} nivcsw={}",
         secs(ru.user_time()),
         secs(ru.system_time()),
-        ru.max_rss()
+        ru.max_rss(),
+        ru.minor_page_faults(),
+        ru.major_page_faults(),
+        ru.voluntary_context_switches(),
+        ru.involuntary_context_switches()
     );
 }
