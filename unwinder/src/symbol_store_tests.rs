@@ -136,6 +136,22 @@ fn a_file_is_used_only_while_what_it_was_made_from_is_unchanged() {
     assert!(store.load(&k, &dirs).is_none());
 }
 
+/// Sets `p`'s mtime `age` seconds back.
+fn set_age(p: &Path, age: u64) {
+    let t = std::time::SystemTime::now() - Duration::from_secs(age);
+    fs::File::options()
+        .write(true)
+        .open(p)
+        .and_then(|f| f.set_modified(t))
+        .expect("mtime");
+}
+
+/// Writes 4,000 bytes at `p`, last modified `age` seconds ago.
+fn write_aged(p: &Path, age: u64) {
+    fs::write(p, vec![0u8; 4000]).expect("file");
+    set_age(p, age);
+}
+
 /// Only the store's own files (by name) count and go, oldest first; a
 /// file of another name in the directory is never removed.
 #[test]
@@ -144,20 +160,11 @@ fn the_oldest_files_go_beyond_the_budget() {
     let root = dir.path().join("store");
     fs::create_dir_all(&root).expect("dir");
     let old = |i: u64| root.join(format!("{i:02x}-{i:016x}.sym"));
-    let aged = |p: &Path, age: u64| {
-        fs::write(p, vec![0u8; 4000]).expect("file");
-        let t = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
-        fs::File::options()
-            .write(true)
-            .open(p)
-            .and_then(|f| f.set_modified(t))
-            .expect("mtime");
-    };
     for (i, age) in [(0, 300), (1, 200), (2, 100)] {
-        aged(&old(i), age);
+        write_aged(&old(i), age);
     }
     let foreign = root.join("notes.txt");
-    aged(&foreign, 1000);
+    write_aged(&foreign, 1000);
     let store = SymbolStore::new(root.clone(), 5000);
     let k = key(dir.path());
     let a = answers();
@@ -191,25 +198,14 @@ fn the_budget_is_looked_at_once_per_interval() {
     assert!(marker.is_file(), "no marker after the first save");
     let filler = |i: u64| root.join(format!("{i:02x}-{i:016x}.sym"));
     for i in 0..3 {
-        fs::write(filler(i), vec![0u8; 4000]).expect("file");
-        let t = std::time::SystemTime::now() - Duration::from_secs(300 - 100 * i);
-        fs::File::options()
-            .write(true)
-            .open(filler(i))
-            .and_then(|f| f.set_modified(t))
-            .expect("mtime");
+        write_aged(&filler(i), 300 - 100 * i);
     }
     save();
     assert!(
         (0..3).all(|i| filler(i).exists()),
         "looked at again within the interval"
     );
-    let long_ago = std::time::SystemTime::now() - Duration::from_secs(601);
-    fs::File::options()
-        .write(true)
-        .open(&marker)
-        .and_then(|f| f.set_modified(long_ago))
-        .expect("age the marker");
+    set_age(&marker, 601);
     save();
     assert!(
         !filler(0).exists() && !filler(1).exists() && filler(2).exists(),

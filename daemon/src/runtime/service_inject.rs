@@ -145,16 +145,7 @@ impl Injector {
                 );
                 return None;
             }
-            Joined::Rejected => {
-                let cmdline = super::procinfo::read_cmdline(pid);
-                let _ = book.send(BookMsg::Service(ServiceMsg::Rejected(
-                    profile, pid, cmdline,
-                )));
-                return Some(format!(
-                    "pid {pid} ({name}): another profile samples it differently; \
-                     flagged rejected_concurrent"
-                ));
-            }
+            Joined::Rejected => return Some(flag_rejected(&book, profile, pid, &name)),
             Joined::NoSession => {}
         }
         let why = if req.wake_fallback {
@@ -257,4 +248,26 @@ impl Injector {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Flags running process `pid` (named `name`) `rejected_concurrent` in
+/// profile `profile`'s trace: another profile samples it differently.
+/// Returns what `record` should be told.
+pub(super) fn flag_rejected(
+    book: &std::sync::mpsc::Sender<BookMsg>,
+    profile: ProfileId,
+    pid: u32,
+    name: &str,
+) -> String {
+    log::info!(
+        "profile {profile}: pid {pid} ({name}) is profiled by another profile with \
+         other sampling: rejected_concurrent"
+    );
+    let cmdline = super::procinfo::read_cmdline(pid);
+    let _ = book.send(BookMsg::Service(ServiceMsg::Rejected(
+        profile, pid, cmdline,
+    )));
+    format!(
+        "pid {pid} ({name}): another profile samples it differently; flagged rejected_concurrent"
+    )
 }

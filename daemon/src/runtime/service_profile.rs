@@ -458,17 +458,11 @@ fn take_running(
                 continue;
             }
             Joined::Rejected => {
-                log::info!(
-                    "profile {id}: pid {pid} ({}) is profiled by another profile with \
-                     other sampling: rejected_concurrent",
-                    found.name
-                );
-                let cmdline = super::procinfo::read_cmdline(pid);
-                let _ = book.send(BookMsg::Service(ServiceMsg::Rejected(id, pid, cmdline)));
-                notes.push(format!(
-                    "pid {pid} ({}): another profile samples it differently; \
-                     flagged rejected_concurrent",
-                    found.name
+                notes.push(super::service_inject::flag_rejected(
+                    &book,
+                    id,
+                    pid,
+                    &found.name,
                 ));
                 continue;
             }
