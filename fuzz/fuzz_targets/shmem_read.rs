@@ -51,7 +51,10 @@ fuzz_target!(|data: &[u8]| {
                 match step[0] % 3 {
                     0 => meta.add(offsets::WRITE_POS).cast::<u64>().write_volatile(v),
                     1 => meta.add(offsets::READ_POS).cast::<u64>().write_volatile(v),
-                    _ => area.add((v as usize % (DATA_SIZE / 8)) * 8).cast::<u64>().write_volatile(v >> 3),
+                    _ => area
+                        .add((v as usize % (DATA_SIZE / 8)) * 8)
+                        .cast::<u64>()
+                        .write_volatile(v >> 3),
                 }
             }
         }

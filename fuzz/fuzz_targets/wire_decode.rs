@@ -12,9 +12,17 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Record::decode(&bytes), Ok(rec), "record round trip");
     }
     if let Ok(h) = Handshake::decode(data) {
-        assert_eq!(Handshake::decode(&h.encode()), Ok(h), "handshake round trip");
+        assert_eq!(
+            Handshake::decode(&h.encode()),
+            Ok(h),
+            "handshake round trip"
+        );
     }
     if let Ok(c) = ClientConfig::decode(data) {
-        assert_eq!(ClientConfig::decode(&c.encode()), Ok(c), "config round trip");
+        assert_eq!(
+            ClientConfig::decode(&c.encode()),
+            Ok(c),
+            "config round trip"
+        );
     }
 });
