@@ -99,9 +99,10 @@ pub struct RecordArgs {
     pub dump_at_max: bool,
 
     /// Size of each client's ring buffer (a power of two: 8M, 64MiB)
-    /// [default: 8MiB at the default interval and finer, and with
-    /// --cpu-time or --event; at coarser intervals less, down to 1MiB from
-    /// -i 32k; 1MiB per process with --all].
+    /// [default: 2MiB at the default interval and finer, 1MiB from -i 8k;
+    /// 8MiB with --cpu-time or --event; 1MiB per process with --all]. A
+    /// bigger ring absorbs longer bursts (the session statistics say how
+    /// long the program waited for room) and costs more to set up.
     #[arg(long, value_parser = parse_shmem_size)]
     pub shmem_size: Option<u64>,
 

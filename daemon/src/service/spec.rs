@@ -12,8 +12,13 @@ use super::heaps::HeapSelection;
 
 /// The default mean sampling interval (Perfetto's).
 pub const DEFAULT_INTERVAL: u64 = 4096;
-/// The default ring size of one process.
-pub const DEFAULT_SHMEM: u64 = 8 << 20;
+/// The default ring size of one process sampling heaps (at the default
+/// interval and finer).
+pub const DEFAULT_SHMEM: u64 = 2 << 20;
+/// The default ring size of one process whose ring CPU-time or
+/// perf-event samples share: those are written from signal handlers,
+/// which cannot wait for room and drop instead.
+pub const DEFAULT_SHMEM_SHARED: u64 = 8 << 20;
 /// The default ring size of a process under `--all` (many processes at
 /// once: 1 MiB each).
 pub const DEFAULT_SHMEM_ALL: u64 = 1 << 20;
@@ -21,17 +26,27 @@ pub const DEFAULT_SHMEM_ALL: u64 = 1 << 20;
 pub const MIN_DEFAULT_SHMEM: u64 = 1 << 20;
 
 /// The ring size of one process when none is asked for:
-/// [`DEFAULT_SHMEM`] at the default interval and finer, and whenever
-/// CPU-time or perf-event samples share the ring (their rate does not
-/// follow the interval); at coarser sampling a program writes fewer
-/// records per byte it allocates, so the ring shrinks with the finest
-/// interval it samples at (16 KiB: 2 MiB), down to [`MIN_DEFAULT_SHMEM`]
-/// (from 32 KiB). A smaller ring is less to fault in and free at every
-/// start and end: `record -i 512k -- /bin/true` took 16.8 ms with 8 MiB
-/// and 11.8 ms with 1 MiB (medians of 15).
+/// [`DEFAULT_SHMEM`] at the default interval and finer, and
+/// [`DEFAULT_SHMEM_SHARED`] whenever CPU-time or perf-event samples share
+/// the ring (their rate does not follow the interval); at coarser
+/// sampling a program writes fewer records per byte it allocates, so the
+/// ring shrinks with the finest interval it samples at, down to
+/// [`MIN_DEFAULT_SHMEM`] (from 8 KiB).
+///
+/// A ring's pages are all allocated before its program writes (so a write
+/// can never fault for want of memory), mapped by the client, and freed
+/// at the end: `record -- /bin/true` took 11.6 ms more than `/bin/true`
+/// with an 8 MiB ring, 7.7 ms with 4 MiB, 5.9 ms with 2 MiB and 5.2 ms with
+/// 1 MiB (medians of 25). What a bigger ring buys is room for a burst
+/// while the daemon is busy or descheduled; at the default interval
+/// sqlite3, cc1, python3 and node were never blocked with 2 MiB (cc1 at
+/// most 0.6 ms in 1.6 s), node was with 1 MiB (7-20 ms), and the programs
+/// that are blocked (generated ones sampling 1-7 million times a second)
+/// were blocked as long with 8 MiB as with 2 (docs/PERFORMANCE.md, tenth
+/// pass).
 pub fn default_shmem_for(finest_interval: u64, other_samples: bool) -> u64 {
     if other_samples {
-        return DEFAULT_SHMEM;
+        return DEFAULT_SHMEM_SHARED;
     }
     let coarser = (finest_interval / DEFAULT_INTERVAL).max(1);
     (DEFAULT_SHMEM >> coarser.ilog2().min(63)).max(MIN_DEFAULT_SHMEM)
@@ -236,24 +251,24 @@ impl ProfileSpec {
 mod tests {
     use super::*;
 
-    /// 8 MiB at 4 KiB and finer; halved per doubling of the interval down
-    /// to 1 MiB; 8 MiB whenever other samples share the ring.
+    /// 2 MiB at 4 KiB and finer; 1 MiB from 8 KiB; 8 MiB whenever other
+    /// samples share the ring.
     #[test]
     fn the_default_ring_follows_the_finest_interval() {
         let mib = 1 << 20;
         for (interval, size) in [
-            (1, 8 * mib),
-            (4096, 8 * mib),
-            (6000, 8 * mib),
-            (8192, 4 * mib),
-            (16 << 10, 2 * mib),
-            (32 << 10, mib),
+            (1, 2 * mib),
+            (4096, 2 * mib),
+            (6000, 2 * mib),
+            (8192, mib),
+            (16 << 10, mib),
             (512 << 10, mib),
             (u64::MAX, mib),
         ] {
             assert_eq!(default_shmem_for(interval, false), size, "-i {interval}");
         }
-        assert_eq!(default_shmem_for(512 << 10, true), DEFAULT_SHMEM);
+        assert_eq!(default_shmem_for(1, true), 8 * mib);
+        assert_eq!(default_shmem_for(512 << 10, true), 8 * mib);
     }
 
     fn spec() -> ProfileSpec {
