@@ -41,7 +41,7 @@ pub const MIN_DEFAULT_SHMEM: u64 = 1 << 20;
 /// while the daemon is busy or descheduled; at the default interval
 /// sqlite3, cc1, python3 and node were never blocked with 2 MiB (cc1 at
 /// most 0.6 ms in 1.6 s), node was with 1 MiB (7-20 ms), and the programs
-/// that are blocked (generated ones sampling 1-7 million times a second)
+/// that are blocked (generated ones sampling 2-9 million times a second)
 /// were blocked as long with 8 MiB as with 2 (docs/PERFORMANCE.md, tenth
 /// pass).
 pub fn default_shmem_for(finest_interval: u64, other_samples: bool) -> u64 {
