@@ -322,6 +322,8 @@ fn drain_batch(
     let records = s.reader.stats().reads_ok;
     let started = Instant::now();
     let state = drain_records(s, buf, ops, cx);
+    // New frames of this batch, if any, to the warm-up thread at once.
+    cx.symbolizer.kick();
     let costs = &counters.costs;
     Costs::add_time(&costs.drain_ns, started.elapsed());
     costs
