@@ -376,6 +376,35 @@ mod tests {
     use crate::runtime::stacks::tests::header;
     use crate::runtime::stacks::{InternCtx, StackCache};
 
+    /// A module cache with `budget` for this test process.
+    fn self_cache(budget: CacheBudget) -> Arc<ModuleCache> {
+        Arc::new(ModuleCache::with_budget(
+            SymbolizeOptions::default(),
+            budget,
+        ))
+    }
+
+    /// Interning into `interner`, new frames queued on `symbolizer`.
+    fn symbolizing<'a>(interner: &'a Interner, symbolizer: &'a Symbolizer) -> InternCtx<'a> {
+        InternCtx {
+            interner,
+            symbolizer,
+            symbolize: true,
+        }
+    }
+
+    /// This test process, its maps as they are now, no memory to read.
+    fn self_process(cache: &Arc<ModuleCache>) -> ProcessContext {
+        ProcessContext::new(
+            std::process::id(),
+            Box::new(StaticMaps(
+                std::fs::read_to_string("/proc/self/maps").unwrap(),
+            )),
+            Box::new(NoMemory),
+            Arc::clone(cache),
+        )
+    }
+
     /// Waits (at most 10 s) until every queued frame has the warm-up
     /// thread's answer and the thread waits for more.
     fn wait_until_warmed(symbolizer: &Symbolizer) -> bool {
@@ -397,27 +426,13 @@ mod tests {
     /// are answered before any dump.
     #[test]
     fn a_kick_wakes_the_warm_up_thread_for_frames_queued_since() {
-        let cache = Arc::new(ModuleCache::with_budget(
-            SymbolizeOptions::default(),
-            CacheBudget {
-                max_unused_modules: 64,
-                max_unused_bytes: 1 << 30,
-            },
-        ));
+        let cache = self_cache(CacheBudget {
+            max_unused_modules: 64,
+            max_unused_bytes: 1 << 30,
+        });
         let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
-        let cx = InternCtx {
-            interner: &interner,
-            symbolizer: &symbolizer,
-            symbolize: true,
-        };
-        let mut process = ProcessContext::new(
-            std::process::id(),
-            Box::new(StaticMaps(
-                std::fs::read_to_string("/proc/self/maps").unwrap(),
-            )),
-            Box::new(NoMemory),
-            Arc::clone(&cache),
-        );
+        let cx = symbolizing(&interner, &symbolizer);
+        let mut process = self_process(&cache);
         let mut stacks = StackCache::default();
         let mut ops = Vec::new();
         let first = wait_until_warmed as *const () as usize as u64;
@@ -458,27 +473,13 @@ mod tests {
     /// and lets go of the module; the dump uses the answer.
     #[test]
     fn frames_warmed_before_eviction_keep_their_names() {
-        let cache = Arc::new(ModuleCache::with_budget(
-            SymbolizeOptions::default(),
-            CacheBudget {
-                max_unused_modules: 0,
-                max_unused_bytes: 0,
-            },
-        ));
+        let cache = self_cache(CacheBudget {
+            max_unused_modules: 0,
+            max_unused_bytes: 0,
+        });
         let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
-        let cx = InternCtx {
-            interner: &interner,
-            symbolizer: &symbolizer,
-            symbolize: true,
-        };
-        let mut process = ProcessContext::new(
-            std::process::id(),
-            Box::new(StaticMaps(
-                std::fs::read_to_string("/proc/self/maps").unwrap(),
-            )),
-            Box::new(NoMemory),
-            Arc::clone(&cache),
-        );
+        let cx = symbolizing(&interner, &symbolizer);
+        let mut process = self_process(&cache);
         let pc = frames_warmed_before_eviction_keep_their_names as *const () as usize as u64;
         let mut stacks = StackCache::default();
         let mut ops = Vec::new();
