@@ -172,6 +172,10 @@ struct Shared {
 /// counted as refusals.
 const MAX_UNPROFILABLE: usize = 4096;
 
+/// Longest an unprofilable notice waits for the connections in flight
+/// before it (see `handle_connection`).
+const NOTICE_WAIT: Duration = Duration::from_secs(1);
+
 /// Counts a connection in [`Shared::in_flight`] until dropped.
 struct InFlight(Arc<Shared>);
 
@@ -516,6 +520,19 @@ async fn handle_connection(
     let received = match receive(std_stream, access, deadline).await {
         Ok(Accepted::Session(r)) => r,
         Ok(Accepted::Unprofilable { pid, why, cmdline }) => {
+            // A process that execs a program that cannot load the client
+            // says so on a new connection, after its own session's reply:
+            // that session may still be on its way to its worker, and its
+            // start must reach the bookkeeping before this notice (see
+            // `note_unprofilable`). So the notice waits, a bounded time,
+            // until no other connection is in flight.
+            drop(in_flight);
+            let until = tokio::time::Instant::now() + NOTICE_WAIT;
+            while shared.in_flight.load(Ordering::Acquire) > 0
+                && tokio::time::Instant::now() < until
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             note_unprofilable(&shared, pid, cmdline, why);
             return;
         }
@@ -631,7 +648,10 @@ impl Drop for Admitted {
 /// worker sends, must reach the bookkeeping first (the other way round,
 /// the start of the old image's session was taken for a new image's and
 /// cleared the process's `disconnected` flag: `unprofiled_e2e` failed
-/// once in a loaded run).
+/// once in a loaded run). Its connection waits for the handshakes in
+/// flight first, since that session's may not have reached its worker
+/// yet (`unprofiled_e2e` failed so in a run with the client installed
+/// system-wide).
 fn note_unprofilable(shared: &Shared, pid: u32, cmdline: Vec<String>, why: Unprofilable) {
     {
         let mut noted = shared
