@@ -61,8 +61,8 @@ struct WarmRequest {
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
-    /// Signalled when a frame is queued while the thread waits, or when the
-    /// symbolizer goes.
+    /// Signalled by a kick after frames were queued while the thread
+    /// waited ([`Symbolizer::kick`]), and when the symbolizer goes.
     wake: Condvar,
 }
 
