@@ -111,8 +111,9 @@ pub(crate) fn capture() {
 
 /// Whether the process was started with `HEAPPROFD_SOCKET` for this
 /// library: set, and this library was `dlopen`ed (the program loads it to
-/// be profiled) or `LD_PRELOAD` names a copy of the client (`record`
-/// preloads one; the exec hooks keep it there). A copy that only
+/// be profiled) or `LD_PRELOAD` names this library's own path (`record
+/// --client-lib` takes a file of any name) or a copy of the client by its
+/// file name (`record` preloads one; the exec hooks keep it there). A copy that only
 /// `/etc/ld.so.preload` loaded, in a process `record --client-lib` started
 /// with another library first (the emulated bionic libc, whose front-end
 /// the socket is for), leaves the variables to that library: it neither
@@ -126,9 +127,10 @@ pub(crate) fn addressed_to_us() -> bool {
         return true;
     }
     let name = heapprofd_proto::attach::CLIENT_FILE_NAME.as_bytes();
+    let own = own_path().map_or(&[][..], CStr::to_bytes);
     env::get(c"LD_PRELOAD").is_some_and(|v| {
         v.split(|&b| b == b':' || b == b' ')
-            .any(|e| e.rsplit(|&b| b == b'/').next() == Some(name))
+            .any(|e| (!e.is_empty() && e == own) || e.rsplit(|&b| b == b'/').next() == Some(name))
     })
 }
 

@@ -21,8 +21,11 @@
 //!   `record --client-lib` another front-end (the emulated bionic libc) is
 //!   the one preloaded, and the installed copy, which `LD_PRELOAD` does not
 //!   name, leaves the socket to it (it connected, or sent a notice, beside
-//!   that front-end's session). A copy under another file name stands for
-//!   the installed one here: `LD_PRELOAD` names no `libheapprofd_client.so`.
+//!   that front-end's session). The loader's `--preload` stands for
+//!   `/etc/ld.so.preload` here: it loads the copy after `LD_PRELOAD`'s
+//!   libraries and names it in no environment variable. A library that
+//!   `LD_PRELOAD` names by its path is addressed whatever its file name
+//!   (`record --client-lib` takes any).
 //!
 //! Every run has a timeout, so a loop fails the test instead of hanging.
 
@@ -45,6 +48,36 @@ const CHURN_ARGS: [&str; 2] = ["8", "2000"];
 /// `preload` joined by `:`, and `env`.
 fn churn(preload: &[&Path], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(programs().path("churn"));
+    c.args(CHURN_ARGS).current_dir(&programs().dir);
+    let joined: Vec<String> = preload.iter().map(|p| p.display().to_string()).collect();
+    c.env("LD_PRELOAD", joined.join(":"));
+    c.env_remove("HEAPPROFD_SOCKET");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run(c, RUN_TIMEOUT)
+}
+
+/// The dynamic loader this test runs under (glibc's `ld-linux-*.so.*`).
+fn dynamic_loader() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            Path::new(p)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("ld-linux"))
+        })
+        .map(PathBuf::from)
+        .expect("no ld-linux in /proc/self/maps")
+}
+
+/// `churn` with `LD_PRELOAD` = `preload` and `behind` loaded after it the
+/// way `/etc/ld.so.preload` loads the installed copy: by the loader
+/// (`ld.so --preload`), named in no environment variable.
+fn churn_behind(preload: &[&Path], behind: &Path, env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(dynamic_loader());
+    c.arg("--preload").arg(behind).arg(programs().path("churn"));
     c.args(CHURN_ARGS).current_dir(&programs().dir);
     let joined: Vec<String> = preload.iter().map(|p| p.display().to_string()).collect();
     c.env("LD_PRELOAD", joined.join(":"));
@@ -200,23 +233,25 @@ fn two_copies_of_the_client_run_dormant_and_profiled() {
 #[test]
 fn a_copy_that_ld_preload_does_not_name_leaves_the_socket_alone() {
     let want = expected();
-    let dir = second_copy("renamed").parent().expect("dir").to_path_buf();
-    let renamed = dir.join("libinstalled_copy.so");
-    std::fs::rename(dir.join("libheapprofd_client.so"), &renamed).expect("rename");
+    let installed = second_copy("behind");
+    let dir = installed.parent().expect("dir").to_path_buf();
     let r = Receiver::start(
         Path::new(RECEIVER),
         &unique_socket("not-named"),
         &["--interval", "4096"],
     );
     let sock = r.socket.to_string_lossy().into_owned();
-    let out = churn(
-        &[&shim(), &renamed],
+    let out = churn_behind(
+        &[&shim()],
+        &installed,
         &[
             ("HEAPPROFD_SOCKET", &sock),
             ("HEAPPROFD_BLOCKING_INIT", "1"),
         ],
     );
     assert_ran("a copy LD_PRELOAD does not name", &out, &want);
+    // The copy was loaded (it forwarded the shim's calls) but stayed out.
+    assert!(shim_calls(&out) > 0, "{}", out.stderr);
     assert!(
         out.stderr.lines().all(|l| l.starts_with("chain_shim: ")),
         "{}",

@@ -702,3 +702,47 @@ fn short_lived_children_keep_their_parents_names_and_windows() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--client-lib` may name a copy of the client under any file name: the
+/// client it names connects, in CMD and in the programs CMD starts. (The
+/// client used to answer only to `libheapprofd_client.so` in `LD_PRELOAD`,
+/// so a renamed copy left every process unprofiled, without an error.)
+#[test]
+fn a_client_lib_of_any_file_name_profiles_cmd_and_its_children() {
+    let dir = scratch_dir("client-lib-name");
+    let lib = dir.join("libmy_profiler_build.so");
+    std::fs::copy(
+        &heapprofd_tests::record_harness::release_bins().client_so,
+        &lib,
+    )
+    .expect("copy the client");
+    let trace = dir.join("t.pftrace");
+    let exit_now = prog("exit_now");
+    let out = record(
+        &["-i", "1", "--client-lib", &s(&lib), "-o", &s(&trace)],
+        &["sh", "-c", &format!("{exit_now} 4; {exit_now} 4")],
+        TIMEOUT,
+    );
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let t = check_trace(&trace);
+    let procs = t.json["summary"]["processes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let profiled: std::collections::BTreeSet<u64> =
+        t.dumps.iter().filter_map(|d| d["pid"].as_u64()).collect();
+    let children = procs
+        .iter()
+        .filter(|p| {
+            p["cmdline"][0]
+                .as_str()
+                .is_some_and(|c| c.ends_with("exit_now"))
+        })
+        .filter(|p| p["pid"].as_u64().is_some_and(|pid| profiled.contains(&pid)))
+        .count();
+    assert_eq!(
+        children, 2,
+        "profiled {profiled:?} of {procs:?}\n{}",
+        out.stderr
+    );
+}
