@@ -58,6 +58,34 @@ pub fn ln_1p(y: f64) -> f64 {
     ln(u) * (y / (u - 1.0))
 }
 
+/// `ln(u)` for a gap draw's uniform `u` in `[2^-53, 1]`, within `3e-11`
+/// (absolute) of the exact value, about twice as fast as [`ln`]: no
+/// special cases, no branch (the reduction to `m` in `[sqrt(1/2),
+/// sqrt(2))` is done on the bits, as musl's `log` does; a branch on `m`
+/// mispredicted for four draws in ten), and the series stops at `s^11`.
+/// The error moves a gap by at most `3e-11` times the interval (a 10^-7
+/// byte at 4 KiB), far below anything the sampling statistics can
+/// see; `ln`, exact to a few units in the last place, stays for the
+/// sampler's set-up.
+#[inline]
+pub fn ln_unit(u: f64) -> f64 {
+    /// The bits of `sqrt(1/2)`.
+    const SQRT_HALF_BITS: u64 = 0x3fe6_a09e_667f_3bcd;
+    let bits = u.to_bits();
+    // The exponent `e` with `u = m 2^e`, `m` in `[sqrt(1/2), sqrt(2))`.
+    let e = (bits.wrapping_sub(SQRT_HALF_BITS) as i64) >> 52;
+    let m = f64::from_bits(bits.wrapping_sub((e as u64) << 52));
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    // 2 atanh(s) = 2 (s + s^3/3 + ... + s^11/11) + at most 2e-11 (|s| <= 0.1716).
+    let p = ((((s2 * (1.0 / 11.0) + 1.0 / 9.0) * s2 + 1.0 / 7.0) * s2 + 1.0 / 5.0) * s2
+        + 1.0 / 3.0)
+        * s2
+        + 1.0;
+    let e = e as f64;
+    e * LN2_HI + (2.0 * s * p + e * LN2_LO)
+}
+
 /// `x = m 2^e` with `m` in `[1, 2)`, for a finite `x > 0` (subnormals
 /// scaled first).
 fn split(x: f64) -> (f64, i32) {
@@ -140,6 +168,32 @@ mod tests {
             let d = ulps(ln_1p(y), y.ln_1p());
             assert!(d <= 4, "ln_1p({y:e}): {d} ulps");
         }
+    }
+
+    #[test]
+    fn ln_unit_is_within_3e_11_of_libm_over_every_draw() {
+        let mut us: Vec<f64> = (0..=53).map(|e| 2f64.powi(-e)).collect();
+        us.extend((1..2000).map(|i| 1.0 - f64::from(i) * 1e-6));
+        us.extend([core::f64::consts::FRAC_1_SQRT_2, 1.0 - f64::EPSILON / 2.0]);
+        let mut z: u64 = 0x9876_5432;
+        for _ in 0..400_000 {
+            z = crate::sampler::mix64(z);
+            us.push(((z >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64));
+        }
+        let mut worst = 0f64;
+        for u in us {
+            let d = (ln_unit(u) - u.ln()).abs();
+            assert!(
+                d < 3e-11,
+                "ln_unit({u:e}) = {:e}, libm {:e}",
+                ln_unit(u),
+                u.ln()
+            );
+            worst = worst.max(d);
+        }
+        // Not exact: the series is cut short on purpose.
+        assert!(worst > 1e-13, "{worst:e}");
+        assert_eq!(ln_unit(1.0), 0.0);
     }
 
     #[test]

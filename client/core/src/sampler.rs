@@ -28,8 +28,8 @@ pub struct Sampler {
     /// Allocations at least this large are recorded with their real size:
     /// the interval, or 0 when the interval is 1 (so that all are).
     threshold: u64,
-    /// `ln(1 - 1/interval)` (negative), precomputed for the gap draws.
-    ln_q: f64,
+    /// `1 / ln(1 - 1/interval)` (negative), precomputed for the gap draws.
+    inv_ln_q: f64,
     /// Bytes until the next picked byte (picked when it reaches <= 0).
     remaining: i64,
     /// splitmix64 state.
@@ -45,7 +45,7 @@ impl Sampler {
     pub const fn disabled() -> Sampler {
         Sampler {
             threshold: u64::MAX,
-            ln_q: -1.0,
+            inv_ln_q: -1.0,
             remaining: i64::MAX,
             rng: 0,
         }
@@ -56,7 +56,7 @@ impl Sampler {
         let interval = interval.clamp(1, MAX_INTERVAL);
         let mut s = Sampler {
             threshold: if interval == 1 { 0 } else { interval },
-            ln_q: crate::logarithm::ln_1p(-1.0 / interval as f64),
+            inv_ln_q: 1.0 / crate::logarithm::ln_1p(-1.0 / interval as f64),
             remaining: 0,
             rng: seed,
         };
@@ -123,7 +123,7 @@ impl Sampler {
         // Uniform in (0, 1]: never 0, so the logarithm is finite.
         let u = ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
         // X = -ln(u) / lambda with lambda = -ln(1 - p); -ln(u) <= 36.8.
-        let x = crate::logarithm::ln(u) / self.ln_q;
+        let x = crate::logarithm::ln_unit(u) * self.inv_ln_q;
         // x >= 0 and at most 36.8 * ~MAX_INTERVAL: the cast cannot saturate.
         (x as i64).saturating_add(1)
     }

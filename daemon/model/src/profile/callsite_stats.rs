@@ -56,7 +56,12 @@ pub struct CallsiteStats {
 impl CallsiteStats {
     /// Counts a sampled allocation of `size` requested bytes at `interval`.
     pub fn add_alloc(&mut self, size: u64, interval: u64) {
-        let w = inverse_probability(size, interval);
+        self.add_weighted_alloc(size, inverse_probability(size, interval));
+    }
+
+    /// Counts a sampled allocation of `size` requested bytes that stands
+    /// for `w` allocations (its [`inverse_probability`]).
+    pub fn add_weighted_alloc(&mut self, size: u64, w: f64) {
         self.estimated_allocs += w;
         let b = log2_bucket(size);
         match self.sizes.binary_search_by_key(&b, |x| x.log2) {

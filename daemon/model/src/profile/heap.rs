@@ -16,6 +16,7 @@
 use rustc_hash::FxHashMap;
 
 use super::callsite_stats::CallsiteStats;
+use super::estimate::SampleWeights;
 use super::tree::CallsiteId;
 
 /// Cumulative and live values of one callsite in one heap.
@@ -175,6 +176,8 @@ pub struct HeapState {
     first_timestamp: Option<u64>,
     committed_timestamp: u64,
     pub(crate) last_dump_timestamp: Option<u64>,
+    /// The weights of the samples (how many allocations each stands for).
+    weights: SampleWeights,
 }
 
 impl HeapState {
@@ -196,6 +199,7 @@ impl HeapState {
             first_timestamp: None,
             committed_timestamp: 0,
             last_dump_timestamp: None,
+            weights: SampleWeights::default(),
         }
     }
 
@@ -327,8 +331,9 @@ impl HeapState {
         } else {
             self.sampling_interval
         };
+        let w = self.weights.inverse_probability(m.size, interval);
         if let Some(t) = self.slots.get_mut(slot as usize) {
-            t.stats.add_alloc(m.size, interval);
+            t.stats.add_weighted_alloc(m.size, w);
         }
         let new = LiveAlloc {
             seq,
