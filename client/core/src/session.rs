@@ -34,8 +34,7 @@ use std::os::fd::RawFd;
 
 use heapprofd_proto::socket::WAKE_BYTE;
 use heapprofd_proto::wire::{
-    self, ClientConfig, FreeRecord, HEAP_NAME_LEN, HeapNameRecord, MAX_REGS, MallocHeader,
-    RegisterFile,
+    self, ClientConfig, FreeRecord, HEAP_NAME_LEN, HeapNameRecord, MallocHeader, RegisterFile,
 };
 use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 
@@ -359,8 +358,8 @@ impl Session {
         sample_size: u64,
         heap_id: u32,
     ) -> bool {
-        let mut regs = [0u64; MAX_REGS];
-        capture::capture_regs(&mut regs);
+        let mut regs = [0u64; capture::UNWIND_REGS];
+        capture::capture_unwind_regs(&mut regs);
         self.write_malloc(st, &regs, addr, size, sample_size, heap_id)
     }
 
@@ -369,12 +368,13 @@ impl Session {
     fn write_malloc(
         &self,
         st: *mut ThreadState,
-        regs: &[u64; MAX_REGS],
+        regs: &[u64; capture::UNWIND_REGS],
         addr: *mut c_void,
         size: usize,
         sample_size: u64,
         heap_id: u32,
     ) -> bool {
+        let regs = capture::register_file(regs);
         let sp = regs[SP_SLOT];
         // SAFETY: the calling thread's own block.
         let context_id = unsafe { (*st).context } >> 1;
@@ -420,7 +420,7 @@ impl Session {
             stack_pointer: sp,
             stack_len: stack_len as u64,
             stack_reused: reuse.as_ref().map_or(0, |(p, _)| p.reused as u32),
-            regs: RegisterFile(*regs),
+            regs: RegisterFile(regs),
         };
         let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
         header.encode_into(&mut fixed);
