@@ -89,7 +89,7 @@ fn check_clean(s: &Session) {
     for k in [
         "decode_errors",
         "corrupt",
-        "seq_dupes",
+        "seq_set",
         "sp_mismatch",
         "pending_at_end",
         "client_error",

@@ -51,13 +51,10 @@ static NEXT_MODE_WORD: AtomicU64 = AtomicU64::new(2);
 /// Counters for tests and debugging (never shared with the daemon).
 pub(crate) static SAMPLES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
-/// Everything a writer needs, hot shared counters on their own cache line.
+/// Everything a writer needs; the writer count striped on lines of its own.
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct Session {
-    // Line 0, written by every record.
-    seq: AtomicU64,
-    _pad: [u64; 7],
     /// The writers inside, striped by thread (see the module docs).
     writers: [WriterStripe; WRITER_STRIPES],
     // Read-mostly.
@@ -132,8 +129,6 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
         Ok(n) => n.min(ring_cap),
     };
     let s: &'static Session = Box::leak(Box::new(Session {
-        seq: AtomicU64::new(0),
-        _pad: [0; 7],
         writers: core::array::from_fn(|_| WriterStripe(AtomicU64::new(0))),
         mode_word,
         pid: p.pid,
@@ -306,11 +301,6 @@ impl Session {
         self.reclaim();
     }
 
-    #[inline(always)]
-    fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
     /// After a commit: wake the daemon if the commit said so (it sleeps, or
     /// the buffer is filling up). False = socket broken.
     pub(crate) fn wake_if(&self, needed: bool) -> bool {
@@ -408,7 +398,7 @@ impl Session {
         };
         let header = MallocHeader {
             flags,
-            sequence: self.next_seq(),
+            sequence: 0,
             alloc_size: size as u64,
             sample_size,
             address: addr as u64,
@@ -480,7 +470,7 @@ impl Session {
     /// Writes a free record.
     pub(crate) fn record_free(&self, addr: u64, heap_id: u32) {
         let rec = FreeRecord {
-            sequence: self.next_seq(),
+            sequence: 0,
             address: addr,
             heap_id,
         }

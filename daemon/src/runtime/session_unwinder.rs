@@ -57,6 +57,9 @@ pub struct SessionUnwinder {
     timing_rng: u64,
     /// The interner's retire generation the caches were made under.
     interner_generation: u64,
+    /// The sequence number of the session's last malloc or free: the
+    /// daemon numbers them in ring order (see `wire::version::V7`).
+    last_seq: u64,
 }
 
 impl SessionUnwinder {
@@ -87,6 +90,7 @@ impl SessionUnwinder {
             unwind_time: Duration::ZERO,
             timing_rng: (0x9e37_79b9_7f4a_7c15 ^ seed) | 1,
             interner_generation: 0,
+            last_seq: 0,
         }
     }
 
@@ -159,9 +163,10 @@ impl SessionUnwinder {
                     self.unwind_errors += 1;
                 }
                 self.samples += 1;
+                self.last_seq += 1;
                 ops.push(Op::Malloc {
                     heap: h.heap_id,
-                    seq: h.sequence,
+                    seq: self.last_seq,
                     address: h.address,
                     sample_size: h.sample_size,
                     size: h.alloc_size,
@@ -216,11 +221,14 @@ impl SessionUnwinder {
                 tag: e.tag,
                 name: e.name_str().to_owned(),
             }),
-            Ok(Record::Free(f)) => ops.push(Op::Free {
-                heap: f.heap_id,
-                seq: f.sequence,
-                address: f.address,
-            }),
+            Ok(Record::Free(f)) => {
+                self.last_seq += 1;
+                ops.push(Op::Free {
+                    heap: f.heap_id,
+                    seq: self.last_seq,
+                    address: f.address,
+                })
+            }
             Ok(Record::Context(c)) => {
                 let labels = if c.flags & ContextRecord::FLAG_OVERFLOW != 0 {
                     context::overflow_labels()
@@ -446,9 +454,12 @@ mod tests {
         assert!(u.process().is_some(), "not loaded for a walk");
         let mut loaded = own_maps_unwinder();
         let mut expected = Vec::new();
+        for bytes in free_and_heap() {
+            loaded.handle_record(&bytes, &mut expected, &cx);
+        }
         loaded.handle_record(&malloc(1, pc), &mut expected, &cx);
         assert_eq!(
-            format!("{:?}", &ops[2..]),
+            format!("{ops:?}"),
             format!("{expected:?}"),
             "the same stack as an unwinder made loaded"
         );
@@ -456,6 +467,33 @@ mod tests {
 
     /// Records in, operations out, with no thread, channel or `/proc` of
     /// another process: the maps are a static copy of our own.
+    /// The daemon numbers a session's mallocs and frees itself, in ring
+    /// order, whatever the records say (protocol version 7).
+    #[test]
+    fn mallocs_and_frees_are_numbered_in_ring_order() {
+        let mut u = own_maps_unwinder();
+        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
+        let cx = InternCtx {
+            interner: &interner,
+            symbolizer: &symbolizer,
+            symbolize: false,
+        };
+        let pc = mallocs_and_frees_are_numbered_in_ring_order as *const () as usize as u64 + 4;
+        let [free, heap] = free_and_heap();
+        let mut ops = Vec::new();
+        for bytes in [malloc(9, pc), heap, free, malloc(4, pc)] {
+            u.handle_record(&bytes, &mut ops, &cx);
+        }
+        let seqs: Vec<u64> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Malloc { seq, .. } | Op::Free { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, [1, 2, 3], "{ops:?}");
+    }
+
     #[test]
     fn records_become_operations() {
         let mut u = own_maps_unwinder();

@@ -85,8 +85,16 @@ pub mod version {
     /// `MallocHeader::FLAG_STACK_BASE`, `ClientConfig::FLAG_STACK_REUSE`,
     /// and the ring's stack resync counter.
     pub const V6: u32 = 6;
+    /// The daemon numbers the mallocs and frees of a session itself, in
+    /// ring order (the order their room was reserved in, which follows
+    /// the program's: a free is written before its block is freed, a
+    /// malloc before its block is returned); the client writes
+    /// `MallocHeader::sequence` and `FreeRecord::sequence` as 0. A shared
+    /// counter in the client was a cache line every record of every
+    /// thread moved between cores.
+    pub const V7: u32 = 7;
     /// The version this build speaks.
-    pub const CURRENT: u32 = V6;
+    pub const CURRENT: u32 = V7;
 }
 
 /// Number of heap slots in [`ClientConfig`] (as Perfetto's client

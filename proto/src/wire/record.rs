@@ -38,7 +38,8 @@ fn check_kind(g: &mut Get<'_>, expected: RecordKind) -> Result<u32, DecodeError>
 pub struct MallocHeader {
     /// [`MallocHeader::FLAG_STACK_TRUNCATED`] and friends.
     pub flags: u32,
-    /// Global sequence number shared by mallocs and frees of the process.
+    /// 0 (since [`version::V7`](super::version::V7) the daemon numbers
+    /// the records in ring order; was the client's sequence number).
     pub sequence: u64,
     /// Size the program asked for.
     pub alloc_size: u64,
@@ -172,7 +173,8 @@ impl MallocHeader {
 /// A free (or the free half of a realloc) of a possibly sampled address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FreeRecord {
-    /// Global sequence number shared with mallocs.
+    /// 0 (since [`version::V7`](super::version::V7) the daemon numbers
+    /// the records in ring order; was the client's sequence number).
     pub sequence: u64,
     /// Address passed to free.
     pub address: u64,

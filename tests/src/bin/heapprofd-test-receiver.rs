@@ -15,7 +15,9 @@
 //! done sessions=1
 //! ```
 //!
-//! `rec` lines only with `--records`. With `--capture PREFIX`, every
+//! `rec` lines only with `--records`; their `seq` is the record's number
+//! among the session's mallocs and frees in ring order, as the daemon
+//! numbers them (the client writes 0). With `--capture PREFIX`, every
 //! session also writes `PREFIX.PID.cap`: what a daemon-side benchmark needs
 //! to replay the session's unwinding offline (`daemon/benches/replay.rs`).
 //! The file is a sequence of chunks `[tag u8][len u32 LE][len bytes]`:
@@ -35,7 +37,6 @@
 //! [--block] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]
 //! [--stall-ms N] [--capture PREFIX] [--capture-max N]`
 
-use std::collections::HashSet;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -119,7 +120,12 @@ struct Summary {
     no_stack: u64,
     truncated: u64,
     stack_bytes: u64,
-    seq_dupes: u64,
+    /// Records whose sequence is not 0 (the client leaves it to the
+    /// daemon since protocol version 7).
+    seq_set: u64,
+    /// The last malloc or free's number, in ring order (as the daemon
+    /// numbers them; printed as `seq=`).
+    last_seq: u64,
     sp_mismatch: u64,
     pending_at_end: u64,
     client_error: u32,
@@ -159,7 +165,6 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
         flags: hs.flags,
         ..Summary::default()
     };
-    let mut seqs = HashSet::new();
     let mut capture = match &opts.capture {
         Some((prefix, max)) => Some(
             Capture::create(
@@ -189,7 +194,7 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
                     if let Some(c) = capture.as_mut() {
                         c.record(&rec).map_err(|e| format!("capture: {e}"))?;
                     }
-                    account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
+                    account(&rec, &mut sum, opts.records.then_some(out));
                 }
                 other => break other,
             }
@@ -227,7 +232,7 @@ fn serve(stream: UnixStream, opts: &Options, out: &Out) -> Result<Summary, Strin
                 if let Some(c) = capture.as_mut() {
                     c.record(&rec).map_err(|e| format!("capture: {e}"))?;
                 }
-                account(&rec, &mut sum, &mut seqs, opts.records.then_some(out));
+                account(&rec, &mut sum, opts.records.then_some(out));
                 continue;
             }
             100
@@ -320,7 +325,7 @@ impl Capture {
     }
 }
 
-fn account(rec: &[u8], sum: &mut Summary, seqs: &mut HashSet<u64>, out: Option<&Out>) {
+fn account(rec: &[u8], sum: &mut Summary, out: Option<&Out>) {
     match Record::decode(rec) {
         Ok(Record::Malloc(h, stack)) => {
             sum.mallocs += 1;
@@ -337,16 +342,17 @@ fn account(rec: &[u8], sum: &mut Summary, seqs: &mut HashSet<u64>, out: Option<&
             if h.regs.0.get(sp_slot) != Some(&h.stack_pointer) {
                 sum.sp_mismatch += 1;
             }
-            if !seqs.insert(h.sequence) {
-                sum.seq_dupes += 1;
+            if h.sequence != 0 {
+                sum.seq_set += 1;
             }
+            sum.last_seq += 1;
             if let Some(out) = out {
                 say(
                     out,
                     &format!(
                         "rec pid={} seq={} kind=malloc addr={:#x} size={} sample={} stack={} flags={}",
                         sum.pid,
-                        h.sequence,
+                        sum.last_seq,
                         h.address,
                         h.alloc_size,
                         h.sample_size,
@@ -358,15 +364,16 @@ fn account(rec: &[u8], sum: &mut Summary, seqs: &mut HashSet<u64>, out: Option<&
         }
         Ok(Record::Free(f)) => {
             sum.frees += 1;
-            if !seqs.insert(f.sequence) {
-                sum.seq_dupes += 1;
+            if f.sequence != 0 {
+                sum.seq_set += 1;
             }
+            sum.last_seq += 1;
             if let Some(out) = out {
                 say(
                     out,
                     &format!(
                         "rec pid={} seq={} kind=free addr={:#x}",
-                        sum.pid, f.sequence, f.address
+                        sum.pid, sum.last_seq, f.address
                     ),
                 );
             }
@@ -384,7 +391,7 @@ fn summary_line(s: &Summary) -> String {
     format!(
         "session pid={} flags={} mallocs={} sample_bytes={} alloc_bytes={} frees={} heap_names={} \
          decode_errors={} corrupt={} overflow={} no_stack={} truncated={} stack_bytes={} \
-         seq_dupes={} sp_mismatch={} pending_at_end={} client_error={}",
+         seq_set={} sp_mismatch={} pending_at_end={} client_error={}",
         s.pid,
         s.flags,
         s.mallocs,
@@ -398,7 +405,7 @@ fn summary_line(s: &Summary) -> String {
         s.no_stack,
         s.truncated,
         s.stack_bytes,
-        s.seq_dupes,
+        s.seq_set,
         s.sp_mismatch,
         s.pending_at_end,
         s.client_error
