@@ -153,6 +153,9 @@ struct Shared {
     access: std::sync::Mutex<PeerAccess>,
     /// Connections accepted whose session has not reached a worker yet.
     in_flight: AtomicUsize,
+    /// Unprofilable notices not noted yet (they wait for `in_flight`, and
+    /// `finish` waits for them).
+    notices_in_flight: AtomicUsize,
     /// Permits for the blocking part of a handshake.
     establishing: Arc<tokio::sync::Semaphore>,
     /// Connections refused so far.
@@ -189,6 +192,29 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An unprofilable notice in [`Shared::notices_in_flight`] until dropped:
+/// made from the connection's [`InFlight`], which it then gives up (the
+/// count goes from one to the other with no moment in neither).
+struct NoticeInFlight(Arc<Shared>);
+
+impl NoticeInFlight {
+    fn from(connection: InFlight) -> Self {
+        connection
+            .0
+            .notices_in_flight
+            .fetch_add(1, Ordering::AcqRel);
+        let shared = Arc::clone(&connection.0);
+        drop(connection);
+        NoticeInFlight(shared)
+    }
+}
+
+impl Drop for NoticeInFlight {
+    fn drop(&mut self) {
+        self.0.notices_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -274,6 +300,7 @@ impl Daemon {
             next_id: AtomicU64::new(1),
             access: std::sync::Mutex::new(PeerAccess::Own { extra_uid: None }),
             in_flight: AtomicUsize::new(0),
+            notices_in_flight: AtomicUsize::new(0),
             establishing: Arc::new(tokio::sync::Semaphore::new(MAX_ESTABLISHING)),
             refusals: AtomicU64::new(0),
             book: book_tx.clone(),
@@ -427,8 +454,15 @@ impl Daemon {
             let _ = stop.send(());
             let _ = done.recv_timeout(HANDOFF_WAIT);
         }
+        // Handshakes on their way to a worker, and notices on their way to
+        // the bookkeeping (a notice waits for the handshakes, at most
+        // NOTICE_WAIT, less than this waits).
+        const _: () = assert!(HANDOFF_WAIT.as_millis() > NOTICE_WAIT.as_millis());
         let deadline = Instant::now() + HANDOFF_WAIT;
-        while self.shared.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        while (self.shared.in_flight.load(Ordering::Acquire) > 0
+            || self.shared.notices_in_flight.load(Ordering::Acquire) > 0)
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
         for w in &self.shared.workers {
@@ -525,8 +559,10 @@ async fn handle_connection(
             // that session may still be on its way to its worker, and its
             // start must reach the bookkeeping before this notice (see
             // `note_unprofilable`). So the notice waits, a bounded time,
-            // until no other connection is in flight.
-            drop(in_flight);
+            // until no other connection is in flight. `finish` waits for
+            // the notice in turn: noted after the workers stopped, it was
+            // lost (`hostile_peers` lost a pid so in the installed pass).
+            let _notice = NoticeInFlight::from(in_flight);
             let until = tokio::time::Instant::now() + NOTICE_WAIT;
             while shared.in_flight.load(Ordering::Acquire) > 0
                 && tokio::time::Instant::now() < until
