@@ -230,14 +230,13 @@ pub(crate) const UNWIND_REGS: usize = 8;
 #[cfg(target_arch = "aarch64")]
 pub(crate) const UNWIND_REGS: usize = 14;
 
-/// Where each of [`capture_unwind_regs`]'s registers goes in the wire's
-/// register file (DWARF numbering).
-#[cfg(target_arch = "x86_64")]
-const UNWIND_SLOTS: [usize; UNWIND_REGS] = [3, 6, 7, 12, 13, 14, 15, 16];
-/// Where each of [`capture_unwind_regs`]'s registers goes in the wire's
-/// register file (x19..x30, sp, pc).
-#[cfg(target_arch = "aarch64")]
-const UNWIND_SLOTS: [usize; UNWIND_REGS] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32];
+/// Where each of [`capture_unwind_regs`]'s registers goes in a register
+/// file: the wire's unwind slots, in the wire's order.
+const UNWIND_SLOTS: &[usize] = match heapprofd_proto::wire::Arch::native() {
+    Some(a) => a.unwind_slots(),
+    None => &[],
+};
+const _: () = assert!(UNWIND_SLOTS.len() == UNWIND_REGS);
 
 /// The registers an unwinder starts from, as [`capture_regs`] fills them,
 /// in a compact array: a malloc sample's array sits in the frame that takes
@@ -297,7 +296,7 @@ pub(crate) fn capture_unwind_regs(regs: &mut [u64; UNWIND_REGS]) -> u64 {
 #[inline(always)]
 pub(crate) fn register_file(regs: &[u64; UNWIND_REGS]) -> [u64; MAX_REGS] {
     let mut out = [0u64; MAX_REGS];
-    for (v, slot) in regs.iter().zip(UNWIND_SLOTS) {
+    for (v, &slot) in regs.iter().zip(UNWIND_SLOTS) {
         out[slot] = *v;
     }
     out

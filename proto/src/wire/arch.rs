@@ -4,8 +4,13 @@ use core::fmt;
 
 use super::codec::DecodeError;
 
-/// Number of 64-bit register slots carried by a malloc sample.
+/// Number of 64-bit register slots of a [`RegisterFile`] (DWARF numbering).
 pub const MAX_REGS: usize = 34;
+
+/// Register values a malloc sample carries on the wire since
+/// [`version::V8`](super::version::V8): [`Arch::unwind_slots`]' registers
+/// in that order, then zeros.
+pub const UNWIND_REGS: usize = 14;
 
 /// CPU architecture of the client, which decides how [`RegisterFile`] is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,6 +41,18 @@ impl Arch {
             1 => Ok(Arch::X86_64),
             2 => Ok(Arch::Aarch64),
             other => Err(DecodeError::UnknownArch(other)),
+        }
+    }
+
+    /// The [`RegisterFile`] slots an unwinder starts from, which a malloc
+    /// sample carries (see [`UNWIND_REGS`]): the stack and frame pointers,
+    /// the instruction pointer and the callee-saved registers.
+    pub const fn unwind_slots(self) -> &'static [usize] {
+        match self {
+            // rbx, rbp, rsp, r12..r15, rip.
+            Arch::X86_64 => &[3, 6, 7, 12, 13, 14, 15, 16],
+            // x19..x30, sp, pc.
+            Arch::Aarch64 => &[19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32],
         }
     }
 

@@ -42,7 +42,7 @@ mod kind;
 mod record;
 mod stack_sample;
 
-pub use arch::{Arch, MAX_REGS, RegisterFile, aarch64, x86_64};
+pub use arch::{Arch, MAX_REGS, RegisterFile, UNWIND_REGS, aarch64, x86_64};
 pub use client_config::{ClientConfig, ForkPolicy, HeapConfig, PerfEvent};
 pub use codec::{DecodeError, HEAP_NAME_LEN, heap_name_field, heap_name_str};
 pub use context::{
@@ -93,8 +93,13 @@ pub mod version {
     /// counter in the client was a cache line every record of every
     /// thread moved between cores.
     pub const V7: u32 = 7;
+    /// A malloc record carries only the registers an unwinder starts from
+    /// (`Arch::unwind_slots`, [`UNWIND_REGS`](super::UNWIND_REGS) slots), not
+    /// all 34 slots of a `RegisterFile`: its fixed part is 200 bytes, was
+    /// 360 (all but 8 or 14 of the slots were zeros).
+    pub const V8: u32 = 8;
     /// The version this build speaks.
-    pub const CURRENT: u32 = V7;
+    pub const CURRENT: u32 = V8;
 }
 
 /// Number of heap slots in [`ClientConfig`] (as Perfetto's client

@@ -2,7 +2,7 @@
 //! [`HeapNameRecord`] (and [`ContextRecord`], in its own file), each opening
 //! with its [`RecordKind`], and [`Record`], any of them decoded by its kind tag.
 
-use super::arch::{Arch, MAX_REGS, RegisterFile};
+use super::arch::{Arch, RegisterFile, UNWIND_REGS};
 use super::codec::{DecodeError, Get, HEAP_NAME_LEN, Put, encode_name, heap_name_str};
 use super::context::ContextRecord;
 use super::kind::RecordKind;
@@ -66,13 +66,14 @@ pub struct MallocHeader {
     /// Bytes of the stack above those, taken from the thread's base (at
     /// most [`STACK_REUSE_WINDOW`]; 0 = the record carries the whole stack).
     pub stack_reused: u32,
-    /// Registers at the capture point.
+    /// Registers at the capture point. Only the arch's
+    /// [`Arch::unwind_slots`] travel (the others decode as 0).
     pub regs: RegisterFile,
 }
 
 impl MallocHeader {
     /// Bytes of the fixed part on the wire.
-    pub const ENCODED_LEN: usize = 88 + MAX_REGS * 8;
+    pub const ENCODED_LEN: usize = 88 + UNWIND_REGS * 8;
     /// The stack copy was cut short (cap reached); unwinding may stop early.
     pub const FLAG_STACK_TRUNCATED: u32 = 1;
     /// The stack bounds of the thread were unknown; only registers were sent.
@@ -100,8 +101,9 @@ impl MallocHeader {
         p.u32(self.stack_reused);
         p.u64(self.stack_pointer);
         p.u64(self.stack_len);
-        for r in &self.regs.0 {
-            p.u64(*r);
+        let slots = self.arch.unwind_slots();
+        for i in 0..UNWIND_REGS {
+            p.u64(slots.get(i).map_or(0, |&s| self.regs.0[s]));
         }
     }
 
@@ -125,8 +127,12 @@ impl MallocHeader {
         let stack_pointer = g.u64();
         let stack_len = g.u64();
         let mut regs = RegisterFile::default();
-        for r in regs.0.iter_mut() {
-            *r = g.u64();
+        let slots = arch.unwind_slots();
+        for i in 0..UNWIND_REGS {
+            let v = g.u64();
+            if let Some(&s) = slots.get(i) {
+                regs.0[s] = v;
+            }
         }
         let rest = &buf[Self::ENCODED_LEN..];
         let ok_len = usize::try_from(stack_len)
@@ -337,7 +343,7 @@ impl<'a> Record<'a> {
 }
 
 // Layout pins: a change to any field list must change these numbers on purpose.
-const _: () = assert!(MallocHeader::ENCODED_LEN == 360);
+const _: () = assert!(MallocHeader::ENCODED_LEN == 200);
 const _: () = assert!(FreeRecord::ENCODED_LEN == 32);
 const _: () = assert!(HeapNameRecord::ENCODED_LEN == 88);
 const _: () = assert!(MallocHeader::ENCODED_LEN % 8 == 0);
@@ -349,8 +355,8 @@ mod tests {
 
     fn sample_header() -> MallocHeader {
         let mut regs = RegisterFile::default();
-        for (i, r) in regs.0.iter_mut().enumerate() {
-            *r = 0x1000 + i as u64;
+        for &s in Arch::X86_64.unwind_slots() {
+            regs.0[s] = 0x1000 + s as u64;
         }
         MallocHeader {
             flags: MallocHeader::FLAG_STACK_TRUNCATED,
@@ -393,6 +399,37 @@ mod tests {
         ] {
             let bytes = Record::Malloc(bad, &stack).encode_to_vec();
             assert!(Record::decode(&bytes).is_err(), "{bad:?} decoded");
+        }
+    }
+
+    #[test]
+    fn only_the_unwind_registers_travel() {
+        for arch in [Arch::X86_64, Arch::Aarch64] {
+            let mut regs = RegisterFile::default();
+            for (i, r) in regs.0.iter_mut().enumerate() {
+                *r = 0x5000 + i as u64;
+            }
+            let h = MallocHeader {
+                arch,
+                regs,
+                ..sample_header()
+            };
+            let bytes = Record::Malloc(h, &[0u8; 16]).encode_to_vec();
+            assert_eq!(bytes.len(), MallocHeader::ENCODED_LEN + 16);
+            let Ok(Record::Malloc(back, _)) = Record::decode(&bytes) else {
+                panic!("{arch:?}: no malloc record");
+            };
+            for (i, v) in back.regs.0.iter().enumerate() {
+                let want = if arch.unwind_slots().contains(&i) {
+                    0x5000 + i as u64
+                } else {
+                    0
+                };
+                assert_eq!(*v, want, "{arch:?} slot {i}");
+            }
+            let (sp, ip) = arch.sp_ip_slots();
+            assert!(arch.unwind_slots().contains(&sp) && arch.unwind_slots().contains(&ip));
+            assert!(arch.unwind_slots().len() <= UNWIND_REGS);
         }
     }
 
