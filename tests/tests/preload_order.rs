@@ -47,7 +47,12 @@ const CHURN_ARGS: [&str; 2] = ["8", "2000"];
 /// `churn` (8 threads of malloc/calloc/realloc/free) with `LD_PRELOAD` =
 /// `preload` joined by `:`, and `env`.
 fn churn(preload: &[&Path], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(programs().path("churn"));
+    run_churn(Command::new(programs().path("churn")), preload, env)
+}
+
+/// Runs `c` (`churn`, or a loader about to run it) with `churn`'s
+/// arguments, `LD_PRELOAD` = `preload` joined by `:`, and `env`.
+fn run_churn(mut c: Command, preload: &[&Path], env: &[(&str, &str)]) -> Output {
     c.args(CHURN_ARGS).current_dir(&programs().dir);
     let joined: Vec<String> = preload.iter().map(|p| p.display().to_string()).collect();
     c.env("LD_PRELOAD", joined.join(":"));
@@ -78,14 +83,7 @@ fn dynamic_loader() -> PathBuf {
 fn churn_behind(preload: &[&Path], behind: &Path, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(dynamic_loader());
     c.arg("--preload").arg(behind).arg(programs().path("churn"));
-    c.args(CHURN_ARGS).current_dir(&programs().dir);
-    let joined: Vec<String> = preload.iter().map(|p| p.display().to_string()).collect();
-    c.env("LD_PRELOAD", joined.join(":"));
-    c.env_remove("HEAPPROFD_SOCKET");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    run(c, RUN_TIMEOUT)
+    run_churn(c, preload, env)
 }
 
 /// `churn`'s output without any preload.

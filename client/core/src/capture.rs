@@ -302,56 +302,17 @@ pub(crate) fn register_file(regs: &[u64; UNWIND_REGS]) -> [u64; MAX_REGS] {
     out
 }
 
-/// Registers at the capture point, in DWARF numbering (see `proto::wire`).
-/// Only the registers an unwinder starts from are filled: the stack and
-/// frame pointers, the instruction pointer and the callee-saved registers.
-/// Returns the stack pointer.
-#[cfg(target_arch = "x86_64")]
+/// Registers at the capture point, in DWARF numbering (see `proto::wire`):
+/// [`capture_unwind_regs`]' registers put in their slots of `regs` (the
+/// others are left as they are). Returns the stack pointer.
 #[inline(always)]
 pub(crate) fn capture_regs(regs: &mut [u64; MAX_REGS]) -> u64 {
-    // SAFETY: stores registers into the 34-slot array; touches nothing else.
-    unsafe {
-        core::arch::asm!(
-            "mov qword ptr [{r} + 3*8], rbx",
-            "mov qword ptr [{r} + 6*8], rbp",
-            "mov qword ptr [{r} + 7*8], rsp",
-            "mov qword ptr [{r} + 12*8], r12",
-            "mov qword ptr [{r} + 13*8], r13",
-            "mov qword ptr [{r} + 14*8], r14",
-            "mov qword ptr [{r} + 15*8], r15",
-            "lea {t}, [rip]",
-            "mov qword ptr [{r} + 16*8], {t}",
-            r = in(reg) regs.as_mut_ptr(),
-            t = out(reg) _,
-            options(nostack, preserves_flags),
-        );
+    let mut c = [0u64; UNWIND_REGS];
+    let sp = capture_unwind_regs(&mut c);
+    for (v, &slot) in c.iter().zip(UNWIND_SLOTS) {
+        regs[slot] = *v;
     }
-    regs[heapprofd_proto::wire::x86_64::RSP]
-}
-
-/// Registers at the capture point (x0..x30, sp in slot 31, pc in slot 32).
-#[cfg(target_arch = "aarch64")]
-#[inline(always)]
-pub(crate) fn capture_regs(regs: &mut [u64; MAX_REGS]) -> u64 {
-    // SAFETY: stores registers into the 34-slot array; touches nothing else.
-    unsafe {
-        core::arch::asm!(
-            "stp x19, x20, [{r}, #152]",
-            "stp x21, x22, [{r}, #168]",
-            "stp x23, x24, [{r}, #184]",
-            "stp x25, x26, [{r}, #200]",
-            "stp x27, x28, [{r}, #216]",
-            "stp x29, x30, [{r}, #232]",
-            "mov {t}, sp",
-            "str {t}, [{r}, #248]",
-            "adr {t}, .",
-            "str {t}, [{r}, #256]",
-            r = in(reg) regs.as_mut_ptr(),
-            t = out(reg) _,
-            options(nostack, preserves_flags),
-        );
-    }
-    regs[heapprofd_proto::wire::aarch64::SP]
+    sp
 }
 
 #[cfg(test)]

@@ -337,17 +337,30 @@ mod tests {
         SessionUnwinder::new(process, 0..0, 1)
     }
 
+    /// A fresh interner and symbolizer (names off), for [`InternCtx`]s.
+    #[derive(Default)]
+    pub(super) struct Names {
+        interner: Interner,
+        symbolizer: Symbolizer,
+    }
+
+    impl Names {
+        pub(super) fn cx(&self) -> InternCtx<'_> {
+            InternCtx {
+                interner: &self.interner,
+                symbolizer: &self.symbolizer,
+                symbolize: false,
+            }
+        }
+    }
+
     /// A stack sample is unwound like a malloc sample (its stack defined
     /// first); a losses-only record is passed on without unwinding.
     #[test]
     fn stack_samples_and_losses_become_operations() {
         let mut u = own_maps_unwinder();
-        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
-        let cx = InternCtx {
-            interner: &interner,
-            symbolizer: &symbolizer,
-            symbolize: false,
-        };
+        let names = Names::default();
+        let cx = names.cx();
         let pc = stack_samples_and_losses_become_operations as *const () as usize as u64 + 4;
         let m = header(pc);
         let sample = StackSampleHeader {
@@ -437,12 +450,8 @@ mod tests {
             heapprofd_unwinder::ProcessOptions::default(),
         );
         let mut u = SessionUnwinder::pending(pending, 0..0, 1);
-        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
-        let cx = InternCtx {
-            interner: &interner,
-            symbolizer: &symbolizer,
-            symbolize: false,
-        };
+        let names = Names::default();
+        let cx = names.cx();
         let mut ops = Vec::new();
         for bytes in free_and_heap() {
             u.handle_record(&bytes, &mut ops, &cx);
@@ -465,25 +474,13 @@ mod tests {
         );
     }
 
-    /// Records in, operations out, with no thread, channel or `/proc` of
-    /// another process: the maps are a static copy of our own.
     /// The daemon numbers a session's mallocs and frees itself, in ring
     /// order, whatever the records say (protocol version 7).
     #[test]
     fn mallocs_and_frees_are_numbered_in_ring_order() {
-        let mut u = own_maps_unwinder();
-        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
-        let cx = InternCtx {
-            interner: &interner,
-            symbolizer: &symbolizer,
-            symbolize: false,
-        };
         let pc = mallocs_and_frees_are_numbered_in_ring_order as *const () as usize as u64 + 4;
         let [free, heap] = free_and_heap();
-        let mut ops = Vec::new();
-        for bytes in [malloc(9, pc), heap, free, malloc(4, pc)] {
-            u.handle_record(&bytes, &mut ops, &cx);
-        }
+        let ops = operations_of([malloc(9, pc), heap, free, malloc(4, pc)]);
         let seqs: Vec<u64> = ops
             .iter()
             .filter_map(|op| match op {
@@ -494,15 +491,26 @@ mod tests {
         assert_eq!(seqs, [1, 2, 3], "{ops:?}");
     }
 
+    /// The operations of `records`, handled by an unwinder of our own
+    /// maps with a fresh interner.
+    fn operations_of(records: impl IntoIterator<Item = Vec<u8>>) -> Vec<Op> {
+        let mut u = own_maps_unwinder();
+        let names = Names::default();
+        let cx = names.cx();
+        let mut ops = Vec::new();
+        for bytes in records {
+            u.handle_record(&bytes, &mut ops, &cx);
+        }
+        ops
+    }
+
+    /// Records in, operations out, with no thread, channel or `/proc` of
+    /// another process: the maps are a static copy of our own.
     #[test]
     fn records_become_operations() {
         let mut u = own_maps_unwinder();
-        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
-        let cx = InternCtx {
-            interner: &interner,
-            symbolizer: &symbolizer,
-            symbolize: false,
-        };
+        let names = Names::default();
+        let cx = names.cx();
         let pc = records_become_operations as *const () as usize as u64 + 4;
         let [free, heap] = free_and_heap();
         let mut ops = Vec::new();
@@ -571,12 +579,10 @@ mod unload_tests {
     use std::time::Duration;
 
     use heapprofd_model::messages::Op;
-    use heapprofd_model::profile::Interner;
     use heapprofd_unwinder::{MapsSource, ModuleCache, NoMemory, ProcessOptions};
 
-    use super::tests::malloc;
+    use super::tests::{Names, malloc};
     use super::*;
-    use crate::runtime::symbolize::Symbolizer;
 
     /// Maps the test changes under the process context.
     struct SharedMaps(Arc<Mutex<String>>);
@@ -632,12 +638,8 @@ mod unload_tests {
             },
         );
         let mut u = SessionUnwinder::new(process, 0..0, 1);
-        let (interner, symbolizer) = (Interner::new(), Symbolizer::new());
-        let cx = InternCtx {
-            interner: &interner,
-            symbolizer: &symbolizer,
-            symbolize: false,
-        };
+        let names = Names::default();
+        let cx = names.cx();
         let pc = malloc as *const () as usize as u64 + 4;
         let mut ops = Vec::new();
         u.handle_record(&malloc(1, pc), &mut ops, &cx);
