@@ -16,7 +16,7 @@
 //! fits, the sample carries registers only.
 
 use core::sync::atomic::{AtomicU64, Ordering};
-use heapprofd_proto::wire::MAX_REGS;
+use heapprofd_proto::wire::{Arch, MAX_REGS};
 
 use crate::tls::{STACK_FAILED, STACK_KNOWN, STACK_UNKNOWN, ThreadState};
 
@@ -230,13 +230,13 @@ pub(crate) const UNWIND_REGS: usize = 8;
 #[cfg(target_arch = "aarch64")]
 pub(crate) const UNWIND_REGS: usize = 14;
 
-/// Where each of [`capture_unwind_regs`]'s registers goes in a register
-/// file: the wire's unwind slots, in the wire's order.
-const UNWIND_SLOTS: &[usize] = match heapprofd_proto::wire::Arch::native() {
-    Some(a) => a.unwind_slots(),
-    None => &[],
+/// The architecture this library is built for.
+pub(crate) const NATIVE_ARCH: Arch = match Arch::native() {
+    Some(a) => a,
+    None => panic!("unsupported architecture"),
 };
-const _: () = assert!(UNWIND_SLOTS.len() == UNWIND_REGS);
+// [`capture_unwind_regs`] takes the wire's unwind registers, in its order.
+const _: () = assert!(NATIVE_ARCH.unwind_slots().len() == UNWIND_REGS);
 
 /// The registers an unwinder starts from, as [`capture_regs`] fills them,
 /// in a compact array: a malloc sample's array sits in the frame that takes
@@ -296,9 +296,7 @@ pub(crate) fn capture_unwind_regs(regs: &mut [u64; UNWIND_REGS]) -> u64 {
 #[inline(always)]
 pub(crate) fn register_file(regs: &[u64; UNWIND_REGS]) -> [u64; MAX_REGS] {
     let mut out = [0u64; MAX_REGS];
-    for (v, &slot) in regs.iter().zip(UNWIND_SLOTS) {
-        out[slot] = *v;
-    }
+    NATIVE_ARCH.place_unwind_regs(regs, &mut out);
     out
 }
 
@@ -309,9 +307,7 @@ pub(crate) fn register_file(regs: &[u64; UNWIND_REGS]) -> [u64; MAX_REGS] {
 pub(crate) fn capture_regs(regs: &mut [u64; MAX_REGS]) -> u64 {
     let mut c = [0u64; UNWIND_REGS];
     let sp = capture_unwind_regs(&mut c);
-    for (v, &slot) in c.iter().zip(UNWIND_SLOTS) {
-        regs[slot] = *v;
-    }
+    NATIVE_ARCH.place_unwind_regs(&c, regs);
     sp
 }
 
@@ -346,17 +342,18 @@ mod tests {
         let sp = capture_unwind_regs(&mut compact);
         assert_eq!(sp, sp_full, "same frame, same stack pointer");
         let written: Vec<usize> = (0..MAX_REGS).filter(|&i| full[i] != u64::MAX).collect();
-        assert_eq!(written, UNWIND_SLOTS, "the full capture writes these slots");
+        let slots = NATIVE_ARCH.unwind_slots();
+        assert_eq!(written, slots, "the full capture writes these slots");
         assert!(compact.iter().all(|&v| v != u64::MAX), "{compact:x?}");
         let file = register_file(&compact);
         let arch = heapprofd_proto::wire::Arch::native().expect("supported arch");
         let (sp_slot, ip_slot) = arch.sp_ip_slots();
         assert_eq!(file[sp_slot], sp);
         assert!(file[ip_slot] != 0);
-        for (i, slot) in UNWIND_SLOTS.iter().enumerate() {
+        for (i, slot) in slots.iter().enumerate() {
             assert_eq!(file[*slot], compact[i]);
         }
-        let others = (0..MAX_REGS).filter(|i| !UNWIND_SLOTS.contains(i));
+        let others = (0..MAX_REGS).filter(|i| !slots.contains(i));
         assert!(others.map(|i| file[i]).all(|v| v == 0));
     }
 

@@ -406,7 +406,7 @@ impl Session {
             context_id,
             tid: capture::tid(st),
             heap_id,
-            arch: NATIVE_ARCH,
+            arch: capture::NATIVE_ARCH,
             stack_pointer: sp,
             stack_len: stack_len as u64,
             stack_reused: reuse.as_ref().map_or(0, |(p, _)| p.reused as u32),
@@ -513,13 +513,8 @@ impl Session {
     }
 }
 
-pub(crate) const NATIVE_ARCH: wire::Arch = match wire::Arch::native() {
-    Some(a) => a,
-    None => panic!("unsupported architecture"),
-};
-
 /// The stack pointer's slot in a captured register file.
-const SP_SLOT: usize = NATIVE_ARCH.sp_ip_slots().0;
+const SP_SLOT: usize = capture::NATIVE_ARCH.sp_ip_slots().0;
 
 fn coarse_now_ns() -> u64 {
     let mut ts = libc::timespec {

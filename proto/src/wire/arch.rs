@@ -56,6 +56,18 @@ impl Arch {
         }
     }
 
+    /// Puts `values`, the arch's unwind registers in [`Arch::unwind_slots`]'
+    /// order, into their slots of `regs` (values beyond those slots are
+    /// ignored, the other slots left as they are).
+    #[inline]
+    pub fn place_unwind_regs(self, values: &[u64], regs: &mut [u64; MAX_REGS]) {
+        for (v, &slot) in values.iter().zip(self.unwind_slots()) {
+            if let Some(r) = regs.get_mut(slot) {
+                *r = *v;
+            }
+        }
+    }
+
     /// Register slots that hold the stack pointer and instruction pointer.
     pub const fn sp_ip_slots(self) -> (usize, usize) {
         match self {

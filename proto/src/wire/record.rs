@@ -126,14 +126,12 @@ impl MallocHeader {
         let stack_reused = g.u32();
         let stack_pointer = g.u64();
         let stack_len = g.u64();
-        let mut regs = RegisterFile::default();
-        let slots = arch.unwind_slots();
-        for i in 0..UNWIND_REGS {
-            let v = g.u64();
-            if let Some(&s) = slots.get(i) {
-                regs.0[s] = v;
-            }
+        let mut values = [0u64; UNWIND_REGS];
+        for v in values.iter_mut() {
+            *v = g.u64();
         }
+        let mut regs = RegisterFile::default();
+        arch.place_unwind_regs(&values, &mut regs.0);
         let rest = &buf[Self::ENCODED_LEN..];
         let ok_len = usize::try_from(stack_len)
             .ok()
