@@ -156,10 +156,9 @@ pub unsafe extern "C" fn heapprofd_free(p: *mut c_void) {
     let Some(f) = dispatch::previous().and_then(|t| t.free) else {
         return;
     };
-    let m = mode();
-    if may_be_sampled(p, m) {
+    if may_be_sampled(p) {
         // Before the allocator gets the block back (see hookpath).
-        on_free(p, m);
+        on_free(p);
     }
     // SAFETY: forwarding with the caller's arguments.
     unsafe { f(p) }
@@ -178,12 +177,12 @@ pub unsafe extern "C" fn heapprofd_realloc(old: *mut c_void, size: usize) -> *mu
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { f(old, size) };
     }
-    let old_maybe_sampled = may_be_sampled(old, m);
+    let old_maybe_sampled = may_be_sampled(old);
     if !old_maybe_sampled && skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { f(old, size) };
     }
-    let was_sampled = old_maybe_sampled && on_free(old, m);
+    let was_sampled = old_maybe_sampled && on_free(old);
     // SAFETY: forwarding with the caller's arguments.
     let p = unsafe { f(old, size) };
     if p.is_null() {

@@ -75,18 +75,15 @@ macro_rules! delete {
             type F = unsafe extern "C" fn(*mut c_void $(, $t)*);
             #[cold]
             #[inline(never)]
-            unsafe fn slow(p: *mut c_void $(, $a: $t)*, m: u64) {
+            unsafe fn slow(p: *mut c_void $(, $a: $t)*) {
                 // Before the allocator can hand the address out again.
-                on_free(p, m);
+                on_free(p);
                 // SAFETY: forwarding with the caller's arguments.
                 unsafe { originals::real::<F>(&$rec)(p $(, $a)*) }
             }
-            if $rec.recorded() {
-                let m = mode();
-                if may_be_sampled(p, m) {
-                    // SAFETY: the caller's contract.
-                    return unsafe { slow(p $(, $a)*, m) };
-                }
+            if $rec.recorded() && may_be_sampled(p) {
+                // SAFETY: the caller's contract.
+                return unsafe { slow(p $(, $a)*) };
             }
             // SAFETY: forwarding with the caller's arguments.
             unsafe { originals::real::<F>(&$rec)(p $(, $a)*) }

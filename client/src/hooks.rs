@@ -74,10 +74,9 @@ pub(crate) static FREE: Hook = Hook::new(c"free", free as *const (), Kind::Famil
 /// Same contract as glibc's `free`.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    let m = mode();
-    if may_be_sampled(p, m) {
+    if may_be_sampled(p) {
         // SAFETY: same contract.
-        return unsafe { free_slow(p, m) };
+        return unsafe { free_slow(p) };
     }
     // SAFETY: forwarding with the caller's arguments.
     unsafe { originals::real::<FreeFn>(&FREE)(p) }
@@ -85,8 +84,8 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 
 #[cold]
 #[inline(never)]
-unsafe fn free_slow(p: *mut c_void, m: u64) {
-    on_free(p, m);
+unsafe fn free_slow(p: *mut c_void) {
+    on_free(p);
     // SAFETY: forwarding with the caller's arguments.
     unsafe { originals::real::<FreeFn>(&FREE)(p) }
 }
@@ -134,7 +133,7 @@ pub unsafe extern "C" fn realloc(old: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { originals::real::<ReallocFn>(&REALLOC)(old, size) };
     }
-    let old_maybe_sampled = may_be_sampled(old, m);
+    let old_maybe_sampled = may_be_sampled(old);
     if !old_maybe_sampled && skip(size, m) {
         // SAFETY: forwarding with the caller's arguments.
         return unsafe { originals::real::<ReallocFn>(&REALLOC)(old, size) };
@@ -159,7 +158,7 @@ unsafe fn realloc_slow(
     old_maybe_sampled: bool,
     call: impl FnOnce() -> *mut c_void,
 ) -> *mut c_void {
-    let was_sampled = old_maybe_sampled && on_free(old, m);
+    let was_sampled = old_maybe_sampled && on_free(old);
     let p = call();
     if p.is_null() {
         if was_sampled && size != 0 {

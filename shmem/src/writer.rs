@@ -11,6 +11,7 @@ use crate::layout::{
     ClientError, HDR_COMMITTED, HDR_DISCARDED, HDR_LEN_MASK, LOCK_HELD, LOCK_POISONED,
     RECORD_HEADER_LEN, record_size, used_bytes,
 };
+use crate::prefetch::prefetch_for_write;
 use crate::ring::RingBuffer;
 
 /// How a writer behaves when the buffer is full.
@@ -75,23 +76,16 @@ impl RingBuffer {
     /// memory, and is wrong at no cost other than bandwidth.
     #[inline]
     pub fn prefetch_next(&self, len: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use core::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
-            let wp = self.meta().write_pos.load(Ordering::Relaxed);
-            let off = (wp & self.mask()) as usize;
-            let len = len.min(self.size());
-            let base = self.data_ptr();
-            let mut i = 0;
-            while i < len {
-                // SAFETY: `off + i < 2 * size`, inside the mirror mapping;
-                // a prefetch never faults anyway.
-                unsafe { _mm_prefetch::<_MM_HINT_ET0>(base.add(off + i).cast()) };
-                i += 64;
-            }
+        let wp = self.meta().write_pos.load(Ordering::Relaxed);
+        let off = (wp & self.mask()) as usize;
+        let len = len.min(self.size());
+        let mut i = 0;
+        while i < len {
+            // `off + i < 2 * size`: inside the mirror mapping (a prefetch
+            // would not fault outside it anyway).
+            prefetch_for_write(self.data_ptr().wrapping_add(off + i));
+            i += 64;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = len;
     }
 
     /// Reserves room for a record with `len` payload bytes.

@@ -21,9 +21,12 @@
 //!   bucket's count, set its summary bit, then CAS the address into an
 //!   empty slot of its line. If all 8 slots are taken, set the bucket's
 //!   sticky overflow bit instead.
-//! * `free` fast path: load the bucket's summary word. A clear bit means no
-//!   sampled address hashes there, and the free is done: one load from one
-//!   page. (It was a load from the 32 KiB counts: in `record -i 512k` of
+//! * `free` fast path ([`FreeSet::may_hold`]): load the *filter*, then the
+//!   bucket's word of it. The filter is null while no session wants frees
+//!   (the free is done after one load), the summary while a session runs,
+//!   and a static summary of ones while the set is bypassed; so the hook
+//!   never reads the mode. A clear bit means no sampled address hashes
+//!   there, and the free is done: two loads. (It was a load from the 32 KiB counts: in `record -i 512k` of
 //!   4 threads doing malloc/free, 69% of the free hook's samples were on
 //!   that load, and the counts' 8 pages are 8 TLB entries.)
 //! * `free` slow path (bit set): scan the line and CAS the address out, then
@@ -48,6 +51,13 @@
 //! The memory is mapped once and never unmapped, so a hook running late on
 //! another thread can never touch unmapped memory.
 //!
+//! A session arms the filter ([`FreeSet::arm`]) before it is published, so
+//! a thread that sampled an address had seen the armed filter, and so does
+//! any thread that frees the address after it; teardown disarms it.
+//! `insert` runs after the sample's record is written, whose stores and the
+//! program's own work have usually evicted its three lines: the sample path
+//! prefetches them for writing first ([`FreeSet::prefetch_insert`]).
+//!
 //! When every allocation is sampled (`record -i 1`), the set would filter
 //! nothing: a session then *bypasses* it ([`FreeSet::set_bypass`]). No
 //! address goes in, and every free of `libc.malloc` is sent, as
@@ -57,6 +67,12 @@
 //! misses were 3.4% of all CPU of `record -i 1` of cc1.
 
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
+
+use heapprofd_shmem::prefetch_for_write;
+
+/// What the free hook consults while every free is wanted (the set is
+/// bypassed): a summary of ones.
+static FILTER_ALL: [AtomicU64; BUCKETS / 64] = [const { AtomicU64::new(u64::MAX) }; BUCKETS / 64];
 
 /// Number of buckets (power of two).
 pub const BUCKETS: usize = 1 << 15;
@@ -87,6 +103,10 @@ pub enum Removal {
 /// hook reaches with one RIP-relative load (null until [`FreeSet::map`]).
 #[derive(Debug)]
 pub struct FreeSet {
+    /// The summary the free hook reads ([`FreeSet::may_hold`]): null while
+    /// disarmed, the set's summary while armed, a static of ones while
+    /// armed and bypassed.
+    filter: AtomicPtr<AtomicU64>,
     summary: AtomicPtr<AtomicU64>,
     counts: AtomicPtr<AtomicU8>,
     slots: AtomicPtr<AtomicU64>,
@@ -110,6 +130,7 @@ impl FreeSet {
     /// An empty, unmapped set: contains nothing, inserts fail.
     pub const fn new() -> FreeSet {
         FreeSet {
+            filter: AtomicPtr::new(core::ptr::null_mut()),
             summary: AtomicPtr::new(core::ptr::null_mut()),
             counts: AtomicPtr::new(core::ptr::null_mut()),
             slots: AtomicPtr::new(core::ptr::null_mut()),
@@ -127,6 +148,41 @@ impl FreeSet {
     #[inline(always)]
     pub fn bypassed(&self) -> bool {
         self.bypass.load(Ordering::Relaxed)
+    }
+
+    /// Points the free hook's filter at this set's summary, or, bypassed,
+    /// at a summary of ones (every free is wanted). Call after
+    /// [`FreeSet::map`] and [`FreeSet::set_bypass`], before a session's
+    /// hooks can sample: a thread that sampled an address has seen this
+    /// store (the session's publication comes after it), so a free of that
+    /// address sees it too.
+    pub fn arm(&self) {
+        let summary = self.summary.load(Ordering::Acquire);
+        let f = if self.bypassed() {
+            FILTER_ALL.as_ptr().cast_mut()
+        } else {
+            summary
+        };
+        self.filter.store(f, Ordering::SeqCst);
+    }
+
+    /// Takes the free hook's filter away: every free passes straight
+    /// through (no session, or one pending).
+    pub fn disarm(&self) {
+        self.filter.store(core::ptr::null_mut(), Ordering::SeqCst);
+    }
+
+    /// The whole cost of an unsampled free: whether `addr` may be an
+    /// address a session wants the free of (see [`FreeSet::arm`]). One
+    /// load of the filter and, armed, one of its word: no check of the
+    /// mode, and a null `addr` may say yes (the slow path checks both).
+    #[inline(always)]
+    pub fn may_hold(&self, addr: u64) -> bool {
+        let b = Self::bucket(addr);
+        let f = self.filter.load(Ordering::Relaxed);
+        // SAFETY: non-null, the filter points at BUCKETS / 64 words that
+        // are never unmapped (a static, or the summary); b / 64 < BUCKETS / 64.
+        !f.is_null() && unsafe { &*f.add(b >> 6) }.load(Ordering::Relaxed) & (1u64 << (b & 63)) != 0
     }
 
     /// Maps the set's memory if not done yet. The mapping is never unmapped.
@@ -237,6 +293,31 @@ impl FreeSet {
     pub fn may_contain(&self, addr: u64) -> bool {
         self.summary_bit(Self::bucket(addr))
             .is_some_and(|(w, bit)| w.load(Ordering::Relaxed) & bit != 0)
+    }
+
+    /// Starts bringing the lines an [`FreeSet::insert`] of `addr` writes
+    /// (its count, summary word and slots) into this core's cache, for
+    /// writing, so that the insert after a sample's record does not wait
+    /// for them. A hint: touches nothing, never faults.
+    #[inline(always)]
+    pub fn prefetch_insert(&self, addr: u64) {
+        let b = Self::bucket(addr);
+        let counts = self.counts.load(Ordering::Relaxed);
+        let slots = self.slots.load(Ordering::Relaxed);
+        let summary = self.summary.load(Ordering::Relaxed);
+        if counts.is_null() || slots.is_null() || summary.is_null() {
+            return;
+        }
+        // Addresses inside the mapping (b < BUCKETS), computed without
+        // dereferencing.
+        let lines = [
+            counts.wrapping_add(b).cast::<u8>(),
+            summary.wrapping_add(b >> 6).cast::<u8>(),
+            slots.wrapping_add(b * SLOTS).cast::<u8>(),
+        ];
+        for p in lines {
+            prefetch_for_write(p);
+        }
     }
 
     /// Adds a sampled address. Returns false if its bucket was full (the
@@ -386,6 +467,54 @@ mod tests {
         set.count(BUCKETS - 1).unwrap().store(1, Ordering::Relaxed);
         set.clear();
         assert!(!set.may_contain(0x7f00_0000_0010));
+    }
+
+    #[test]
+    fn the_free_hooks_filter_follows_arm_bypass_and_disarm() {
+        let set = FreeSet::new();
+        let a = 0x7f00_1234_5670u64;
+        let other = 0x7f00_0000_0040u64;
+        // Unmapped and disarmed: nothing, and arming an unmapped set
+        // leaves it so.
+        assert!(!set.may_hold(a));
+        set.arm();
+        assert!(!set.may_hold(a));
+        assert!(set.map());
+        assert!(set.insert(a));
+        // Mapped, with an entry, but disarmed: every free passes.
+        assert!(set.may_contain(a));
+        assert!(!set.may_hold(a));
+        // Armed: the summary decides.
+        set.arm();
+        assert!(set.may_hold(a));
+        assert!(!set.may_hold(other));
+        assert_eq!(set.remove(a), Removal::Found);
+        assert!(!set.may_hold(a));
+        // Armed and bypassed: every address, null too.
+        set.set_bypass(true);
+        set.arm();
+        for p in [a, other, 0, u64::MAX] {
+            assert!(set.may_hold(p), "{p:#x}");
+        }
+        set.disarm();
+        for p in [a, other, 0, u64::MAX] {
+            assert!(!set.may_hold(p), "{p:#x}");
+        }
+        set.set_bypass(false);
+        set.arm();
+        assert!(!set.may_hold(other));
+    }
+
+    #[test]
+    fn prefetching_an_insert_touches_nothing() {
+        let set = FreeSet::new();
+        // Unmapped: returns without a hint.
+        set.prefetch_insert(0x7f00_1234_5670);
+        assert!(set.map());
+        for a in [0u64, 0x10, 0x7f00_1234_5670, u64::MAX] {
+            set.prefetch_insert(a);
+            assert!(!set.may_contain(a));
+        }
     }
 
     #[test]

@@ -10,11 +10,12 @@
 //!   sampled, the hook tail-calls the real allocator (no stack frame of
 //!   ours). Otherwise the hook calls the allocator and then [`on_alloc`]
 //!   (registers, stack copy, ring buffer, free-set insert).
-//! * free: [`may_be_sampled`] is one load from the free set's 4 KiB
-//!   summary (none when every allocation is sampled: the set is bypassed
-//!   and every free recorded); only a possibly sampled address goes to [`on_free`], *before*
-//!   the allocator gets the block back, so the address cannot be handed out
-//!   again before the daemon hears of the free.
+//! * free: [`may_be_sampled`] reads the free set's filter and one word of it
+//!   (see `freeset`: no mode check; null filter without a session, all ones
+//!   when every allocation is sampled); only a possibly sampled address goes
+//!   to [`on_free`], which checks the mode, *before* the allocator gets the
+//!   block back, so the address cannot be handed out again before the
+//!   daemon hears of the free.
 //! * realloc: the free of the old block (before the call), then an
 //!   allocation of the new one.
 //!
@@ -97,19 +98,18 @@ fn sampled(p: *mut c_void, size: usize, ss: u64, m: u64) {
 }
 
 /// Whether the block at `p` may be a sampled one whose free must be
-/// recorded (then call [`on_free`] before freeing it).
+/// recorded (then call [`on_free`] before freeing it). It reads only the
+/// free set's filter (disarmed while no session wants frees), not the mode.
 #[inline(always)]
-pub fn may_be_sampled(p: *mut c_void, m: u64) -> bool {
-    m > MODE_PENDING && !p.is_null() && {
-        let set = free_set();
-        set.bypassed() || set.may_contain(p as u64)
-    }
+pub fn may_be_sampled(p: *mut c_void) -> bool {
+    free_set().may_hold(p as u64)
 }
 
 /// Records the free (or the free half of a realloc) of a block that
 /// [`may_be_sampled`]. True if the block was a sampled one.
-pub fn on_free(p: *mut c_void, m: u64) -> bool {
-    session::sampled_free(m, p as u64)
+pub fn on_free(p: *mut c_void) -> bool {
+    let m = mode();
+    m > MODE_PENDING && !p.is_null() && session::sampled_free(m, p as u64)
 }
 
 /// Records the live block `p` of `size` bytes again, sampled with its real

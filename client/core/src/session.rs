@@ -120,6 +120,7 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
     free_set().clear();
     // Every allocation sampled: the set would filter nothing.
     free_set().set_bypass(p.interval == 1);
+    free_set().arm();
     let mode_word = NEXT_MODE_WORD.fetch_add(2, Ordering::Relaxed);
     let seed_base = if p.seed != 0 { p.seed } else { random_seed() };
     // Cap a record at half the ring so one sample can never be refused as too large.
@@ -263,6 +264,7 @@ impl Session {
             return;
         }
         mode().store(0, Ordering::SeqCst);
+        free_set().disarm();
         contexts::session_ended();
         STATE.store(IDLE, Ordering::SeqCst);
         if let Some(e) = error {
@@ -594,6 +596,9 @@ fn init_fork_page() -> *mut u8 {
 
 /// A sampled allocation on the calling thread (guard held by the caller).
 pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: usize, ss: u64) {
+    if !free_set().bypassed() {
+        free_set().prefetch_insert(addr as u64);
+    }
     let Some(s) = acquire(mode_word) else { return };
     if owns_session(s)
         && s.record_malloc(g.thread(), addr, size, ss, wire::HEAP_LIBC_MALLOC)
@@ -659,6 +664,7 @@ pub(crate) fn init_thread(st: *mut ThreadState, mode_word: u64) -> bool {
 pub(crate) fn forget_in_child() {
     let p = SESSION.swap(core::ptr::null_mut(), Ordering::SeqCst);
     mode().store(0, Ordering::SeqCst);
+    free_set().disarm();
     STATE.store(IDLE, Ordering::SeqCst);
     // SAFETY: sessions are never freed.
     if let Some(s) = unsafe { p.as_ref() } {
