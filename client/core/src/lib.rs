@@ -21,7 +21,7 @@
 //!   behalf (`pthread_getattr_np`, `pthread_create`, `dlsym`) runs under
 //!   the reentrancy guard ([`tls::Guard`]), which makes nested hooks pass
 //!   straight through.
-//! * **No global-dynamic TLS.** Per-thread state lives in one 80-byte
+//! * **No global-dynamic TLS.** Per-thread state lives in one 88-byte
 //!   initial-exec TLS block (see [`tls`]); nothing from std that uses
 //!   `thread_local!` (`std::thread`, `std::env`) is used.
 //! * **Invisible when idle.** Dormant hooks cost one load and one branch.

@@ -3,7 +3,7 @@
 //! Rust's `thread_local!` compiles to global-dynamic TLS in a shared object:
 //! every access calls `__tls_get_addr`, which may call `malloc` (DTV growth
 //! after a `dlopen`), which would re-enter our hooks. So the client keeps its
-//! per-thread state in one 80-byte block of its own, declared in `.tbss` with
+//! per-thread state in one 88-byte block of its own, declared in `.tbss` with
 //! `global_asm!` and reached with the initial-exec sequence
 //! (`%fs:0 + GOTTPOFF` on x86_64, `tpidr_el0 + GOTTPREL` on aarch64). The
 //! linker marks the library `STATIC_TLS`; glibc's surplus static TLS has room
@@ -57,7 +57,7 @@ pub(crate) struct ThreadState {
 }
 
 /// Bytes of the TLS block.
-pub(crate) const TLS_SIZE: usize = 80;
+pub(crate) const TLS_SIZE: usize = 88;
 const _: () = assert!(core::mem::size_of::<ThreadState>() == TLS_SIZE);
 const _: () = assert!(core::mem::align_of::<ThreadState>() <= 8);
 
@@ -70,9 +70,9 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_tls",
     ".hidden heapprofd_rs_tls",
     ".type heapprofd_rs_tls, @tls_object",
-    ".size heapprofd_rs_tls, 80",
+    ".size heapprofd_rs_tls, 88",
     "heapprofd_rs_tls:",
-    ".zero 80",
+    ".zero 88",
     ".popsection",
 );
 
@@ -83,9 +83,9 @@ core::arch::global_asm!(
     ".globl heapprofd_rs_tls",
     ".hidden heapprofd_rs_tls",
     ".type heapprofd_rs_tls, %tls_object",
-    ".size heapprofd_rs_tls, 80",
+    ".size heapprofd_rs_tls, 88",
     "heapprofd_rs_tls:",
-    ".zero 80",
+    ".zero 88",
     ".popsection",
 );
 
