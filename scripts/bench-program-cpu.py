@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Interleaved timer of the profiled program's own CPU, for changes too small
+to see in the whole command's wall time.
+
+Usage: scripts/bench-program-cpu.py ROUNDS PROGRAM_ARGS NAME=PREFIX...
+
+Runs `PREFIX PROGRAM PROGRAM_ARGS` for each NAME, ROUNDS times, interleaved
+(the order rotates from round to round), and reads the `cpu_ns=` the
+program prints: the one-stack benchmark (`tests/programs/client/bench.c`,
+path in $PROGRAM, default ./onestack) prints its worker threads' CPU,
+which leaves out the profiler's daemon and `record`'s start and end. An
+empty PREFIX runs the program bare; the first NAME is the baseline. Prints
+per NAME the median, the paired median difference to the baseline (this
+NAME's value less the baseline's in the same round) and the ratio of the
+medians.
+
+Example: scripts/bench-program-cpu.py 15 "1 10000000 20" bare= \\
+    head="target/release/heapprofd-rs record --no-service -i 512k -o /tmp/h.pftrace --"
+"""
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+
+def main() -> int:
+    if len(sys.argv) < 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    rounds, args = int(sys.argv[1]), sys.argv[2].split()
+    configs = [a.split("=", 1) for a in sys.argv[3:]]
+    program = os.environ.get("PROGRAM", "./onestack")
+    values = {name: [] for name, _ in configs}
+    for r in range(rounds):
+        k = r % len(configs)
+        for name, prefix in configs[k:] + configs[:k]:
+            cmd = prefix.split() + [program] + args
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            m = re.search(r"cpu_ns=(\d+)", out)
+            if not m:
+                print(f"{name}: no cpu_ns= in the output of {cmd}", file=sys.stderr)
+                return 1
+            values[name].append(int(m.group(1)) / 1e6)
+    base = values[configs[0][0]]
+    for name, _ in configs:
+        v = values[name]
+        paired = statistics.median(x - y for x, y in zip(v, base))
+        ratio = statistics.median(v) / statistics.median(base)
+        print(f"{name:12s} median {statistics.median(v):9.1f} ms  paired {paired:+8.1f} ms  "
+              f"({ratio:.3f}x)  min {min(v):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
