@@ -26,9 +26,10 @@
 //!   (the free is done after one load), the summary while a session runs,
 //!   and a static summary of ones while the set is bypassed; so the hook
 //!   never reads the mode. A clear bit means no sampled address hashes
-//!   there, and the free is done: two loads. (It was a load from the 32 KiB counts: in `record -i 512k` of
-//!   4 threads doing malloc/free, 69% of the free hook's samples were on
-//!   that load, and the counts' 8 pages are 8 TLB entries.)
+//!   there, and the free is done: two loads. (The word was once a load
+//!   from the 32 KiB counts: in `record -i 512k` of 4 threads doing
+//!   malloc/free, 69% of the free hook's samples were on that load, and
+//!   the counts' 8 pages are 8 TLB entries.)
 //! * `free` slow path (bit set): scan the line and CAS the address out, then
 //!   decrement the count. Found, or not found in an overflowed bucket: the
 //!   free is sent to the daemon (which ignores frees of addresses it does
