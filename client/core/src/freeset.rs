@@ -60,7 +60,7 @@
 //! prefetches them for writing first ([`FreeSet::prefetch_insert`]).
 //!
 //! When every allocation is sampled (`record -i 1`), the set would filter
-//! nothing: a session then *bypasses* it ([`FreeSet::set_bypass`]). No
+//! nothing: a session then *bypasses* it ([`FreeSet::arm`]). No
 //! address goes in, and every free of `libc.malloc` is sent, as
 //! Perfetto's heapprofd sends them all; the daemon ignores those it does not
 //! know (blocks allocated before the session, or by a thread whose context
@@ -139,30 +139,25 @@ impl FreeSet {
         }
     }
 
-    /// Whether `libc.malloc`'s allocations stay out of the set and all its
-    /// frees are sent (set when a session starts, before its hooks run).
-    pub fn set_bypass(&self, on: bool) {
-        self.bypass.store(on, Ordering::SeqCst);
-    }
-
-    /// Whether the set is bypassed (see [`FreeSet::set_bypass`]).
+    /// Whether the set is bypassed: `libc.malloc`'s allocations stay out of
+    /// it and all its frees are sent (see [`FreeSet::arm`]).
     #[inline(always)]
     pub fn bypassed(&self) -> bool {
         self.bypass.load(Ordering::Relaxed)
     }
 
-    /// Points the free hook's filter at this set's summary, or, bypassed,
-    /// at a summary of ones (every free is wanted). Call after
-    /// [`FreeSet::map`] and [`FreeSet::set_bypass`], before a session's
-    /// hooks can sample: a thread that sampled an address has seen this
-    /// store (the session's publication comes after it), so a free of that
-    /// address sees it too.
-    pub fn arm(&self) {
-        let summary = self.summary.load(Ordering::Acquire);
-        let f = if self.bypassed() {
+    /// Sets whether the set is `bypassed` and points the free hook's filter
+    /// at its summary, or, bypassed, at a summary of ones (every free is
+    /// wanted). Call after [`FreeSet::map`], before a session's hooks can
+    /// sample: a thread that sampled an address has seen this store (the
+    /// session's publication comes after it), so a free of that address
+    /// sees it too.
+    pub fn arm(&self, bypassed: bool) {
+        self.bypass.store(bypassed, Ordering::SeqCst);
+        let f = if bypassed {
             FILTER_ALL.as_ptr().cast_mut()
         } else {
-            summary
+            self.summary.load(Ordering::Acquire)
         };
         self.filter.store(f, Ordering::SeqCst);
     }
@@ -303,20 +298,16 @@ impl FreeSet {
     #[inline(always)]
     pub fn prefetch_insert(&self, addr: u64) {
         let b = Self::bucket(addr);
-        let counts = self.counts.load(Ordering::Relaxed);
-        let slots = self.slots.load(Ordering::Relaxed);
-        let summary = self.summary.load(Ordering::Relaxed);
-        if counts.is_null() || slots.is_null() || summary.is_null() {
+        // The same lines `insert` finds, found the same way.
+        let (Some((word, _)), Some(count)) = (self.summary_bit(b), self.count(b)) else {
             return;
-        }
-        // Addresses inside the mapping (b < BUCKETS), computed without
-        // dereferencing.
-        let lines = [
-            counts.wrapping_add(b).cast::<u8>(),
-            summary.wrapping_add(b >> 6).cast::<u8>(),
-            slots.wrapping_add(b * SLOTS).cast::<u8>(),
-        ];
-        for p in lines {
+        };
+        let slots: *const AtomicU64 = self.slot(b, 0);
+        for p in [
+            count.as_ptr().cast_const(),
+            word.as_ptr().cast_const().cast(),
+            slots.cast(),
+        ] {
             prefetch_for_write(p);
         }
     }
@@ -478,7 +469,7 @@ mod tests {
         // Unmapped and disarmed: nothing, and arming an unmapped set
         // leaves it so.
         assert!(!set.may_hold(a));
-        set.arm();
+        set.arm(false);
         assert!(!set.may_hold(a));
         assert!(set.map());
         assert!(set.insert(a));
@@ -486,14 +477,13 @@ mod tests {
         assert!(set.may_contain(a));
         assert!(!set.may_hold(a));
         // Armed: the summary decides.
-        set.arm();
+        set.arm(false);
         assert!(set.may_hold(a));
         assert!(!set.may_hold(other));
         assert_eq!(set.remove(a), Removal::Found);
         assert!(!set.may_hold(a));
         // Armed and bypassed: every address, null too.
-        set.set_bypass(true);
-        set.arm();
+        set.arm(true);
         for p in [a, other, 0, u64::MAX] {
             assert!(set.may_hold(p), "{p:#x}");
         }
@@ -501,8 +491,7 @@ mod tests {
         for p in [a, other, 0, u64::MAX] {
             assert!(!set.may_hold(p), "{p:#x}");
         }
-        set.set_bypass(false);
-        set.arm();
+        set.arm(false);
         assert!(!set.may_hold(other));
     }
 

@@ -119,8 +119,7 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
     }
     free_set().clear();
     // Every allocation sampled: the set would filter nothing.
-    free_set().set_bypass(p.interval == 1);
-    free_set().arm();
+    free_set().arm(p.interval == 1);
     let mode_word = NEXT_MODE_WORD.fetch_add(2, Ordering::Relaxed);
     let seed_base = if p.seed != 0 { p.seed } else { random_seed() };
     // Cap a record at half the ring so one sample can never be refused as too large.
@@ -596,13 +595,14 @@ fn init_fork_page() -> *mut u8 {
 
 /// A sampled allocation on the calling thread (guard held by the caller).
 pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: usize, ss: u64) {
-    if !free_set().bypassed() {
+    let insert = !free_set().bypassed();
+    if insert {
         free_set().prefetch_insert(addr as u64);
     }
     let Some(s) = acquire(mode_word) else { return };
     if owns_session(s)
         && s.record_malloc(g.thread(), addr, size, ss, wire::HEAP_LIBC_MALLOC)
-        && !free_set().bypassed()
+        && insert
     {
         free_set().insert(addr as u64);
     }
