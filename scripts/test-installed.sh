@@ -5,6 +5,7 @@
 # output"). test.sh runs it after its "tests" step; it runs alone too:
 #
 #   scripts/test-installed.sh [CARGO_TEST_ARGS...]
+#   scripts/test-installed.sh --recover   (only undo a killed run's leftover)
 #
 # 1. `heapprofd-rs install` (target/release/heapprofd-rs: the client goes to
 #    /usr/lib/heapprofd-rs/preload/ and into /etc/ld.so.preload), so every
@@ -25,6 +26,15 @@
 # Root only (CI runs as root on a disposable machine): otherwise it says it
 # was skipped and exits 0. While it runs, every process started on the
 # machine loads the client (dormant: one branch per allocation call).
+#
+# A run killed outright (SIGKILL, a machine image saved mid-run) cannot run
+# its trap and leaves the client installed: every later test run on that
+# machine (or its image) would load it. So a run keeps what the machine was
+# like before it, and who it is, in $STATE (below) until it has restored
+# it; the next run, or `scripts/test-installed.sh --recover` (test.sh calls
+# it before its "tests" step), finds a $STATE whose run is gone, uninstalls
+# that leftover and checks the machine is as before. An install that no run
+# of this script made is never touched: the run stops and says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_INCREMENTAL=0
@@ -36,12 +46,77 @@ fi
 
 BIN=$PWD/target/release/heapprofd-rs
 PRELOAD=/etc/ld.so.preload
+INSTALL_STATE=/var/lib/heapprofd-rs/install.json
+# Survives a reboot and /tmp cleaning: the before-state of a run not yet
+# restored.
+STATE=/var/tmp/heapprofd-rs-installed-suite
 if [ ! -x "$BIN" ]; then
   echo "installed-suite: $BIN is missing; run cargo build --release --workspace first" >&2
   exit 1
 fi
-if [ -e /var/lib/heapprofd-rs/install.json ]; then
-  echo "installed-suite: heapprofd-rs is already installed on this machine; uninstall it first" >&2
+
+# Who a run is: pid, the pid's start time (another process may get the pid
+# later) and the boot (pids restart at each one). Nothing for a pid that is
+# gone or dead (a zombie, not yet reaped).
+identity() {
+  local pid=$1 stat
+  stat=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null) || return 1
+  case "${stat%% *}" in Z | X | x) return 1 ;; esac
+  echo "$pid $(echo "$stat" | cut -d' ' -f20) $(cat /proc/sys/kernel/random/boot_id)"
+}
+
+# Whether /etc/ld.so.preload, the install's directories and the install
+# state are what $1 (a before-state directory) says they were. Prints what
+# differs.
+as_before() {
+  local dir=$1 rc=0
+  if [ -e "$dir/preload" ]; then
+    if ! cmp -s "$dir/preload" "$PRELOAD" \
+      || [ "$(stat -c '%a %u %g' "$PRELOAD")" != "$(cat "$dir/meta")" ]; then
+      echo "installed-suite: $PRELOAD is not what it was before the install" >&2
+      rc=1
+    fi
+  elif [ -e "$PRELOAD" ]; then
+    echo "installed-suite: $PRELOAD was absent before the install and is still there" >&2
+    rc=1
+  fi
+  local dirs_after
+  dirs_after=$(ls -d /usr/lib/heapprofd-rs /var/lib/heapprofd-rs 2>/dev/null || true)
+  if [ "$dirs_after" != "$(cat "$dir/dirs")" ]; then
+    echo "installed-suite: left behind: $dirs_after" >&2
+    rc=1
+  fi
+  return "$rc"
+}
+
+# A $STATE whose run is gone: that run's install is still there (or half
+# undone); uninstall it and check the machine is as before that run.
+recover() {
+  [ -d "$STATE" ] || return 0
+  local owner
+  owner=$(cat "$STATE/owner" 2>/dev/null || true)
+  if [ -n "$owner" ] && [ "$(identity "${owner%% *}" || true)" = "$owner" ]; then
+    echo "installed-suite: another run (pid ${owner%% *}) has the client installed now; wait for it to end" >&2
+    return 1
+  fi
+  echo "installed-suite: a run that ended without restoring the machine (${owner:-unknown}) left $STATE; undoing its install"
+  if [ -e "$INSTALL_STATE" ]; then
+    "$BIN" uninstall || return 1
+  fi
+  if ! as_before "$STATE"; then
+    echo "installed-suite: could not restore what $STATE records; see $STATE and fix the machine by hand" >&2
+    return 1
+  fi
+  rm -rf "$STATE"
+  echo "installed-suite: recovered; $PRELOAD is as before that run"
+}
+
+recover
+if [ "${1:-}" = --recover ]; then
+  exit 0
+fi
+if [ -e "$INSTALL_STATE" ]; then
+  echo "installed-suite: heapprofd-rs is installed on this machine ($INSTALL_STATE), not by this script; run \`heapprofd-rs uninstall\` first" >&2
   exit 1
 fi
 
@@ -82,13 +157,16 @@ E2E=(
   unprofiled_e2e
 )
 
-before=$(mktemp -d /tmp/heapprofd-installed-suite.XXXXXX)
-# What /etc/ld.so.preload is now: bytes, and mode and owner.
+# What the machine is like now, and who is about to change it: written
+# before the install, removed once the machine is as before again.
+mkdir "$STATE"
+identity $$ > "$STATE/owner"
+# /etc/ld.so.preload: bytes, and mode and owner.
 if [ -e "$PRELOAD" ]; then
-  cp -p "$PRELOAD" "$before/preload"
-  stat -c '%a %u %g' "$PRELOAD" > "$before/meta"
+  cp -p "$PRELOAD" "$STATE/preload"
+  stat -c '%a %u %g' "$PRELOAD" > "$STATE/meta"
 fi
-dirs_before=$(ls -d /usr/lib/heapprofd-rs /var/lib/heapprofd-rs 2>/dev/null || true)
+ls -d /usr/lib/heapprofd-rs /var/lib/heapprofd-rs 2>/dev/null > "$STATE/dirs" || true
 
 # Runs on every exit: uninstall, then check that nothing is left.
 restore() {
@@ -96,23 +174,11 @@ restore() {
   trap - EXIT INT TERM
   echo "installed-suite: uninstalling"
   "$BIN" uninstall || rc=1
-  if [ -e "$before/preload" ]; then
-    if ! cmp -s "$before/preload" "$PRELOAD" \
-      || [ "$(stat -c '%a %u %g' "$PRELOAD")" != "$(cat "$before/meta")" ]; then
-      echo "installed-suite: $PRELOAD is not what it was before the install" >&2
-      rc=1
-    fi
-  elif [ -e "$PRELOAD" ]; then
-    echo "installed-suite: $PRELOAD was absent before the install and is still there" >&2
+  if as_before "$STATE"; then
+    rm -rf "$STATE"
+  else
     rc=1
   fi
-  local dirs_after
-  dirs_after=$(ls -d /usr/lib/heapprofd-rs /var/lib/heapprofd-rs 2>/dev/null || true)
-  if [ "$dirs_after" != "$dirs_before" ]; then
-    echo "installed-suite: left behind: $dirs_after" >&2
-    rc=1
-  fi
-  rm -rf "$before"
   [ "$rc" = 0 ] && echo "installed-suite: uninstalled; $PRELOAD is as before"
   exit "$rc"
 }

@@ -61,6 +61,17 @@ for t in aarch64-linux-android x86_64-linux-android; do
     -p heapprofd-daemon -p heapprofd-inject
 done
 
+# A run of test-installed.sh killed before its trap (SIGKILL, a machine
+# image saved mid-run) leaves the client in /etc/ld.so.preload, and every
+# test binary would load it: undo such a leftover first (root only). Any
+# other system-wide install stops the run here, named.
+step "leftovers of an interrupted installed-suite run"
+scripts/test-installed.sh --recover
+if [ -e /var/lib/heapprofd-rs/install.json ]; then
+  echo "heapprofd-rs is installed system-wide on this machine (/var/lib/heapprofd-rs/install.json): the tests need a machine without it; run \`heapprofd-rs uninstall\` first" >&2
+  exit 1
+fi
+
 step "tests"
 bounded 30 cargo test --workspace
 
