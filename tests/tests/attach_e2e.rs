@@ -472,11 +472,16 @@ fn plugin_case(workers: &str) {
 fn target_exiting_while_profiled_ends_the_profile() {
     let mut c = prog("target");
     c.arg("2");
-    let t = Target::start(c);
+    let mut t = Target::start(c);
     let pid = t.pid;
     let dir = scratch_dir("exit");
     let trace = dir.join("t.pftrace");
     let bg = Background::start(pid, &["-o", &s(&trace)]);
+    // Allocations under the profile just before the exit: the main
+    // thread's, done when the command answers, and the workers' (which
+    // once had no sample in a CI run when the target quit at once).
+    t.cmd("work 20000");
+    std::thread::sleep(Duration::from_millis(100));
     t.quit();
     // No Ctrl-C: record --pid ends by itself when the target is gone.
     let out = bg.wait();
@@ -488,6 +493,7 @@ fn target_exiting_while_profiled_ends_the_profile() {
         out.stderr
     );
     let summary = check_attach_trace(&trace, pid);
+    assert!(!with_frame(&summary.samples, "c_target_work").is_empty());
     assert!(!with_frame(&summary.samples, "c_worker_alloc").is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
