@@ -25,7 +25,11 @@
 //! rebuilding `libheapprofd_client.so` after the capture breaks the walks
 //! through its frames); the process's memory is not available (reads
 //! outside the copied stack fail). `--stack-use` prints instead how many of
-//! the stack bytes each malloc sample carries its walk reads.
+//! the stack bytes each malloc sample carries its walk reads. `--ring`
+//! passes each record through a ring buffer as the worker reads it (left in
+//! place, copied out in parts), `--ring-copied` as it was read before
+//! (copied out whole, then handled): the copies' cost, with the record
+//! still in this core's cache.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -38,6 +42,7 @@ use heapprofd_daemon::runtime::symbolize::Symbolizer;
 use heapprofd_model::messages::Op;
 use heapprofd_model::profile::Interner;
 use heapprofd_proto::wire::Record;
+use heapprofd_shmem::{InPlace, ReadOutcome, RingBuffer, WriteMode};
 use heapprofd_unwinder::{
     MapsSource, ModuleCache, NoMemory, ProcessContext, RawUnwind, StackSample, WalkTrace,
 };
@@ -111,7 +116,19 @@ struct Replay {
     errors: u64,
 }
 
-fn replay(cap: &Capture) -> Replay {
+/// How records reach `handle_record`.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    /// From the capture's buffers.
+    Direct,
+    /// Through a ring: each record written, then read in place and copied
+    /// out in parts by `handle_record` (the worker's path).
+    RingInPlace,
+    /// Through a ring: each record copied out whole first, then handled.
+    RingCopied,
+}
+
+fn replay(cap: &Capture, path: Path) -> Replay {
     let maps = Arc::new(Mutex::new(String::new()));
     let mut chunks = cap.chunks.iter().peekable();
     // The maps of the handshake come first.
@@ -136,13 +153,34 @@ fn replay(cap: &Capture) -> Replay {
     let mut defined: HashMap<u32, u64> = HashMap::new();
     let mut digest = std::collections::hash_map::DefaultHasher::new();
     let (mut records, mut elapsed) = (0u64, Duration::ZERO);
+    let (ring, _fd) = RingBuffer::create(8 << 20).expect("an 8 MiB ring");
+    let mut reader = ring.reader();
+    let (mut copied, mut scratch) = (Vec::new(), Vec::new());
     for c in chunks {
         match c {
             Chunk::Maps(m) => *maps.lock().expect("maps") = m.clone(),
             Chunk::Record(r) => {
                 records += 1;
+                if path != Path::Direct {
+                    // Written outside the timing, as the client would.
+                    let mut w = ring.begin_write(r.len(), WriteMode::Drop).expect("room");
+                    w.write_at(0, r);
+                    w.commit();
+                }
                 let t0 = Instant::now();
-                u.handle_record(r, &mut ops, &cx);
+                match path {
+                    Path::Direct => u.handle_record(r, &mut scratch, &mut ops, &cx),
+                    Path::RingInPlace => {
+                        if let InPlace::Record(rec) = reader.read_in_place() {
+                            u.handle_record(&rec, &mut scratch, &mut ops, &cx);
+                        }
+                    }
+                    Path::RingCopied => {
+                        if let ReadOutcome::Record(_) = reader.read(&mut copied) {
+                            u.handle_record(&copied, &mut scratch, &mut ops, &cx);
+                        }
+                    }
+                }
                 elapsed += t0.elapsed();
                 for op in ops.drain(..) {
                     match op {
@@ -227,6 +265,7 @@ fn main() {
     let mut use_only = false;
     let mut reps = 5usize;
     let mut limit = usize::MAX;
+    let mut path_kind = Path::Direct;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -239,10 +278,12 @@ fn main() {
             }
             "--bench" => {}
             "--stack-use" => use_only = true,
+            "--ring" => path_kind = Path::RingInPlace,
+            "--ring-copied" => path_kind = Path::RingCopied,
             _ if path.is_none() && !a.starts_with("--") => path = Some(a),
             other => {
                 eprintln!(
-                    "replay: unknown argument {other}\nusage: replay FILE.cap [--reps N] [--records N] [--stack-use]"
+                    "replay: unknown argument {other}\nusage: replay FILE.cap [--reps N] [--records N] [--stack-use] [--ring|--ring-copied]"
                 );
                 std::process::exit(2);
             }
@@ -273,7 +314,7 @@ fn main() {
     let mut times = Vec::new();
     let mut last = None;
     for _ in 0..reps.max(1) {
-        let r = replay(&cap);
+        let r = replay(&cap, path_kind);
         times.push(r.elapsed);
         last = Some(r);
     }

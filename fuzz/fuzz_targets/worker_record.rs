@@ -106,10 +106,11 @@ fuzz_target!(|data: &[u8]| {
             symbolizer: &st.symbolizer,
             symbolize: false,
         };
+        let mut scratch = Vec::new();
         while !input.is_empty() {
             let len = usize::from(input.u16());
             let record = input.bytes(len);
-            st.unwinder.handle_record(record, &mut ops, &cx);
+            st.unwinder.handle_record(record, &mut scratch, &mut ops, &cx);
         }
     }
     let mut previous: Option<&Op> = None;

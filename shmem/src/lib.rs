@@ -44,6 +44,7 @@ mod maps_ask;
 mod prefetch;
 mod reader;
 mod ring;
+mod ring_record;
 mod stack_resync;
 mod writer;
 
@@ -51,6 +52,7 @@ pub use drain::Drain;
 pub use layout::{ClientError, RECORD_HEADER_LEN, offsets, record_size, used_bytes};
 pub use mapping::{MAX_DATA_SIZE, SetupError, check_data_size, page_size};
 pub use prefetch::prefetch_for_write;
-pub use reader::{Corruption, ReadOutcome, Reader};
+pub use reader::{Corruption, InPlace, ReadOutcome, Reader};
 pub use ring::{RingBuffer, Stats};
+pub use ring_record::{RecordBytes, RingRecord};
 pub use writer::{Reservation, WriteError, WriteMode};

@@ -1,5 +1,6 @@
-//! The reader's side of the ring buffer: the single [`Reader`] copies each
-//! committed record out with atomic loads, skips discarded ones, publishes
+//! The reader's side of the ring buffer: the single [`Reader`] hands out
+//! each committed record, copied out or left in place for its consumer to
+//! copy in parts ([`crate::RingRecord`]), skips discarded ones, publishes
 //! its read position in batches, and turns any inconsistency in the shared
 //! memory into a sticky, counted [`Corruption`]. Also the reader's controls
 //! on the buffer: pausing (the wake-up protocol) and shutdown.
@@ -11,6 +12,7 @@ use crate::layout::{
     HDR_COMMITTED, HDR_DISCARDED, HDR_LEN_MASK, RECORD_HEADER_LEN, record_size, used_bytes,
 };
 use crate::ring::{RingBuffer, Stats};
+use crate::ring_record::{RecordBytes, RingRecord};
 
 /// Why the reader considers the buffer corrupt. Corruption is sticky: once
 /// seen, every later read returns it again.
@@ -39,6 +41,20 @@ pub enum Corruption {
 pub enum ReadOutcome {
     /// A record was copied into the caller's buffer; its payload length.
     Record(usize),
+    /// Nothing was written since the last read.
+    Empty,
+    /// A writer has reserved the next record but not committed it yet.
+    Pending,
+    /// The buffer is corrupt; see [`Corruption`].
+    Corrupt(Corruption),
+}
+
+/// Result of one read attempt of [`Reader::read_in_place`]: the record is
+/// left in the ring, for its consumer to copy out in parts.
+#[derive(Debug)]
+pub enum InPlace<'a> {
+    /// A committed record, valid until the next read.
+    Record(RingRecord<'a>),
     /// Nothing was written since the last read.
     Empty,
     /// A writer has reserved the next record but not committed it yet.
@@ -118,7 +134,22 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
         &self.rb
     }
 
-    /// Copies the next record's payload into `out` (replacing its contents).
+    /// Copies the next record's payload into `out` (replacing its contents);
+    /// otherwise as [`Reader::read_in_place`].
+    pub fn read(&mut self, out: &mut Vec<u8>) -> ReadOutcome {
+        match self.read_in_place() {
+            InPlace::Record(r) => {
+                r.copy_all(out);
+                ReadOutcome::Record(r.len())
+            }
+            InPlace::Empty => ReadOutcome::Empty,
+            InPlace::Pending => ReadOutcome::Pending,
+            InPlace::Corrupt(c) => ReadOutcome::Corrupt(c),
+        }
+    }
+
+    /// The next record, left in the ring: the caller copies out what it
+    /// needs, where it needs it ([`RingRecord`]), before its next read.
     ///
     /// Discarded records are skipped. Never blocks, never loops more than the
     /// number of records in the buffer, never reads outside the mapping.
@@ -127,9 +158,9 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
     /// the buffer), whenever the reader runs out of records, and before
     /// every read while a writer waits in [`RingBuffer::wait_consumed`];
     /// the published position never covers the record this call returns.
-    pub fn read(&mut self, out: &mut Vec<u8>) -> ReadOutcome {
+    pub fn read_in_place(&mut self) -> InPlace<'_> {
         if let Some(c) = self.corrupt {
-            return self.count_corrupt(c);
+            return InPlace::Corrupt(self.count_corrupt(c));
         }
         let size = self.rb.size() as u64;
         // Each iteration either returns or skips a discarded record (>= 8
@@ -151,14 +182,14 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
                 self.publish();
                 let write_pos = self.rb.meta().write_pos.load(Ordering::Acquire);
                 if used_bytes(self.read_pos, write_pos, size).is_none() {
-                    return self.set_corrupt(Corruption::Positions {
+                    return InPlace::Corrupt(self.set_corrupt(Corruption::Positions {
                         read_pos: self.read_pos,
                         write_pos,
-                    });
+                    }));
                 }
                 if write_pos == self.read_pos {
                     self.reads_empty += 1;
-                    return ReadOutcome::Empty;
+                    return InPlace::Empty;
                 }
                 self.write_pos = write_pos;
             }
@@ -169,37 +200,39 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
             let header = self.rb.header_at(self.read_pos).load(Ordering::Acquire);
             if header == 0 {
                 self.publish();
-                return ReadOutcome::Pending;
+                return InPlace::Pending;
             }
             if header & !(HDR_LEN_MASK | HDR_COMMITTED | HDR_DISCARDED) != 0
                 || header & HDR_COMMITTED == 0
             {
-                return self.set_corrupt(Corruption::HeaderBits(header));
+                return InPlace::Corrupt(self.set_corrupt(Corruption::HeaderBits(header)));
             }
             let len = header & HDR_LEN_MASK;
             let total = record_size(len as usize) as u64;
             if total > used {
-                return self.set_corrupt(Corruption::RecordSize {
+                return InPlace::Corrupt(self.set_corrupt(Corruption::RecordSize {
                     len,
                     available: used,
-                });
+                }));
             }
-            let discarded = header & HDR_DISCARDED != 0;
-            if !discarded {
-                let off = ((self.read_pos + RECORD_HEADER_LEN as u64) & self.rb.mask()) as usize;
-                copy_out(self.rb.data_ptr(), off, len as usize, out);
-            }
+            let off = ((self.read_pos + RECORD_HEADER_LEN as u64) & self.rb.mask()) as usize;
             self.read_pos += total;
-            if !discarded {
+            if header & HDR_DISCARDED == 0 {
                 self.reads_ok += 1;
                 self.prefetch_ahead();
-                return ReadOutcome::Record(len as usize);
+                // SAFETY: `off + len <= off + record_size(len) <= 2 * size`:
+                // inside the mirror mapping of the buffer this reader holds.
+                // The space is not published before the next read (see
+                // above).
+                return InPlace::Record(unsafe {
+                    RingRecord::new(self.rb.data_ptr().add(off), len as usize, &self.rb)
+                });
             }
         }
-        self.set_corrupt(Corruption::Positions {
+        InPlace::Corrupt(self.set_corrupt(Corruption::Positions {
             read_pos: self.read_pos,
             write_pos: self.write_pos,
-        })
+        }))
     }
 
     /// Asks the CPU to start fetching the [`PREFETCH_AHEAD`] bytes past the
@@ -271,18 +304,18 @@ impl<B: Deref<Target = RingBuffer>> Reader<B> {
             .store(self.reads_corrupt, Ordering::Relaxed);
     }
 
-    fn set_corrupt(&mut self, c: Corruption) -> ReadOutcome {
+    fn set_corrupt(&mut self, c: Corruption) -> Corruption {
         self.corrupt = Some(c);
         self.count_corrupt(c)
     }
 
-    fn count_corrupt(&mut self, c: Corruption) -> ReadOutcome {
+    fn count_corrupt(&mut self, c: Corruption) -> Corruption {
         self.reads_corrupt += 1;
         self.rb
             .meta()
             .reads_corrupt
             .store(self.reads_corrupt, Ordering::Relaxed);
-        ReadOutcome::Corrupt(c)
+        c
     }
 
     /// The reader's own statistics merged with the writer's shared ones.
@@ -315,56 +348,3 @@ const PREFETCH_AHEAD: u64 = 4096;
 /// How far below the highest line asked for the reader asks again (see
 /// [`Reader::prefetch_ahead`]).
 const PREFETCH_REASK: u64 = 512;
-
-/// Copies `len` bytes at `off` of the data area into `out`. The writer may
-/// be scribbling on them concurrently (if it is hostile), and racing plain
-/// Rust reads would be undefined behaviour, so the bytes are read by
-/// something the compiler cannot see into: on x86_64 one `rep movsb` in
-/// inline assembly (an opaque access, like another process's own), else
-/// relaxed atomic loads of each word. Either way the copy holds whatever
-/// bytes were there, and the reader trusts none of them.
-///
-/// `rep movsb` moves the record's lines across cores in fewer, wider
-/// loads: `perf record` of `record -i 1` of sqlite3 on a file (the suite's
-/// `file.sql`, 5.4 KB a record) had 1,740 samples in this function with
-/// the word loop and 1,146 with `rep movsb`, of 7,712 and 6,920 in all.
-///
-/// The bytes go straight into `out`'s spare capacity: zeroing it first
-/// (`resize`) cost a `memset` of every record, 2.7% of all CPU samples of a
-/// `record -i 1` of the distinct-stack workload (docs/PERFORMANCE.md).
-fn copy_out(data: *mut u8, off: usize, len: usize, out: &mut Vec<u8>) {
-    let words = len.div_ceil(8);
-    out.clear();
-    out.reserve(words * 8);
-    let dst = out.as_mut_ptr();
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `off` is 8-aligned and `off + words * 8 <= 2 * size`, inside
-    // the mirror mapping; `out` has capacity for `words * 8` bytes
-    // (reserved above on an empty vector). The assembly writes only those
-    // bytes and reads only the record's, and uses no stack.
-    unsafe {
-        core::arch::asm!(
-            "rep movsb",
-            inout("rcx") words * 8 => _,
-            inout("rsi") data.add(off) => _,
-            inout("rdi") dst => _,
-            options(nostack, preserves_flags),
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    for i in 0..words {
-        // SAFETY: in bounds as above; AtomicU64 needs 8-byte alignment,
-        // which data (page aligned) + off (8-aligned) gives.
-        let w = unsafe { std::sync::atomic::AtomicU64::from_ptr(data.add(off + i * 8).cast()) }
-            .load(Ordering::Relaxed);
-        // SAFETY: `out` has capacity for `words * 8` bytes (reserved above
-        // on an empty vector); an unaligned write of 8 bytes at `i * 8`.
-        unsafe {
-            dst.add(i * 8)
-                .cast::<[u8; 8]>()
-                .write_unaligned(w.to_ne_bytes())
-        };
-    }
-    // SAFETY: the first `words * 8 >= len` bytes were written above.
-    unsafe { out.set_len(len) };
-}

@@ -229,6 +229,12 @@ pub(crate) const UNWIND_REGS: usize = 8;
 /// How many registers [`capture_unwind_regs`] takes.
 #[cfg(target_arch = "aarch64")]
 pub(crate) const UNWIND_REGS: usize = 14;
+/// Where [`capture_unwind_regs`] puts the stack pointer.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const SP_INDEX: usize = 2;
+/// Where [`capture_unwind_regs`] puts the stack pointer.
+#[cfg(target_arch = "aarch64")]
+pub(crate) const SP_INDEX: usize = 12;
 
 /// The architecture this library is built for.
 pub(crate) const NATIVE_ARCH: Arch = match Arch::native() {
@@ -237,6 +243,7 @@ pub(crate) const NATIVE_ARCH: Arch = match Arch::native() {
 };
 // [`capture_unwind_regs`] takes the wire's unwind registers, in its order.
 const _: () = assert!(NATIVE_ARCH.unwind_slots().len() == UNWIND_REGS);
+const _: () = assert!(NATIVE_ARCH.unwind_slots()[SP_INDEX] == NATIVE_ARCH.sp_ip_slots().0);
 
 /// The registers an unwinder starts from, as [`capture_regs`] fills them,
 /// in a compact array: a malloc sample's array sits in the frame that takes
@@ -263,7 +270,7 @@ pub(crate) fn capture_unwind_regs(regs: &mut [u64; UNWIND_REGS]) -> u64 {
             options(nostack, preserves_flags),
         );
     }
-    regs[2]
+    regs[SP_INDEX]
 }
 
 /// The registers an unwinder starts from (x19..x30, sp, pc) in a compact
@@ -289,15 +296,7 @@ pub(crate) fn capture_unwind_regs(regs: &mut [u64; UNWIND_REGS]) -> u64 {
             options(nostack, preserves_flags),
         );
     }
-    regs[12]
-}
-
-/// The wire's register file of [`capture_unwind_regs`]'s registers.
-#[inline(always)]
-pub(crate) fn register_file(regs: &[u64; UNWIND_REGS]) -> [u64; MAX_REGS] {
-    let mut out = [0u64; MAX_REGS];
-    NATIVE_ARCH.place_unwind_regs(regs, &mut out);
-    out
+    regs[SP_INDEX]
 }
 
 /// Registers at the capture point, in DWARF numbering (see `proto::wire`):
@@ -345,7 +344,8 @@ mod tests {
         let slots = NATIVE_ARCH.unwind_slots();
         assert_eq!(written, slots, "the full capture writes these slots");
         assert!(compact.iter().all(|&v| v != u64::MAX), "{compact:x?}");
-        let file = register_file(&compact);
+        let mut file = [0u64; MAX_REGS];
+        NATIVE_ARCH.place_unwind_regs(&compact, &mut file);
         let arch = heapprofd_proto::wire::Arch::native().expect("supported arch");
         let (sp_slot, ip_slot) = arch.sp_ip_slots();
         assert_eq!(file[sp_slot], sp);

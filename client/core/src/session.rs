@@ -34,7 +34,7 @@ use std::os::fd::RawFd;
 
 use heapprofd_proto::socket::WAKE_BYTE;
 use heapprofd_proto::wire::{
-    self, ClientConfig, FreeRecord, HEAP_NAME_LEN, HeapNameRecord, MallocHeader, RegisterFile,
+    self, CapturedRegs, ClientConfig, FreeRecord, HEAP_NAME_LEN, HeapNameRecord, MallocHeader,
 };
 use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 
@@ -365,8 +365,7 @@ impl Session {
         sample_size: u64,
         heap_id: u32,
     ) -> bool {
-        let regs = capture::register_file(regs);
-        let sp = regs[SP_SLOT];
+        let sp = regs[capture::SP_INDEX];
         // SAFETY: the calling thread's own block.
         let context_id = unsafe { (*st).context } >> 1;
         if context_id != 0 {
@@ -397,7 +396,8 @@ impl Session {
                 0
             }
         };
-        let header = MallocHeader {
+        let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
+        MallocHeader {
             flags,
             sequence: 0,
             alloc_size: size as u64,
@@ -411,10 +411,9 @@ impl Session {
             stack_pointer: sp,
             stack_len: stack_len as u64,
             stack_reused: reuse.as_ref().map_or(0, |(p, _)| p.reused as u32),
-            regs: RegisterFile(regs),
-        };
-        let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
-        header.encode_into(&mut fixed);
+            regs: CapturedRegs(regs),
+        }
+        .encode_into(&mut fixed);
         let mut r = match self
             .rb()
             .begin_write(MallocHeader::ENCODED_LEN + stack_len, self.write_mode)
@@ -513,9 +512,6 @@ impl Session {
         }
     }
 }
-
-/// The stack pointer's slot in a captured register file.
-const SP_SLOT: usize = capture::NATIVE_ARCH.sp_ip_slots().0;
 
 fn coarse_now_ns() -> u64 {
     let mut ts = libc::timespec {

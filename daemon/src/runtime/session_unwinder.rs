@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 
 use heapprofd_model::messages::{Op, SessionStats, StackUnwindError};
 use heapprofd_model::profile::{UnwindHistogram, context};
-use heapprofd_proto::wire::{ContextRecord, MallocHeader, Record, StackSampleHeader};
+use heapprofd_proto::wire::{ContextRecord, MallocHeader, Record, RecordKind, StackSampleHeader};
+use heapprofd_shmem::RecordBytes;
 use heapprofd_unwinder::{PendingProcess, ProcessContext, UnwindErrorKind};
 
 use super::lazy_process::LazyProcess;
 use super::stacks::{InternCtx, StackCache};
-use super::thread_stacks::ThreadStacks;
+use super::thread_stacks::{Missing, ThreadStacks};
 
 /// One replayed sample in this many is timed (see
 /// [`SessionUnwinder::handle_record`]).
@@ -106,7 +107,17 @@ impl SessionUnwinder {
     /// it. (One read per sample, the time since the previous one, was tried: it
     /// put the ring copy in the histogram, a mean of 5.2 µs instead of 0.19 µs
     /// for a program with 32 KB stacks.)
-    pub fn handle_record(&mut self, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCtx<'_>) {
+    ///
+    /// `scratch` is where a record's bytes go when they have no other place
+    /// (a stack outside reuse, a record other than a malloc sample): one
+    /// buffer per worker, not per session.
+    pub fn handle_record<B: RecordBytes + ?Sized>(
+        &mut self,
+        record: &B,
+        scratch: &mut Vec<u8>,
+        ops: &mut Vec<Op>,
+        cx: &InternCtx<'_>,
+    ) {
         // Interned entries were condemned (a retirement pass): frames the
         // caches hold may be dropped soon, so stacks and pcs are forgotten
         // and interned again (see `Interner::retire_unused`).
@@ -115,67 +126,115 @@ impl SessionUnwinder {
             self.interner_generation = generation;
             self.stacks.clear();
         }
-        match Record::decode(bytes) {
-            Ok(Record::Malloc(h, fresh)) => {
-                let (whole, resync) = self.thread_stacks.assemble(
-                    h.tid,
-                    h.stack_pointer,
-                    fresh,
-                    h.stack_reused as usize,
-                    h.flags & MallocHeader::FLAG_STACK_BASE != 0,
-                );
-                self.resync |= resync;
-                // Without its base, the sample unwinds from what it carries
-                // (its walk ends early, an unwinding error).
-                let stack = whole.unwrap_or(fresh);
-                self.timing_rng ^= self.timing_rng << 13;
-                self.timing_rng ^= self.timing_rng >> 7;
-                self.timing_rng ^= self.timing_rng << 17;
-                let t0 = (self.timing_rng % HIT_TIMING == 0).then(Instant::now);
-                let entry = match self.stacks.replay(&h, stack) {
-                    Some(entry) => {
-                        self.stacks.split.replays += 1;
-                        if let Some(t0) = t0 {
-                            let d = t0.elapsed();
-                            self.hist.add_us(d.as_micros() as u64, HIT_TIMING);
-                            self.unwind_time += d * HIT_TIMING as u32;
-                            self.stacks.split.replay += d * HIT_TIMING as u32;
-                        }
-                        entry
-                    }
-                    None => {
-                        let t0 = t0.unwrap_or_else(Instant::now);
-                        let entry = self.stacks.stack_of_unreplayed(
-                            self.process.get(),
-                            &h,
-                            stack,
-                            &self.client_text,
-                            cx,
-                            ops,
-                        );
-                        let d = t0.elapsed();
-                        self.hist.add_us(d.as_micros() as u64, 1);
-                        self.unwind_time += d;
-                        entry
-                    }
-                };
-                if entry.error.is_some() {
-                    self.unwind_errors += 1;
-                }
-                self.samples += 1;
-                self.last_seq += 1;
-                ops.push(Op::Malloc {
-                    heap: h.heap_id,
-                    seq: self.last_seq,
-                    address: h.address,
-                    sample_size: h.sample_size,
-                    size: h.alloc_size,
-                    tid: h.tid,
-                    timestamp_ns: h.timestamp_ns,
-                    stack: entry.id,
-                    context: h.context_id,
-                });
+        // A malloc sample's header is copied out on its own and its stack
+        // bytes straight to where they are unwound from (see
+        // `heapprofd_shmem::RingRecord`); anything else whole.
+        let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
+        if record.copy_to(0, &mut fixed) && fixed[..4] == (RecordKind::Malloc as u32).to_le_bytes()
+        {
+            match MallocHeader::decode_fixed(&fixed, record.len()) {
+                Ok(h) => self.handle_malloc(&h, record, scratch, ops, cx),
+                Err(_) => self.corrupt_records += 1,
             }
+            return;
+        }
+        if record.copy_to_vec(0, record.len(), scratch) {
+            self.handle_other(scratch, ops, cx);
+        } else {
+            self.corrupt_records += 1;
+        }
+    }
+
+    /// A malloc sample whose header `h` was decoded from `record`: its stack
+    /// is put together (the thread's base, or what the record carries) and
+    /// unwound.
+    fn handle_malloc<B: RecordBytes + ?Sized>(
+        &mut self,
+        h: &MallocHeader,
+        record: &B,
+        scratch: &mut Vec<u8>,
+        ops: &mut Vec<Op>,
+        cx: &InternCtx<'_>,
+    ) {
+        // `decode_fixed` checked that these bytes are in the record.
+        let (start, fresh_len) = (MallocHeader::ENCODED_LEN, h.stack_len as usize);
+        let mut whole = Err(Missing);
+        if h.flags & MallocHeader::FLAG_STACK_BASE != 0 {
+            let (w, resync) = self.thread_stacks.assemble_with(
+                h.tid,
+                h.stack_pointer,
+                fresh_len,
+                h.stack_reused as usize,
+                |dst| record.copy_to(start, dst),
+            );
+            self.resync |= resync;
+            whole = w;
+        }
+        // Outside reuse, or without its base: the sample unwinds from what
+        // it carries (without its base, its walk ends early, an unwinding
+        // error).
+        let stack: &[u8] = match whole {
+            Ok(w) => w,
+            Err(Missing) => {
+                record.copy_to_vec(start, fresh_len, scratch);
+                scratch
+            }
+        };
+        self.timing_rng ^= self.timing_rng << 13;
+        self.timing_rng ^= self.timing_rng >> 7;
+        self.timing_rng ^= self.timing_rng << 17;
+        let t0 = (self.timing_rng % HIT_TIMING == 0).then(Instant::now);
+        let entry = match self.stacks.replay(h, stack) {
+            Some(entry) => {
+                self.stacks.split.replays += 1;
+                if let Some(t0) = t0 {
+                    let d = t0.elapsed();
+                    self.hist.add_us(d.as_micros() as u64, HIT_TIMING);
+                    self.unwind_time += d * HIT_TIMING as u32;
+                    self.stacks.split.replay += d * HIT_TIMING as u32;
+                }
+                entry
+            }
+            None => {
+                let t0 = t0.unwrap_or_else(Instant::now);
+                let entry = self.stacks.stack_of_unreplayed(
+                    self.process.get(),
+                    h,
+                    stack,
+                    &self.client_text,
+                    cx,
+                    ops,
+                );
+                let d = t0.elapsed();
+                self.hist.add_us(d.as_micros() as u64, 1);
+                self.unwind_time += d;
+                entry
+            }
+        };
+        if entry.error.is_some() {
+            self.unwind_errors += 1;
+        }
+        self.samples += 1;
+        self.last_seq += 1;
+        ops.push(Op::Malloc {
+            heap: h.heap_id,
+            seq: self.last_seq,
+            address: h.address,
+            sample_size: h.sample_size,
+            size: h.alloc_size,
+            tid: h.tid,
+            timestamp_ns: h.timestamp_ns,
+            stack: entry.id,
+            context: h.context_id,
+        });
+    }
+
+    /// A record other than a malloc sample (or a malformed one), whole.
+    fn handle_other(&mut self, bytes: &[u8], ops: &mut Vec<Op>, cx: &InternCtx<'_>) {
+        match Record::decode(bytes) {
+            // Routed to `handle_malloc`; one too short for its header
+            // fails to decode.
+            Ok(Record::Malloc(..)) => self.corrupt_records += 1,
             Ok(Record::StackSample(h, _)) if h.flags & StackSampleHeader::FLAG_LOSSES_ONLY != 0 => {
                 ops.push(Op::SampleLosses {
                     tid: h.tid,
@@ -385,7 +444,12 @@ mod tests {
         };
         let mut ops = Vec::new();
         for h in [sample, losses] {
-            u.handle_record(&Record::StackSample(h, &[]).encode_to_vec(), &mut ops, &cx);
+            u.handle_record(
+                &Record::StackSample(h, &[]).encode_to_vec(),
+                &mut Vec::new(),
+                &mut ops,
+                &cx,
+            );
         }
         assert_eq!(ops.len(), 3, "{ops:?}");
         let Op::Stack { id, .. } = &ops[0] else {
@@ -454,19 +518,19 @@ mod tests {
         let cx = names.cx();
         let mut ops = Vec::new();
         for bytes in free_and_heap() {
-            u.handle_record(&bytes, &mut ops, &cx);
+            u.handle_record(&bytes, &mut Vec::new(), &mut ops, &cx);
         }
         assert!(u.process().is_none(), "loaded for a free");
         assert_eq!(u.stats().map_reparses, 0);
         let pc = modules_are_loaded_at_the_first_walk_only as *const () as usize as u64 + 4;
-        u.handle_record(&malloc(1, pc), &mut ops, &cx);
+        u.handle_record(&malloc(1, pc), &mut Vec::new(), &mut ops, &cx);
         assert!(u.process().is_some(), "not loaded for a walk");
         let mut loaded = own_maps_unwinder();
         let mut expected = Vec::new();
         for bytes in free_and_heap() {
-            loaded.handle_record(&bytes, &mut expected, &cx);
+            loaded.handle_record(&bytes, &mut Vec::new(), &mut expected, &cx);
         }
-        loaded.handle_record(&malloc(1, pc), &mut expected, &cx);
+        loaded.handle_record(&malloc(1, pc), &mut Vec::new(), &mut expected, &cx);
         assert_eq!(
             format!("{ops:?}"),
             format!("{expected:?}"),
@@ -499,7 +563,7 @@ mod tests {
         let cx = names.cx();
         let mut ops = Vec::new();
         for bytes in records {
-            u.handle_record(&bytes, &mut ops, &cx);
+            u.handle_record(&bytes, &mut Vec::new(), &mut ops, &cx);
         }
         ops
     }
@@ -515,7 +579,7 @@ mod tests {
         let [free, heap] = free_and_heap();
         let mut ops = Vec::new();
         for bytes in [malloc(1, pc), malloc(2, pc), free, heap, vec![1, 2, 3]] {
-            u.handle_record(&bytes, &mut ops, &cx);
+            u.handle_record(&bytes, &mut Vec::new(), &mut ops, &cx);
         }
         assert_eq!(ops.len(), 5, "{ops:?}");
         let Op::Stack { id, frames } = &ops[0] else {
@@ -642,20 +706,20 @@ mod unload_tests {
         let cx = names.cx();
         let pc = malloc as *const () as usize as u64 + 4;
         let mut ops = Vec::new();
-        u.handle_record(&malloc(1, pc), &mut ops, &cx);
+        u.handle_record(&malloc(1, pc), &mut Vec::new(), &mut ops, &cx);
         assert_eq!(defined(&ops), 1, "{ops:?}");
 
         u.objects_unloaded();
         assert_eq!(u.stats().map_reparses, 1);
         ops.clear();
-        u.handle_record(&malloc(2, pc), &mut ops, &cx);
+        u.handle_record(&malloc(2, pc), &mut Vec::new(), &mut ops, &cx);
         assert_eq!(defined(&ops), 0, "same maps: the stack is still known");
 
         *maps.lock().unwrap() = replaced_at(&text, pc);
         u.objects_unloaded();
         assert_eq!(u.stats().map_reparses, 2);
         ops.clear();
-        u.handle_record(&malloc(3, pc), &mut ops, &cx);
+        u.handle_record(&malloc(3, pc), &mut Vec::new(), &mut ops, &cx);
         assert_eq!(defined(&ops), 1, "new maps: the stack is walked again");
     }
 }

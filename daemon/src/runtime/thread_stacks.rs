@@ -67,6 +67,10 @@ impl ThreadStacks {
     ///
     /// The second value says that bases were dropped (or one was found
     /// missing): the caller asks the client for whole stacks.
+    ///
+    /// The tests' form of [`ThreadStacks::assemble_with`], which the worker
+    /// calls with the record's bytes still in the ring.
+    #[cfg(test)]
     pub fn assemble<'a>(
         &'a mut self,
         tid: u32,
@@ -78,7 +82,30 @@ impl ThreadStacks {
         if !base {
             return (Ok(fresh), false);
         }
-        let total = fresh.len() + reused;
+        self.assemble_with(tid, sp, fresh.len(), reused, |dst| {
+            dst.copy_from_slice(fresh);
+            true
+        })
+    }
+
+    /// The whole stack of a base malloc sample of thread `tid` taken at
+    /// `sp`, whose record carries `fresh_len` bytes and left out `reused`
+    /// top bytes; it becomes the thread's base. `fill` writes the carried
+    /// bytes into the place they take in the thread's buffer (the worker
+    /// copies them there straight from the ring). The second value says
+    /// that bases were dropped (or one was found missing): the caller asks
+    /// the client for whole stacks. A `fill` that returns false (the bytes
+    /// could not be had) leaves the thread without a base, as a missing
+    /// one: the caller unwinds from what it has.
+    pub fn assemble_with(
+        &mut self,
+        tid: u32,
+        sp: u64,
+        fresh_len: usize,
+        reused: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> (Result<&[u8], Missing>, bool) {
+        let total = fresh_len + reused;
         let Some(end) = sp.checked_add(total as u64) else {
             return (Err(Missing), false);
         };
@@ -112,10 +139,16 @@ impl ThreadStacks {
             b.buf = grown;
         }
         let n = b.buf.len();
-        b.buf[n - total..n - reused].copy_from_slice(fresh);
+        let filled = fill(&mut b.buf[n - total..n - reused]);
+        b.used = self.clock;
+        if !filled {
+            // No base until the next whole stack: nothing can match it.
+            (b.end, b.len) = (0, 0);
+            self.missing += 1;
+            return (Err(Missing), true);
+        }
         b.end = end;
         b.len = total;
-        b.used = self.clock;
         (Ok(&b.buf[n - total..]), evicted)
     }
 
@@ -196,6 +229,34 @@ mod tests {
         assert_eq!(
             t.assemble(7, sp + 1000, &[], 2000, true).0.unwrap(),
             &whole[1000..]
+        );
+    }
+
+    #[test]
+    fn a_fill_that_fails_leaves_no_base_to_reuse() {
+        let mut t = ThreadStacks::default();
+        let sp = 0x7000_0000u64;
+        let whole = stack(512, 1);
+        let (r, _) = t.assemble_with(2, sp, 512, 0, |dst| {
+            dst.copy_from_slice(&whole);
+            true
+        });
+        assert_eq!(r.unwrap(), &whole[..]);
+        // The next record's bytes cannot be had: missing, and a resync.
+        let (r, resync) = t.assemble_with(2, sp + 256, 0, 256, |_| false);
+        assert_eq!((r, resync), (Err(Missing), true));
+        // Nothing of the old base is reused after that.
+        assert_eq!(
+            t.assemble(2, sp + 256, &[], 256, true),
+            (Err(Missing), true)
+        );
+        assert_eq!(t.missing, 2);
+        // A whole stack starts a base again.
+        let again = stack(512, 7);
+        t.assemble(2, sp, &again, 0, true).0.unwrap();
+        assert_eq!(
+            t.assemble(2, sp + 256, &[], 256, true).0.unwrap(),
+            &again[256..]
         );
     }
 

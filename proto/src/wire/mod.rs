@@ -55,7 +55,9 @@ pub use context_filter::{
 };
 pub use handshake::{Handshake, Unprofilable};
 pub use kind::RecordKind;
-pub use record::{FreeRecord, HeapNameRecord, MallocHeader, Record, STACK_REUSE_WINDOW};
+pub use record::{
+    CapturedRegs, FreeRecord, HeapNameRecord, MallocHeader, Record, STACK_REUSE_WINDOW, UnwindRegs,
+};
 pub use stack_sample::{EventNameRecord, StackSampleHeader, TAG_CPU_TIME};
 
 /// `b"HPRS"` read as a little-endian `u32`; first field of the socket messages.

@@ -34,7 +34,7 @@
 //! at most).
 //!
 //! Usage: `heapprofd-test-receiver --socket PATH [--interval N] [--seed N]
-//! [--block] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]
+//! [--block] [--stack-reuse] [--block-timeout-us N] [--shmem-size N] [--max-stack N] [--records]
 //! [--stall-ms N] [--capture PREFIX] [--capture-max N]`
 
 use std::io::Write;
@@ -85,6 +85,7 @@ fn parse_args() -> Result<Options, String> {
             }
             "--seed" => config.seed = num("--seed")?,
             "--block" => config.flags |= ClientConfig::FLAG_BLOCK_CLIENT,
+            "--stack-reuse" => config.flags |= ClientConfig::FLAG_STACK_REUSE,
             "--block-timeout-us" => config.block_timeout_us = num("--block-timeout-us")?,
             "--shmem-size" => config.shmem_size = num("--shmem-size")?,
             "--max-stack" => config.max_stack_bytes = num("--max-stack")?,
