@@ -49,6 +49,7 @@ pub mod memo;
 pub mod procinfo;
 pub mod program;
 pub mod record;
+pub mod repolls;
 pub mod retirement;
 pub mod rundir;
 pub mod server;

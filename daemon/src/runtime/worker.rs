@@ -15,21 +15,22 @@
 //! (a writer that committed before seeing the flag will not wake us), and
 //! only then sleep until the client pokes the socket. A poll that found
 //! records but emptied the buffer does not pause: the session is polled
-//! again `REPOLL` later, so a steady stream of samples costs a poll per
-//! period rather than a wake-up per sample. A periodic tick re-polls every
-//! session in case a wake byte was lost.
+//! again `REPOLL` later ([`Repolls`]), so a steady stream of samples costs a
+//! poll per period rather than a wake-up per sample. A tick every `TICK`
+//! re-polls every session in case a wake byte was lost, however busy the
+//! worker's channel is.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use heapprofd_shmem::{ReadOutcome, Reader, RingBuffer};
+use heapprofd_shmem::{InPlace, Reader, RingBuffer};
 
 use super::costs::Costs;
 use super::handshake::{NewSession, has_exited};
+use super::repolls::Repolls;
 use super::session_unwinder::SessionUnwinder;
 use super::stacks::InternCtx;
 use super::symbolize::Symbolizer;
@@ -118,13 +119,28 @@ pub fn run_worker(
 ) {
     let mut sessions: HashMap<SessionId, Session> = HashMap::new();
     let mut ready: VecDeque<SessionId> = VecDeque::new();
-    let mut delayed: BinaryHeap<Reverse<(Instant, SessionId)>> = BinaryHeap::new();
+    let mut repolls = Repolls::default();
     let mut stop_all = false;
-    let mut buf = Vec::with_capacity(64 * 1024);
     let mut ops = Vec::with_capacity(BATCH);
+    // Where records go that have no place of their own (see
+    // `SessionUnwinder::handle_record`), shared by the worker's sessions.
+    let mut scratch = Vec::with_capacity(64 * 1024);
+    let mut next_tick = Instant::now() + TICK;
     loop {
+        // Every session drained and finished (what is left in `ready` and
+        // `repolls` are ids of finished sessions).
+        if stop_all && sessions.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        repolls.take_due(now, &mut ready);
+        if now >= next_tick {
+            next_tick = now + TICK;
+            ready.extend(sessions.keys().copied());
+        }
         let timeout = if ready.is_empty() {
-            TICK
+            let wake = repolls.next_due().map_or(next_tick, |at| at.min(next_tick));
+            wake.saturating_duration_since(now)
         } else {
             Duration::ZERO
         };
@@ -200,7 +216,7 @@ pub fn run_worker(
                     symbolizer: &symbolizer,
                     symbolize: options.symbolize,
                 };
-                drain_now(id, &mut sessions, &mut buf, &cx, &book, &counters);
+                drain_now(id, &mut sessions, &mut scratch, &cx, &book, &counters);
                 let _ = done.send(());
             }
             Some(WorkerMsg::DrainAll(done)) => {
@@ -211,14 +227,12 @@ pub fn run_worker(
                 };
                 let ids: Vec<SessionId> = sessions.keys().copied().collect();
                 for id in ids {
-                    drain_now(id, &mut sessions, &mut buf, &cx, &book, &counters);
+                    drain_now(id, &mut sessions, &mut scratch, &cx, &book, &counters);
                 }
                 let _ = done.send(());
             }
-            None => ready.extend(sessions.keys().copied()),
-        }
-        if ready.is_empty() && stop_all && sessions.is_empty() {
-            return;
+            // A re-poll or the tick is due: the top of the loop queues it.
+            None => {}
         }
         // One batch for the session at the front; more work goes to the back.
         if let Some(id) = ready.pop_front() {
@@ -232,11 +246,11 @@ pub fn run_worker(
                 symbolizer: &symbolizer,
                 symbolize: options.symbolize,
             };
-            let state = drain_batch(session, &mut buf, &mut ops, &cx, &counters);
+            let state = drain_batch(session, &mut scratch, &mut ops, &cx, &counters);
             send_ops(id, session, &mut ops, &book);
             match state {
                 DrainState::More => ready.push_back(id),
-                DrainState::Drained => delayed.push(Reverse((Instant::now() + REPOLL, id))),
+                DrainState::Drained => repolls.schedule(id, Instant::now() + REPOLL),
                 DrainState::Idle => {}
                 DrainState::Finished => {
                     if let Some(s) = sessions.remove(&id) {
@@ -244,9 +258,6 @@ pub fn run_worker(
                     }
                 }
             }
-        }
-        if stop_all && sessions.is_empty() && ready.is_empty() {
-            return;
         }
     }
 }
@@ -260,7 +271,7 @@ const DRAIN_NOW_LIMIT: Duration = Duration::from_millis(500);
 fn drain_now(
     id: SessionId,
     sessions: &mut HashMap<SessionId, Session>,
-    buf: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
     cx: &InternCtx<'_>,
     book: &Sender<BookMsg>,
     counters: &Counters,
@@ -271,7 +282,7 @@ fn drain_now(
     let mut ops = Vec::with_capacity(BATCH);
     let deadline = Instant::now() + DRAIN_NOW_LIMIT;
     loop {
-        let state = drain_batch(session, buf, &mut ops, cx, counters);
+        let state = drain_batch(session, scratch, &mut ops, cx, counters);
         send_ops(id, session, &mut ops, book);
         match state {
             DrainState::More if Instant::now() >= deadline => return,
@@ -313,7 +324,7 @@ enum DrainState {
 
 fn drain_batch(
     s: &mut Session,
-    buf: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
     ops: &mut Vec<Op>,
     cx: &InternCtx<'_>,
     counters: &Counters,
@@ -321,7 +332,7 @@ fn drain_batch(
     let (samples, errors) = (s.unwinder.samples, s.unwinder.unwind_errors);
     let records = s.reader.stats().reads_ok;
     let started = Instant::now();
-    let state = drain_records(s, buf, ops, cx);
+    let state = drain_records(s, scratch, ops, cx);
     // New frames of this batch, if any, to the warm-up thread at once.
     cx.symbolizer.kick();
     let costs = &counters.costs;
@@ -344,35 +355,35 @@ fn drain_batch(
 
 fn drain_records(
     s: &mut Session,
-    buf: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
     ops: &mut Vec<Op>,
     cx: &InternCtx<'_>,
 ) -> DrainState {
     let mut reader_paused = false;
     let mut read_any = false;
     for _ in 0..BATCH {
-        let outcome = s.reader.read(buf);
-        match outcome {
-            ReadOutcome::Record(_) => {
+        match s.reader.read_in_place() {
+            InPlace::Record(record) => {
+                let ring = record.ring();
                 read_any = true;
                 if reader_paused {
-                    s.reader.ring().unpause_reader();
+                    ring.unpause_reader();
                     reader_paused = false;
                 }
                 // Loaded after the record: an unload that happened before
                 // it was written is seen (the record's commit publishes it).
-                let epoch = s.reader.ring().unload_epoch();
+                let epoch = ring.unload_epoch();
                 if epoch != s.unload_epoch {
                     s.unload_epoch = epoch;
                     s.unwinder.objects_unloaded();
                 }
-                s.unwinder.handle_record(buf, ops, cx);
+                s.unwinder.handle_record(&record, scratch, ops, cx);
                 if s.unwinder.take_resync() {
-                    s.reader.ring().request_stack_resync();
+                    ring.request_stack_resync();
                 }
             }
-            ReadOutcome::Empty | ReadOutcome::Pending => {
-                let pending = matches!(outcome, ReadOutcome::Pending);
+            outcome @ (InPlace::Empty | InPlace::Pending) => {
+                let pending = matches!(outcome, InPlace::Pending);
                 if let Some(closed) = s.closed_at {
                     if !pending || closed.elapsed() > PENDING_GRACE {
                         return DrainState::Finished;
@@ -400,7 +411,7 @@ fn drain_records(
                 s.reader.ring().pause_reader();
                 reader_paused = true;
             }
-            ReadOutcome::Corrupt(_) => {
+            InPlace::Corrupt(_) => {
                 s.ring_corrupt = true;
                 s.reader.ring().set_shutdown();
                 return DrainState::Finished;
