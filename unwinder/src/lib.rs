@@ -115,6 +115,7 @@
 //! See `docs/PERFORMANCE.md` ("Unwinder") for measured numbers and the
 //! commands that produced them.
 
+mod byte_cursor;
 mod cache;
 mod checkout;
 mod debuginfo;
@@ -133,6 +134,7 @@ mod perfmap;
 mod process;
 mod replay;
 mod sparse;
+mod stored_answers;
 mod symbol_frame;
 mod symbol_store;
 mod symbols;

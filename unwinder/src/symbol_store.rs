@@ -33,7 +33,6 @@
 //! suite's worth) cost each `record` 20-40 ms of CPU when it was made at
 //! every save.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -42,8 +41,10 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::byte_cursor::Cursor;
 use crate::debuginfo::hex;
 use crate::file_key::{FileKey, Observation};
+use crate::stored_answers::{self, StoredAnswers};
 use crate::symbol_frame::SymbolFrame;
 
 const MAGIC: &[u8; 8] = b"HPSYMS01";
@@ -51,12 +52,8 @@ const MAGIC: &[u8; 8] = b"HPSYMS01";
 const MAX_FILE_BYTES: u64 = 64 << 20;
 /// Most answers one file holds.
 pub(crate) const MAX_ANSWERS: usize = 1 << 16;
-/// Most frames one answer holds (as the lookup keeps).
-const MAX_FRAMES: usize = 256;
 /// Most paths one lookup consults that are kept.
 const MAX_OBSERVED: usize = 256;
-/// Longest name or path kept.
-const MAX_STRING: usize = 1 << 16;
 
 /// Least time between two looks at the directory's size (see the module
 /// docs): what is saved meanwhile can go over the budget until the next.
@@ -80,15 +77,12 @@ pub(crate) struct StoreKey {
     pub(crate) path: PathBuf,
 }
 
-/// Answers read from the store.
-pub(crate) type Answers = HashMap<u64, Arc<[SymbolFrame]>>;
-
 /// A module's file in the store, found current.
 #[derive(Debug)]
 pub(crate) struct Stored {
     /// The paths its answers were made with.
     pub(crate) observed: Vec<Observation>,
-    pub(crate) answers: Answers,
+    pub(crate) answers: StoredAnswers,
 }
 
 impl SymbolStore {
@@ -166,7 +160,7 @@ impl SymbolStore {
         }
         let mut bytes = Vec::with_capacity(meta.len() as usize);
         f.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
-        let file = decode(&bytes)?;
+        let file = decode(bytes)?;
         if file.module != key.module || *file.build_id != *key.build_id {
             return None;
         }
@@ -185,12 +179,12 @@ impl SymbolStore {
 
     /// Saves `answers` for `key`, made with the debug files `observed`;
     /// then keeps the directory within its budget.
-    pub(crate) fn save<'a>(
+    pub(crate) fn save<F: AsRef<[SymbolFrame]>>(
         &self,
         key: &StoreKey,
         debug_dirs: &[PathBuf],
         observed: &[Observation],
-        answers: impl Iterator<Item = (u64, &'a [SymbolFrame])>,
+        answers: impl Iterator<Item = (u64, F)>,
     ) -> io::Result<()> {
         let bytes = encode(key, observed, answers);
         fs::DirBuilder::new()
@@ -318,7 +312,7 @@ struct StoreFile {
     module: FileKey,
     build_id: Vec<u8>,
     observed: Vec<Observation>,
-    answers: Answers,
+    answers: StoredAnswers,
 }
 
 fn put_key(out: &mut Vec<u8>, k: &FileKey) {
@@ -327,25 +321,10 @@ fn put_key(out: &mut Vec<u8>, k: &FileKey) {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    let s = &s.as_bytes()[..floor_char(s, MAX_STRING)];
-    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-    out.extend_from_slice(s);
-}
-
-/// The largest char boundary of `s` at most `max`.
-fn floor_char(s: &str, max: usize) -> usize {
-    let mut n = s.len().min(max);
-    while !s.is_char_boundary(n) {
-        n -= 1;
-    }
-    n
-}
-
-fn encode<'a>(
+fn encode<F: AsRef<[SymbolFrame]>>(
     key: &StoreKey,
     observed: &[Observation],
-    answers: impl Iterator<Item = (u64, &'a [SymbolFrame])>,
+    answers: impl Iterator<Item = (u64, F)>,
 ) -> Vec<u8> {
     let mut out = MAGIC.to_vec();
     put_key(&mut out, &key.module);
@@ -370,24 +349,7 @@ fn encode<'a>(
     let mut count = 0u32;
     for (pc, frames) in answers.take(MAX_ANSWERS) {
         count += 1;
-        out.extend_from_slice(&pc.to_le_bytes());
-        let frames = &frames[..frames.len().min(MAX_FRAMES)];
-        out.extend_from_slice(&(frames.len() as u16).to_le_bytes());
-        for f in frames {
-            let flags = u8::from(f.function.is_some())
-                | u8::from(f.file.is_some()) << 1
-                | u8::from(f.line.is_some()) << 2;
-            out.push(flags);
-            if let Some(s) = &f.function {
-                put_str(&mut out, s);
-            }
-            if let Some(s) = &f.file {
-                put_str(&mut out, s);
-            }
-            if let Some(l) = f.line {
-                out.extend_from_slice(&l.to_le_bytes());
-            }
-        }
+        stored_answers::encode_answer(&mut out, pc, frames.as_ref());
     }
     out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
     let crc = crc32fast::hash(&out);
@@ -403,18 +365,14 @@ fn encode<'a>(
 pub fn fuzz_decode(body: &[u8]) {
     let mut bytes = body.to_vec();
     bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-    let Some(f) = decode(&bytes) else { return };
+    let Some(f) = decode(bytes) else { return };
     let key = StoreKey {
         build_id: f.build_id.clone().into(),
         module: f.module,
         path: PathBuf::new(),
     };
-    let again = encode(
-        &key,
-        &f.observed,
-        f.answers.iter().map(|(&pc, frames)| (pc, &frames[..])),
-    );
-    let g = decode(&again).expect("a decoded store file encodes to one that decodes");
+    let again = encode(&key, &f.observed, f.answers.iter());
+    let g = decode(again).expect("a decoded store file encodes to one that decodes");
     assert_eq!(
         (g.module, &g.build_id, &g.observed, &g.answers),
         (f.module, &f.build_id, &f.observed, &f.answers),
@@ -422,58 +380,28 @@ pub fn fuzz_decode(body: &[u8]) {
     );
 }
 
-/// A reader over untrusted bytes: every read is checked.
-struct Cursor<'a>(&'a [u8]);
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if n > self.0.len() {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Some(head)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn key(&mut self) -> Option<FileKey> {
-        Some(FileKey {
-            dev: self.u64()?,
-            ino: self.u64()?,
-            size: self.u64()?,
-            mtime: self.u64()? as i64,
-            mtime_nsec: self.u64()? as i64,
-        })
-    }
-    fn string(&mut self) -> Option<String> {
-        let n = self.u32()? as usize;
-        if n > MAX_STRING {
-            return None;
-        }
-        String::from_utf8(self.take(n)?.to_vec()).ok()
-    }
+/// A file's identity as a store file holds it.
+fn read_key(c: &mut Cursor<'_>) -> Option<FileKey> {
+    Some(FileKey {
+        dev: c.u64()?,
+        ino: c.u64()?,
+        size: c.u64()?,
+        mtime: c.u64()? as i64,
+        mtime_nsec: c.u64()? as i64,
+    })
 }
 
-fn decode(bytes: &[u8]) -> Option<StoreFile> {
+/// A store file's bytes, parsed; `None` unless all of it is right.
+fn decode(bytes: Vec<u8>) -> Option<StoreFile> {
     let (body, crc) = bytes.split_at(bytes.len().checked_sub(4)?);
     if crc32fast::hash(body).to_le_bytes() != crc {
         return None;
     }
-    let mut c = Cursor(body);
+    let mut c = Cursor::new(body, 0);
     if c.take(MAGIC.len())? != MAGIC {
         return None;
     }
-    let module = c.key()?;
+    let module = read_key(&mut c)?;
     let n = c.u16()? as usize;
     let build_id = c.take(n)?.to_vec();
     let n = c.u32()? as usize;
@@ -485,7 +413,7 @@ fn decode(bytes: &[u8]) -> Option<StoreFile> {
         let len = c.u16()? as usize;
         let path = PathBuf::from(OsStr::from_bytes(c.take(len)?));
         let present = c.u8()? != 0;
-        let key = c.key()?;
+        let key = read_key(&mut c)?;
         observed.push(Observation {
             path,
             file: present.then_some(key),
@@ -495,36 +423,9 @@ fn decode(bytes: &[u8]) -> Option<StoreFile> {
     if n > MAX_ANSWERS {
         return None;
     }
-    let mut answers = Answers::with_capacity(n);
-    for _ in 0..n {
-        let pc = c.u64()?;
-        let frames = c.u16()? as usize;
-        if frames > MAX_FRAMES {
-            return None;
-        }
-        let mut v = Vec::with_capacity(frames);
-        for _ in 0..frames {
-            let flags = c.u8()?;
-            let function = if flags & 1 != 0 {
-                Some(c.string()?)
-            } else {
-                None
-            };
-            let file = if flags & 2 != 0 {
-                Some(c.string()?)
-            } else {
-                None
-            };
-            let line = if flags & 4 != 0 { Some(c.u32()?) } else { None };
-            v.push(SymbolFrame {
-                function,
-                file,
-                line,
-            });
-        }
-        answers.insert(pc, v.into());
-    }
-    c.0.is_empty().then_some(StoreFile {
+    let (start, end) = (c.pos, body.len());
+    let answers = StoredAnswers::parse(bytes, start, end, n)?;
+    Some(StoreFile {
         module,
         build_id,
         observed,

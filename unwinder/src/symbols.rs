@@ -29,7 +29,7 @@ use crate::elf::{DwarfReader as Reader, FileBytes, SectionBytes};
 use crate::file_key::Observation;
 use crate::sparse::ModuleBytes;
 use crate::symbol_frame::SymbolFrame;
-use crate::symbol_store::{StoreKey, Stored, SymbolStore};
+use crate::symbol_store::{MAX_ANSWERS, StoreKey, Stored, SymbolStore};
 
 /// Where a module's symbols came from (diagnostics and tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -282,9 +282,9 @@ impl ModuleSymbolizer {
             .stored
             .get_or_init(|| store.load(key, &options.debug_dirs))
             .as_ref()?;
-        let frames = stored.answers.get(&svma)?;
-        cache_answer(&mut write(&self.by_addr), svma, frames);
-        Some(Arc::clone(frames))
+        let frames = stored.answers.get(svma)?;
+        cache_answer(&mut write(&self.by_addr), svma, &frames);
+        Some(frames)
     }
 
     /// Writes the answers found since the store was read (with those it
@@ -307,18 +307,21 @@ impl ModuleSymbolizer {
             .and_then(Option::as_ref)
             .filter(|s| s.observed == observed)
             .map(|s| &s.answers);
-        let answers = by_addr.iter().chain(
-            older
-                .into_iter()
-                .flatten()
-                .filter(|(pc, _)| !by_addr.contains_key(pc)),
-        );
-        store.save(
-            key,
-            &options.debug_dirs,
-            &observed,
-            answers.map(|(&pc, f)| (pc, &f[..])),
-        )?;
+        let mut answers: Vec<(u64, Arc<[SymbolFrame]>)> = by_addr
+            .iter()
+            .map(|(&pc, f)| (pc, Arc::clone(f)))
+            .chain(
+                older
+                    .into_iter()
+                    .flat_map(|a| a.iter())
+                    .filter(|(pc, _)| !by_addr.contains_key(pc)),
+            )
+            // The file's limit, the new answers first (as before sorting).
+            .take(MAX_ANSWERS)
+            .collect();
+        // In address order: the next load's index is sorted as read.
+        answers.sort_unstable_by_key(|&(pc, _)| pc);
+        store.save(key, &options.debug_dirs, &observed, answers.into_iter())?;
         Ok(true)
     }
 
