@@ -346,8 +346,7 @@ pub fn establish(
     // its command line, parent and threads, its memory at the start.
     let started_ns = read_clocks().monotonic_coarse_ns;
     let cmdline = procinfo::read_cmdline(peer.pid);
-    let identity = procinfo::read_identity(peer.pid);
-    let memory = procinfo::read_memory(peer.pid);
+    let (identity, memory) = procinfo::read_identity_and_memory(peer.pid);
     stream.set_write_timeout(Some(left))?;
     send_with_fds(stream.as_raw_fd(), &config.encode(), &[memfd.as_raw_fd()])
         .with_context(|| format!("sending the configuration to pid {}", peer.pid))?;

@@ -27,11 +27,19 @@ use heapprofd_model::trace::ProcessMemory;
 /// Most threads named per process and read (a runaway process is cut).
 const MAX_THREADS: usize = 4096;
 
-fn read_small(path: &str, limit: u64) -> Option<String> {
+/// At most `limit` bytes of a file, in as few reads as fit: a `/proc`
+/// file reports no size, so reading it into an empty buffer starts with
+/// 32-byte probes and doubles (6 to 8 reads of `/proc/PID/status`, each
+/// generating the whole text, while the handshake's client waits).
+fn read_bytes(path: &str, limit: u64) -> Option<Vec<u8>> {
     let f = std::fs::File::open(path).ok()?;
-    let mut s = String::new();
-    f.take(limit).read_to_string(&mut s).ok()?;
-    Some(s)
+    let mut buf = Vec::with_capacity(limit.min(4096) as usize);
+    f.take(limit).read_to_end(&mut buf).ok()?;
+    Some(buf)
+}
+
+fn read_small(path: &str, limit: u64) -> Option<String> {
+    String::from_utf8(read_bytes(path, limit)?).ok()
 }
 
 /// The parent pid from `/proc/PID/stat` (after the last `)`: the command
@@ -50,7 +58,7 @@ fn parse_ppid(stat: &str) -> Option<u32> {
 
 /// The process's command line (`/proc/PID/cmdline`; empty if it is gone).
 pub fn read_cmdline(pid: u32) -> Vec<String> {
-    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+    let Some(bytes) = read_bytes(&format!("/proc/{pid}/cmdline"), u64::MAX) else {
         return Vec::new();
     };
     let mut args: Vec<String> = bytes
@@ -67,6 +75,23 @@ pub fn read_cmdline(pid: u32) -> Vec<String> {
 /// and command line, as of now (read while the process is certainly
 /// alive: its client waits in the handshake).
 pub fn read_identity(pid: u32) -> ProcessIdentity {
+    let status = read_status(pid);
+    identity_with(pid, status.as_deref())
+}
+
+/// [`read_identity`] and [`read_memory`] from one read of
+/// `/proc/PID/status`.
+pub fn read_identity_and_memory(pid: u32) -> (ProcessIdentity, Option<ProcessMemory>) {
+    let status = read_status(pid);
+    let memory = status.as_deref().and_then(|s| parse_memory(pid, s));
+    (identity_with(pid, status.as_deref()), memory)
+}
+
+fn read_status(pid: u32) -> Option<String> {
+    read_small(&format!("/proc/{pid}/status"), 16 * 1024)
+}
+
+fn identity_with(pid: u32, status: Option<&str>) -> ProcessIdentity {
     let ppid = read_ppid(pid);
     let parent = ppid.filter(|&pp| pp != 0).map(|pp| ParentProcess {
         pid: pp,
@@ -75,7 +100,7 @@ pub fn read_identity(pid: u32) -> ProcessIdentity {
     });
     ProcessIdentity {
         ppid,
-        threads: read_threads(pid),
+        threads: threads_with(pid, status),
         parent,
     }
 }
@@ -105,9 +130,13 @@ fn parse_status_field(status: &str, key: &str) -> Option<u32> {
 /// Names of the process's current threads: the main thread alone when it
 /// is the only one, else every one `/proc/PID/task` lists.
 pub fn read_threads(pid: u32) -> BTreeMap<u32, String> {
+    threads_with(pid, read_status(pid).as_deref())
+}
+
+/// [`read_threads`] with the process's `status` text already read.
+fn threads_with(pid: u32, status: Option<&str>) -> BTreeMap<u32, String> {
     let mut out = BTreeMap::new();
-    let status = read_small(&format!("/proc/{pid}/status"), 16 * 1024);
-    if status.is_some_and(|s| parse_status_field(&s, "Threads") == Some(1)) {
+    if status.is_some_and(|s| parse_status_field(s, "Threads") == Some(1)) {
         if let Some(name) = read_thread_name(pid, pid) {
             out.insert(pid, name);
         }
@@ -129,8 +158,7 @@ pub fn read_threads(pid: u32) -> BTreeMap<u32, String> {
 
 /// Memory counters from `/proc/PID/status`.
 pub fn read_memory(pid: u32) -> Option<ProcessMemory> {
-    let status = read_small(&format!("/proc/{pid}/status"), 16 * 1024)?;
-    parse_memory(pid, &status)
+    parse_memory(pid, &read_status(pid)?)
 }
 
 fn parse_memory(pid: u32, status: &str) -> Option<ProcessMemory> {
@@ -244,5 +272,34 @@ mod tests {
         assert_eq!(parent.cmdline, read_cmdline(parent.pid));
         assert!(!parent.cmdline.is_empty());
         assert_eq!(id.threads.get(&me), threads.get(&me));
+        let (id2, memory) = read_identity_and_memory(me);
+        assert_eq!(
+            (id2.ppid, id2.parent.map(|p| p.pid)),
+            (id.ppid, Some(parent.pid))
+        );
+        assert_eq!(id2.threads.get(&me), threads.get(&me));
+        assert!(memory.is_some_and(|m| m.pid == me && m.vm_rss_kb > 0));
+    }
+
+    /// A command line longer than the first read's 4 KiB is read whole.
+    #[test]
+    fn a_long_command_line_is_read_whole() {
+        let long = "x".repeat(20_000);
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 10", &long])
+            .spawn()
+            .expect("start sh");
+        let want = vec!["sh".to_string(), "-c".into(), "sleep 10".into(), long];
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            got = read_cmdline(child.id());
+            if got == want {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(got, want);
     }
 }
