@@ -205,11 +205,11 @@ fn replay(cap: &Capture, path: Path) -> Replay {
         elapsed,
         records,
         mallocs: u.samples,
-        stacks: u.stacks.len(),
-        hits: u.stacks.memo.hits,
-        misses: u.stacks.memo.misses,
+        stacks: u.walker.stacks.len(),
+        hits: u.walker.stacks.memo.hits,
+        misses: u.walker.stacks.memo.misses,
         digest: digest.finish(),
-        errors: u.unwind_errors,
+        errors: u.walker.unwind_errors,
     }
 }
 

@@ -20,7 +20,7 @@ use heapprofd_shmem::RecordBytes;
 use heapprofd_unwinder::{PendingProcess, ProcessContext, UnwindErrorKind};
 
 use super::lazy_process::LazyProcess;
-use super::stacks::{InternCtx, StackCache};
+use super::stacks::{InternCtx, StackCache, StackEntry, WalkStart};
 use super::thread_stacks::{Missing, ThreadStacks};
 
 /// One replayed sample in this many is timed (see
@@ -30,13 +30,8 @@ pub const HIT_TIMING: u64 = 16;
 /// What a worker keeps per session to turn its records into operations.
 #[derive(Debug)]
 pub struct SessionUnwinder {
-    /// The process's mappings, modules and memory (loaded at the first
-    /// record that needs them, see [`LazyProcess`]).
-    process: LazyProcess,
-    /// The client library's code (its frames are left out of stacks).
-    client_text: Range<u64>,
-    /// Stacks and pcs unwound before (see [`StackCache`]).
-    pub stacks: StackCache,
+    /// A sample's frames from the memo or a walk, and the unwinding times.
+    pub walker: Walker,
     /// The threads' last stacks, for samples that reuse them.
     pub thread_stacks: ThreadStacks,
     /// Set when the client must send whole stacks again (see
@@ -44,23 +39,87 @@ pub struct SessionUnwinder {
     resync: bool,
     /// Records that did not decode.
     pub corrupt_records: u64,
-    /// Unwinding times.
-    pub hist: UnwindHistogram,
     /// Malloc samples unwound.
     pub samples: u64,
     /// Stack samples (CPU time, events) unwound.
     pub stack_samples: u64,
+    /// The interner's retire generation the caches were made under.
+    interner_generation: u64,
+    /// The sequence number of the session's last malloc or free: the
+    /// daemon numbers them in ring order (see `wire::version::V7`).
+    last_seq: u64,
+}
+
+/// A sample's stack, from the replay memo or a walk, timed: the one path
+/// of malloc samples and stack samples alike. Kept apart from
+/// [`ThreadStacks`], whose bytes the stack being unwound may borrow.
+#[derive(Debug)]
+pub struct Walker {
+    /// The process's mappings, modules and memory (loaded at the first
+    /// record that needs them, see [`LazyProcess`]).
+    process: LazyProcess,
+    /// The client library's code (its frames are left out of stacks).
+    client_text: Range<u64>,
+    /// Stacks and pcs unwound before (see [`StackCache`]).
+    pub stacks: StackCache,
+    /// Unwinding times.
+    pub hist: UnwindHistogram,
     /// Unwinds that ended in an error.
     pub unwind_errors: u64,
     /// Total unwinding time.
     pub unwind_time: Duration,
     /// Picks the replayed samples that are timed (xorshift, never 0).
     timing_rng: u64,
-    /// The interner's retire generation the caches were made under.
-    interner_generation: u64,
-    /// The sequence number of the session's last malloc or free: the
-    /// daemon numbers them in ring order (see `wire::version::V7`).
-    last_seq: u64,
+}
+
+impl Walker {
+    /// The stack of the sample that starts at `h` over `stack`: replayed
+    /// if the memo knows the walk, else walked (an [`Op::Stack`] pushed to
+    /// `ops` when it is new); timed as [`SessionUnwinder::handle_record`]
+    /// says.
+    fn stack_of(
+        &mut self,
+        h: &impl WalkStart,
+        stack: &[u8],
+        cx: &InternCtx<'_>,
+        ops: &mut Vec<Op>,
+    ) -> StackEntry {
+        self.timing_rng ^= self.timing_rng << 13;
+        self.timing_rng ^= self.timing_rng >> 7;
+        self.timing_rng ^= self.timing_rng << 17;
+        let t0 = (self.timing_rng % HIT_TIMING == 0).then(Instant::now);
+        let entry = match self.stacks.replay(h, stack) {
+            Some(entry) => {
+                self.stacks.split.replays += 1;
+                if let Some(t0) = t0 {
+                    let d = t0.elapsed();
+                    self.hist.add_us(d.as_micros() as u64, HIT_TIMING);
+                    self.unwind_time += d * HIT_TIMING as u32;
+                    self.stacks.split.replay += d * HIT_TIMING as u32;
+                }
+                entry
+            }
+            None => {
+                let t0 = t0.unwrap_or_else(Instant::now);
+                let entry = self.stacks.stack_of_unreplayed(
+                    self.process.get(),
+                    h,
+                    stack,
+                    &self.client_text,
+                    cx,
+                    ops,
+                );
+                let d = t0.elapsed();
+                self.hist.add_us(d.as_micros() as u64, 1);
+                self.unwind_time += d;
+                entry
+            }
+        };
+        if entry.error.is_some() {
+            self.unwind_errors += 1;
+        }
+        entry
+    }
 }
 
 impl SessionUnwinder {
@@ -78,18 +137,20 @@ impl SessionUnwinder {
 
     fn with_process(process: LazyProcess, client_text: Range<u64>, seed: u64) -> Self {
         SessionUnwinder {
-            process,
-            client_text,
-            stacks: StackCache::default(),
+            walker: Walker {
+                process,
+                client_text,
+                stacks: StackCache::default(),
+                hist: UnwindHistogram::default(),
+                unwind_errors: 0,
+                unwind_time: Duration::ZERO,
+                timing_rng: (0x9e37_79b9_7f4a_7c15 ^ seed) | 1,
+            },
             thread_stacks: ThreadStacks::default(),
             resync: false,
             corrupt_records: 0,
-            hist: UnwindHistogram::default(),
             samples: 0,
             stack_samples: 0,
-            unwind_errors: 0,
-            unwind_time: Duration::ZERO,
-            timing_rng: (0x9e37_79b9_7f4a_7c15 ^ seed) | 1,
             interner_generation: 0,
             last_seq: 0,
         }
@@ -97,7 +158,8 @@ impl SessionUnwinder {
 
     /// Turns one record into operations.
     ///
-    /// Timing (the trace's unwinding-time histogram and total): a sample that
+    /// Timing (the trace's unwinding-time histogram and total), the same for
+    /// malloc and stack samples (see [`Walker`]): a sample that
     /// is walked is timed exactly, two clock reads around the walk and the
     /// interning of a new stack. A replay check (~45 ns for 33 frames) costs
     /// about as much as the two clock reads around it, so only one in
@@ -124,7 +186,7 @@ impl SessionUnwinder {
         let generation = cx.interner.retire_generation();
         if generation != self.interner_generation {
             self.interner_generation = generation;
-            self.stacks.clear();
+            self.walker.stacks.clear();
         }
         // A malloc sample's header is copied out on its own and its stack
         // bytes straight to where they are unwound from (see
@@ -180,40 +242,7 @@ impl SessionUnwinder {
                 scratch
             }
         };
-        self.timing_rng ^= self.timing_rng << 13;
-        self.timing_rng ^= self.timing_rng >> 7;
-        self.timing_rng ^= self.timing_rng << 17;
-        let t0 = (self.timing_rng % HIT_TIMING == 0).then(Instant::now);
-        let entry = match self.stacks.replay(h, stack) {
-            Some(entry) => {
-                self.stacks.split.replays += 1;
-                if let Some(t0) = t0 {
-                    let d = t0.elapsed();
-                    self.hist.add_us(d.as_micros() as u64, HIT_TIMING);
-                    self.unwind_time += d * HIT_TIMING as u32;
-                    self.stacks.split.replay += d * HIT_TIMING as u32;
-                }
-                entry
-            }
-            None => {
-                let t0 = t0.unwrap_or_else(Instant::now);
-                let entry = self.stacks.stack_of_unreplayed(
-                    self.process.get(),
-                    h,
-                    stack,
-                    &self.client_text,
-                    cx,
-                    ops,
-                );
-                let d = t0.elapsed();
-                self.hist.add_us(d.as_micros() as u64, 1);
-                self.unwind_time += d;
-                entry
-            }
-        };
-        if entry.error.is_some() {
-            self.unwind_errors += 1;
-        }
+        let entry = self.walker.stack_of(h, stack, cx, ops);
         self.samples += 1;
         self.last_seq += 1;
         ops.push(Op::Malloc {
@@ -244,24 +273,7 @@ impl SessionUnwinder {
                 })
             }
             Ok(Record::StackSample(h, stack)) => {
-                let t0 = Instant::now();
-                let entry = match self.stacks.replay(&h, stack) {
-                    Some(entry) => entry,
-                    None => self.stacks.stack_of_unreplayed(
-                        self.process.get(),
-                        &h,
-                        stack,
-                        &self.client_text,
-                        cx,
-                        ops,
-                    ),
-                };
-                let d = t0.elapsed();
-                self.hist.add_us(d.as_micros() as u64, 1);
-                self.unwind_time += d;
-                if entry.error.is_some() {
-                    self.unwind_errors += 1;
-                }
+                let entry = self.walker.stack_of(&h, stack, cx, ops);
                 self.stack_samples += 1;
                 ops.push(Op::StackSample {
                     tid: h.tid,
@@ -315,14 +327,14 @@ impl SessionUnwinder {
     /// (an object loaded where the unloaded one was must not inherit its
     /// frames).
     pub fn objects_unloaded(&mut self) {
-        if self.process.get().objects_unloaded() {
-            self.stacks.clear();
+        if self.walker.process.get().objects_unloaded() {
+            self.walker.stacks.clear();
         }
     }
 
     /// The process context, if a record needed it.
     pub fn process(&self) -> Option<&ProcessContext> {
-        self.process.loaded()
+        self.walker.process.loaded()
     }
 
     /// Whether the client must be told to send whole stacks (the ring's
@@ -335,11 +347,11 @@ impl SessionUnwinder {
     /// are the worker's).
     pub fn stats(&self) -> SessionStats {
         SessionStats {
-            unwinding_errors: self.unwind_errors,
+            unwinding_errors: self.walker.unwind_errors,
             heap_samples: self.samples,
-            map_reparses: self.process.loaded().map_or(0, |p| p.stats().map_reparses),
-            total_unwinding_time_us: self.unwind_time.as_micros() as u64,
-            unwinding_time_us: self.hist.clone(),
+            map_reparses: self.process().map_or(0, |p| p.stats().map_reparses),
+            total_unwinding_time_us: self.walker.unwind_time.as_micros() as u64,
+            unwinding_time_us: self.walker.hist.clone(),
             corrupt_records: self.corrupt_records,
             ..SessionStats::default()
         }
@@ -470,7 +482,7 @@ mod tests {
             Some(StackUnwindError::UnwindErrorMemoryInvalid),
             "{ops:?}"
         );
-        assert_eq!(u.unwind_errors, 1);
+        assert_eq!(u.walker.unwind_errors, 1);
         assert_eq!(
             ops[2],
             Op::SampleLosses {

@@ -329,7 +329,7 @@ fn drain_batch(
     cx: &InternCtx<'_>,
     counters: &Counters,
 ) -> DrainState {
-    let (samples, errors) = (s.unwinder.samples, s.unwinder.unwind_errors);
+    let (samples, errors) = (s.unwinder.samples, s.unwinder.walker.unwind_errors);
     let records = s.reader.stats().reads_ok;
     let started = Instant::now();
     let state = drain_records(s, scratch, ops, cx);
@@ -349,7 +349,7 @@ fn drain_batch(
         .fetch_add(s.unwinder.samples - samples, Ordering::Relaxed);
     counters
         .unwind_errors
-        .fetch_add(s.unwinder.unwind_errors - errors, Ordering::Relaxed);
+        .fetch_add(s.unwinder.walker.unwind_errors - errors, Ordering::Relaxed);
     state
 }
 
@@ -466,8 +466,8 @@ fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
     let stats = session_stats(&s);
     counters.costs.add_session(
         &s.reader.stats(),
-        s.unwinder.unwind_time,
-        &s.unwinder.stacks.split,
+        s.unwinder.walker.unwind_time,
+        &s.unwinder.walker.stacks.split,
     );
     log::debug!(
         "session {} (pid {}) ended: {:?}; stack bases: {} threads, {} KiB, {} missing, {} evictions; {} stacks cached; replayed walks: {} hits, {} misses, {} traces checked; unwinder rule cache {:?}",
@@ -478,10 +478,10 @@ fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
         s.unwinder.thread_stacks.bytes() / 1024,
         s.unwinder.thread_stacks.missing,
         s.unwinder.thread_stacks.evictions,
-        s.unwinder.stacks.len(),
-        s.unwinder.stacks.memo.hits,
-        s.unwinder.stacks.memo.misses,
-        s.unwinder.stacks.memo.checks,
+        s.unwinder.walker.stacks.len(),
+        s.unwinder.walker.stacks.memo.hits,
+        s.unwinder.walker.stacks.memo.misses,
+        s.unwinder.walker.stacks.memo.checks,
         s.unwinder.process().and_then(|p| p.rule_cache_stats())
     );
     // The socket closes a moment before the process is reaped; a client
