@@ -63,7 +63,7 @@ pub struct Walker {
     /// Stacks and pcs unwound before (see [`StackCache`]).
     pub stacks: StackCache,
     /// Unwinding times.
-    pub hist: UnwindHistogram,
+    hist: UnwindHistogram,
     /// Unwinds that ended in an error.
     pub unwind_errors: u64,
     /// Total unwinding time.

@@ -202,28 +202,6 @@ impl MallocHeader {
     }
 }
 
-impl<R> MallocHeader<R> {
-    /// The same header with its registers held as `regs`.
-    pub fn with_regs<S>(self, regs: S) -> MallocHeader<S> {
-        MallocHeader {
-            flags: self.flags,
-            sequence: self.sequence,
-            alloc_size: self.alloc_size,
-            sample_size: self.sample_size,
-            address: self.address,
-            timestamp_ns: self.timestamp_ns,
-            context_id: self.context_id,
-            tid: self.tid,
-            heap_id: self.heap_id,
-            arch: self.arch,
-            stack_pointer: self.stack_pointer,
-            stack_len: self.stack_len,
-            stack_reused: self.stack_reused,
-            regs,
-        }
-    }
-}
-
 impl<R: UnwindRegs> MallocHeader<R> {
     /// Encodes the fixed part into `out`.
     #[inline]
@@ -449,6 +427,26 @@ mod tests {
         }
     }
 
+    /// `h` with its registers held as `regs`.
+    fn with_regs<S>(h: MallocHeader, regs: S) -> MallocHeader<S> {
+        MallocHeader {
+            flags: h.flags,
+            sequence: h.sequence,
+            alloc_size: h.alloc_size,
+            sample_size: h.sample_size,
+            address: h.address,
+            timestamp_ns: h.timestamp_ns,
+            context_id: h.context_id,
+            tid: h.tid,
+            heap_id: h.heap_id,
+            arch: h.arch,
+            stack_pointer: h.stack_pointer,
+            stack_len: h.stack_len,
+            stack_reused: h.stack_reused,
+            regs,
+        }
+    }
+
     #[test]
     fn a_captured_header_encodes_as_the_header_it_decodes_to() {
         for arch in [Arch::X86_64, Arch::Aarch64] {
@@ -458,7 +456,7 @@ mod tests {
                 arch,
                 ..sample_header()
             };
-            let captured = h.with_regs(CapturedRegs(&unwind));
+            let captured = with_regs(h, CapturedRegs(&unwind));
             let mut bytes = [0u8; MallocHeader::ENCODED_LEN];
             captured.encode_into(&mut bytes);
             let mut with_stack = bytes.to_vec();
