@@ -36,6 +36,47 @@ const HAS_FUNCTION: u8 = 1;
 const HAS_FILE: u8 = 2;
 const HAS_LINE: u8 = 4;
 
+/// One answer a save writes.
+pub(crate) trait AnswerBytes {
+    /// Appends the answer, encoded.
+    fn append_to(&self, out: &mut Vec<u8>);
+}
+
+impl<F: AsRef<[SymbolFrame]>> AnswerBytes for (u64, F) {
+    fn append_to(&self, out: &mut Vec<u8>) {
+        encode_answer(out, self.0, self.1.as_ref());
+    }
+}
+
+/// An answer a save writes: one found in this run, encoded as it is
+/// written, or one kept from the file read, whose bytes are copied as
+/// they are (decoding an old file's thousands of answers to encode them
+/// again was 1.4 ms of every short `record` whose module file was large).
+pub(crate) enum ToWrite<'a> {
+    /// Found in this run.
+    New(u64, Arc<[SymbolFrame]>),
+    /// Kept: its address, and its bytes from [`StoredAnswers::kept`].
+    Kept(u64, &'a [u8]),
+}
+
+impl ToWrite<'_> {
+    /// The answer's address.
+    pub(crate) fn pc(&self) -> u64 {
+        match *self {
+            ToWrite::New(pc, _) | ToWrite::Kept(pc, _) => pc,
+        }
+    }
+}
+
+impl AnswerBytes for ToWrite<'_> {
+    fn append_to(&self, out: &mut Vec<u8>) {
+        match self {
+            ToWrite::New(pc, frames) => encode_answer(out, *pc, frames),
+            ToWrite::Kept(_, bytes) => out.extend_from_slice(bytes),
+        }
+    }
+}
+
 /// Appends the answer `frames` for `pc` (at most [`MAX_FRAMES`] frames,
 /// strings cut to [`MAX_STRING`] bytes at a char boundary).
 pub(crate) fn encode_answer(out: &mut Vec<u8>, pc: u64, frames: &[SymbolFrame]) {
@@ -78,8 +119,8 @@ fn floor_char(s: &str, max: usize) -> usize {
 pub(crate) struct StoredAnswers {
     bytes: Vec<u8>,
     /// (rel_pc, offset of the answer's frame count in `bytes`), sorted by
-    /// rel_pc, one entry per address.
-    index: Vec<(u64, u32)>,
+    /// rel_pc, one entry per address; and where the answer ends.
+    index: Vec<(u64, u32, u32)>,
 }
 
 impl std::fmt::Debug for StoredAnswers {
@@ -128,7 +169,7 @@ impl StoredAnswers {
                     c.u32()?;
                 }
             }
-            index.push((pc, at));
+            index.push((pc, at, c.pos as u32));
         }
         if c.pos != end {
             return None;
@@ -156,7 +197,7 @@ impl StoredAnswers {
 
     /// The answer for `pc`, decoded.
     pub(crate) fn get(&self, pc: u64) -> Option<Arc<[SymbolFrame]>> {
-        let i = self.index.binary_search_by_key(&pc, |&(p, _)| p).ok()?;
+        let i = self.index.binary_search_by_key(&pc, |&(p, _, _)| p).ok()?;
         self.decode_at(self.index[i].1)
     }
 
@@ -164,7 +205,32 @@ impl StoredAnswers {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, Arc<[SymbolFrame]>)> + '_ {
         self.index
             .iter()
-            .filter_map(|&(pc, at)| Some((pc, self.decode_at(at)?)))
+            .filter_map(|&(pc, at, _)| Some((pc, self.decode_at(at)?)))
+    }
+
+    /// Every address and its answer's bytes as stored (address first), by
+    /// address; an answer that does not decode is left out. For a save
+    /// to copy ([`ToWrite::Kept`]).
+    pub(crate) fn kept(&self) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        self.index.iter().filter_map(|&(pc, at, end)| {
+            self.decodes_at(at)
+                .then(|| self.bytes.get(at as usize - 8..end as usize))
+                .flatten()
+                .map(|b| (pc, b))
+        })
+    }
+
+    /// Whether the answer at `at` decodes: [`Self::decode_at`] with
+    /// nothing kept.
+    fn decodes_at(&self, at: u32) -> bool {
+        let mut c = Cursor::new(&self.bytes, at as usize);
+        let Some(frames) = c.u16() else { return false };
+        (0..frames).all(|_| {
+            let Some(flags) = c.u8() else { return false };
+            (flags & HAS_FUNCTION == 0 || c.str().is_some())
+                && (flags & HAS_FILE == 0 || c.str().is_some())
+                && (flags & HAS_LINE == 0 || c.u32().is_some())
+        })
     }
 
     /// The answer whose frame count is at `at` (checked by `parse`; a

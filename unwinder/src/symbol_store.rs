@@ -44,8 +44,7 @@ use std::sync::Arc;
 use crate::byte_cursor::Cursor;
 use crate::debuginfo::hex;
 use crate::file_key::{FileKey, Observation};
-use crate::stored_answers::{self, StoredAnswers};
-use crate::symbol_frame::SymbolFrame;
+use crate::stored_answers::{AnswerBytes, StoredAnswers, ToWrite};
 
 const MAGIC: &[u8; 8] = b"HPSYMS01";
 /// Largest store file read.
@@ -179,12 +178,12 @@ impl SymbolStore {
 
     /// Saves `answers` for `key`, made with the debug files `observed`;
     /// then keeps the directory within its budget.
-    pub(crate) fn save<F: AsRef<[SymbolFrame]>>(
+    pub(crate) fn save<A: AnswerBytes>(
         &self,
         key: &StoreKey,
         debug_dirs: &[PathBuf],
         observed: &[Observation],
-        answers: impl Iterator<Item = (u64, F)>,
+        answers: impl Iterator<Item = A>,
     ) -> io::Result<()> {
         let bytes = encode(key, observed, answers);
         fs::DirBuilder::new()
@@ -321,10 +320,10 @@ fn put_key(out: &mut Vec<u8>, k: &FileKey) {
     }
 }
 
-fn encode<F: AsRef<[SymbolFrame]>>(
+fn encode<A: AnswerBytes>(
     key: &StoreKey,
     observed: &[Observation],
-    answers: impl Iterator<Item = (u64, F)>,
+    answers: impl Iterator<Item = A>,
 ) -> Vec<u8> {
     let mut out = MAGIC.to_vec();
     put_key(&mut out, &key.module);
@@ -347,9 +346,9 @@ fn encode<F: AsRef<[SymbolFrame]>>(
     let count_at = out.len();
     out.extend_from_slice(&0u32.to_le_bytes());
     let mut count = 0u32;
-    for (pc, frames) in answers.take(MAX_ANSWERS) {
+    for answer in answers.take(MAX_ANSWERS) {
         count += 1;
-        stored_answers::encode_answer(&mut out, pc, frames.as_ref());
+        answer.append_to(&mut out);
     }
     out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
     let crc = crc32fast::hash(&out);
@@ -378,6 +377,10 @@ pub fn fuzz_decode(body: &[u8]) {
         (f.module, &f.build_id, &f.observed, &f.answers),
         "store file round trip"
     );
+    // A save that keeps the answers read copies their bytes: the same file.
+    let kept = f.answers.kept().map(|(pc, b)| ToWrite::Kept(pc, b));
+    let h = decode(encode(&key, &f.observed, kept)).expect("kept answers encode to a file");
+    assert_eq!(&h.answers, &f.answers, "kept answers round trip");
 }
 
 /// A file's identity as a store file holds it.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::{ModuleCache, SymbolizeOptions};
 
+use crate::symbol_frame::SymbolFrame;
 fn frame(function: Option<&str>, file: Option<&str>, line: Option<u32>) -> SymbolFrame {
     SymbolFrame {
         function: function.map(str::to_owned),
@@ -301,6 +302,42 @@ fn a_second_run_names_from_the_store_without_loading_symbols() {
     // An address the store does not have loads them.
     let _ = m2.symbolize(rel_pc + 1);
     assert!(m2.symbols_loaded());
+}
+
+/// A run that finds new answers keeps the stored ones it never asked for
+/// (copied as they were), and a later run has both, from the store alone.
+#[test]
+fn a_save_keeps_the_stored_answers_it_did_not_ask_for() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = std::env::current_exe().expect("test binary");
+    let options = || store_options(dir.path());
+    let old_pc = rel_pc_of(a_save_keeps_the_stored_answers_it_did_not_ask_for as *const ());
+    let new_pc = rel_pc_of(rel_pc_of as *const ());
+    let file = fs::File::open(&exe).expect("open");
+    let first = ModuleCache::new(options());
+    let old_named = first
+        .module_for_file(&file, &exe)
+        .expect("module")
+        .symbolize(old_pc);
+    assert_eq!(first.persist_symbols().0, 1);
+
+    let second = ModuleCache::new(options());
+    let new_named = second
+        .module_for_file(&file, &exe)
+        .expect("module")
+        .symbolize(new_pc);
+    assert!(new_named.iter().any(|f| {
+        f.function
+            .as_deref()
+            .is_some_and(|n| n.contains("rel_pc_of"))
+    }));
+    assert_eq!(second.persist_symbols().0, 1);
+
+    let third = ModuleCache::new(options());
+    let m3 = third.module_for_file(&file, &exe).expect("module");
+    assert_eq!(m3.symbolize(old_pc), old_named, "kept from the first run");
+    assert_eq!(m3.symbolize(new_pc), new_named, "found by the second");
+    assert!(!m3.symbols_loaded(), "both answered from the store");
 }
 
 /// A module the cache evicts writes its new answers to the store as it

@@ -28,6 +28,7 @@ use crate::dwarf_units::DwarfLookup;
 use crate::elf::{DwarfReader as Reader, FileBytes, SectionBytes};
 use crate::file_key::Observation;
 use crate::sparse::ModuleBytes;
+use crate::stored_answers::ToWrite;
 use crate::symbol_frame::SymbolFrame;
 use crate::symbol_store::{MAX_ANSWERS, StoreKey, Stored, SymbolStore};
 
@@ -307,20 +308,21 @@ impl ModuleSymbolizer {
             .and_then(Option::as_ref)
             .filter(|s| s.observed == observed)
             .map(|s| &s.answers);
-        let mut answers: Vec<(u64, Arc<[SymbolFrame]>)> = by_addr
+        let mut answers: Vec<ToWrite<'_>> = by_addr
             .iter()
-            .map(|(&pc, f)| (pc, Arc::clone(f)))
+            .map(|(&pc, f)| ToWrite::New(pc, Arc::clone(f)))
             .chain(
                 older
                     .into_iter()
-                    .flat_map(|a| a.iter())
-                    .filter(|(pc, _)| !by_addr.contains_key(pc)),
+                    .flat_map(|a| a.kept())
+                    .filter(|(pc, _)| !by_addr.contains_key(pc))
+                    .map(|(pc, bytes)| ToWrite::Kept(pc, bytes)),
             )
             // The file's limit, the new answers first (as before sorting).
             .take(MAX_ANSWERS)
             .collect();
         // In address order: the next load's index is sorted as read.
-        answers.sort_unstable_by_key(|&(pc, _)| pc);
+        answers.sort_unstable_by_key(ToWrite::pc);
         store.save(key, &options.debug_dirs, &observed, answers.into_iter())?;
         Ok(true)
     }
