@@ -22,8 +22,11 @@ pub enum BookMsg {
     /// may get to it later (busy symbolizing the first dump, or behind on
     /// records); its values are those of the records sent before it.
     Dump(u64),
-    /// Write the final dump, close the trace and report back.
-    Finish(Sender<anyhow::Result<Summary>>),
+    /// Write the final dump, close the trace and report back (the first
+    /// sender). The second is told once every frame of the final dump has
+    /// its name, before the trace is written: the symbol store can be
+    /// written meanwhile. Dropped unsent when that never happens.
+    Finish(Sender<anyhow::Result<Summary>>, Sender<()>),
     /// The service's profiles ([`super::service_book`]; ignored elsewhere).
     Service(ServiceMsg),
 }

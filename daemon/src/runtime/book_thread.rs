@@ -34,8 +34,8 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperO
                 Costs::add_time(&costs.dump_ns, started.elapsed());
             }
             BookMsg::Service(_) => {}
-            BookMsg::Finish(reply) => {
-                let result = book.finish();
+            BookMsg::Finish(reply, named) => {
+                let result = book.finish_telling(named);
                 Costs::add_time(&costs.dump_ns, started.elapsed());
                 let _ = reply.send(result);
                 return;
@@ -46,7 +46,7 @@ pub fn run(rx: Receiver<BookMsg>, shared: BookkeeperShared, options: BookkeeperO
 
 fn drain_until_finish(rx: Receiver<BookMsg>, error: String) {
     while let Ok(msg) = rx.recv() {
-        if let BookMsg::Finish(reply) = msg {
+        if let BookMsg::Finish(reply, _) = msg {
             let _ = reply.send(Err(anyhow!(error)));
             return;
         }

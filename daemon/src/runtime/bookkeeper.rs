@@ -15,6 +15,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
@@ -76,6 +77,8 @@ pub struct Book {
     last_live_update: Instant,
     /// When dumps retire idle callsites and interned entries.
     retirement: Retirement,
+    /// Told once the final dump's frames are named ([`Self::finish_telling`]).
+    named: Option<Sender<()>>,
 }
 
 impl Book {
@@ -115,6 +118,7 @@ impl Book {
             retirement: Retirement::new(options.owns_interner),
             options,
             last_live_update: Instant::now(),
+            named: None,
         })
     }
 
@@ -262,6 +266,9 @@ impl Book {
         self.shared
             .symbolizer
             .resolve_pending(&self.shared.interner);
+        if let Some(named) = self.named.take() {
+            let _ = named.send(());
+        }
         let Some(w) = self.writer.as_mut() else {
             return false;
         };
@@ -303,6 +310,13 @@ impl Book {
             let _ = self.options.output.set_len(w.valid_len());
         }
         self.write_error.get_or_insert(error);
+    }
+
+    /// [`Self::finish`], telling `named` once every frame of the final
+    /// dump has its name (before the trace is written).
+    pub fn finish_telling(mut self, named: Sender<()>) -> anyhow::Result<Summary> {
+        self.named = Some(named);
+        self.finish()
     }
 
     /// Writes the final dump and closes the trace; the summary.

@@ -474,14 +474,23 @@ impl Daemon {
         }
         let t_drain = t0.elapsed();
         let (tx, rx) = mpsc::channel();
-        let _ = self.book_tx.send(BookMsg::Finish(tx));
+        let (named_tx, named) = mpsc::channel();
+        let _ = self.book_tx.send(BookMsg::Finish(tx, named_tx));
+        // The symbol store is written while the trace is, once the final
+        // dump's names are all found (or after, if the bookkeeping says not).
+        let early = named.recv().is_ok();
+        if early {
+            super::symbol_cache::persist(&self.shared.cache);
+        }
         let result = rx
             .recv()
             .context("the bookkeeping thread stopped unexpectedly")?;
         if let Some(t) = self.book_thread.take() {
             let _ = t.join();
         }
-        super::symbol_cache::persist(&self.shared.cache);
+        if !early {
+            super::symbol_cache::persist(&self.shared.cache);
+        }
         let (symbolize, warm) = self.symbolizer.time_spent();
         log::debug!("{}", self.shared.counters.costs.render(symbolize, warm));
         log::debug!(

@@ -99,7 +99,7 @@ pub fn run(
             Some(BookMsg::Session(e)) => r.event(*e),
             Some(BookMsg::Dump(asked)) => r.books.values_mut().for_each(|b| b.dump_at(asked)),
             Some(BookMsg::Service(m)) => r.service(m),
-            Some(BookMsg::Finish(reply)) => {
+            Some(BookMsg::Finish(reply, _)) => {
                 r.finish_all();
                 let _ = reply.send(Ok(Summary::default()));
                 return;
