@@ -275,7 +275,7 @@ fn alive(s: &Slot) -> bool {
 pub fn disarm_all() {
     ACTIVE.store(false, Ordering::SeqCst);
     perfevent::configure(None, 1);
-    for s in TABLE.iter() {
+    for s in crate::threadslots::claimed() {
         disarm(s);
         s.reset();
     }

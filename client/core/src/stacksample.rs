@@ -34,7 +34,7 @@ use heapprofd_shmem::WriteMode;
 
 use crate::session::{self, Session};
 use crate::state::mode;
-use crate::threadslots::{GONE, TABLE, count_lost, take_lost};
+use crate::threadslots::{GONE, claimed, count_lost, take_lost};
 use crate::tls::{Guard, STACK_KNOWN, ThreadState};
 use crate::{capture, errno, events};
 
@@ -193,7 +193,7 @@ fn write_sample(
 /// later sample of it will carry, go out on their own under the event of
 /// each thread's last lost sample. Allocation-free.
 pub fn send_losses_at_exit() {
-    for s in TABLE.iter() {
+    for s in claimed() {
         let tid = s.tid.load(Ordering::Acquire);
         if tid == 0 || tid == GONE {
             continue;

@@ -43,6 +43,22 @@ const EMPTY: Slot = Slot {
     loss_tag: AtomicU64::new(0),
 };
 pub(crate) static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
+/// Whether a slot may have been claimed since the table was last emptied
+/// (set before a claim). While it is clear, the scans at every exit and
+/// in every forked child ([`claimed`], [`forget_in_child`]) read nothing:
+/// the table is 200 KB of the library's data, and walking it put page
+/// faults into the exit of every process the client was loaded into.
+static IN_USE: AtomicBool = AtomicBool::new(false);
+
+/// The slots to scan: the table, or none if no thread claimed a slot
+/// since it was last emptied.
+pub(crate) fn claimed() -> &'static [Slot] {
+    if IN_USE.load(Ordering::Acquire) {
+        &TABLE
+    } else {
+        &[]
+    }
+}
 /// Losses of threads that found no slot (table full).
 static LOST_UNATTRIBUTED: AtomicU64 = AtomicU64::new(0);
 
@@ -69,6 +85,12 @@ fn home(tid: u32) -> usize {
 pub(crate) fn slot_of(tid: u32, insert: bool) -> Option<(usize, &'static Slot)> {
     if tid == 0 || tid == GONE {
         return None;
+    }
+    if !IN_USE.load(Ordering::Acquire) {
+        if !insert {
+            return None;
+        }
+        IN_USE.store(true, Ordering::SeqCst);
     }
     let h = home(tid);
     for i in 0..SLOTS {
@@ -124,7 +146,8 @@ pub fn lost_unattributed() -> u64 {
 
 /// In a forked child: the parent's timers are not ours (not inherited).
 pub(crate) fn forget_in_child() {
-    TABLE.iter().for_each(Slot::reset);
+    claimed().iter().for_each(Slot::reset);
+    IN_USE.store(false, Ordering::Release);
 }
 
 #[cfg(test)]
@@ -136,6 +159,12 @@ mod tests {
         count_lost(4242, 0, 2, 1);
         count_lost(4242, 0, 1, 0);
         count_lost(4343, 7, 0, 5);
+        // A claimed slot is in what the scans at exit and fork read.
+        assert!(
+            claimed()
+                .iter()
+                .any(|s| s.tid.load(Ordering::Relaxed) == 4242)
+        );
         assert_eq!(
             slot_of(4343, false)
                 .unwrap()
