@@ -39,6 +39,7 @@ pub mod costs;
 pub mod counters;
 pub mod dump_request;
 pub mod emulation;
+pub mod endings;
 pub mod handshake;
 pub mod hub;
 pub mod hub_admit;

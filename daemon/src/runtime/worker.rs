@@ -29,13 +29,14 @@ use std::time::{Duration, Instant};
 use heapprofd_shmem::{InPlace, Reader, RingBuffer};
 
 use super::costs::Costs;
+use super::endings::{EXIT_WAIT, Ending, Endings, send_end};
 use super::handshake::{NewSession, has_exited};
 use super::repolls::Repolls;
 use super::session_unwinder::SessionUnwinder;
 use super::stacks::InternCtx;
 use super::symbolize::Symbolizer;
 use super::{BookMsg, Counters};
-use heapprofd_model::messages::{Op, RingStats, SessionEnd, SessionEvent, SessionId, SessionStats};
+use heapprofd_model::messages::{Op, RingStats, SessionEvent, SessionId, SessionStats};
 use heapprofd_model::profile::{ClientError, Interner};
 
 /// Records read from one session before the others get a turn.
@@ -120,6 +121,7 @@ pub fn run_worker(
     let mut sessions: HashMap<SessionId, Session> = HashMap::new();
     let mut ready: VecDeque<SessionId> = VecDeque::new();
     let mut repolls = Repolls::default();
+    let mut endings = Endings::default();
     let mut stop_all = false;
     let mut ops = Vec::with_capacity(BATCH);
     // Where records go that have no place of their own (see
@@ -130,16 +132,24 @@ pub fn run_worker(
         // Every session drained and finished (what is left in `ready` and
         // `repolls` are ids of finished sessions).
         if stop_all && sessions.is_empty() {
+            endings.finish_all(&book);
             return;
         }
         let now = Instant::now();
         repolls.take_due(now, &mut ready);
+        if !endings.is_empty() {
+            let newer = |pid| sessions.values().any(|s| s.pid == pid);
+            endings.settle(now, newer, &book);
+        }
         if now >= next_tick {
             next_tick = now + TICK;
             ready.extend(sessions.keys().copied());
         }
         let timeout = if ready.is_empty() {
-            let wake = repolls.next_due().map_or(next_tick, |at| at.min(next_tick));
+            let wake = [repolls.next_due(), endings.next_due(now)]
+                .into_iter()
+                .flatten()
+                .fold(next_tick, Instant::min);
             wake.saturating_duration_since(now)
         } else {
             Duration::ZERO
@@ -216,7 +226,15 @@ pub fn run_worker(
                     symbolizer: &symbolizer,
                     symbolize: options.symbolize,
                 };
-                drain_now(id, &mut sessions, &mut scratch, &cx, &book, &counters);
+                drain_now(
+                    id,
+                    &mut sessions,
+                    &mut endings,
+                    &mut scratch,
+                    &cx,
+                    &book,
+                    &counters,
+                );
                 let _ = done.send(());
             }
             Some(WorkerMsg::DrainAll(done)) => {
@@ -227,7 +245,15 @@ pub fn run_worker(
                 };
                 let ids: Vec<SessionId> = sessions.keys().copied().collect();
                 for id in ids {
-                    drain_now(id, &mut sessions, &mut scratch, &cx, &book, &counters);
+                    drain_now(
+                        id,
+                        &mut sessions,
+                        &mut endings,
+                        &mut scratch,
+                        &cx,
+                        &book,
+                        &counters,
+                    );
                 }
                 let _ = done.send(());
             }
@@ -254,7 +280,7 @@ pub fn run_worker(
                 DrainState::Idle => {}
                 DrainState::Finished => {
                     if let Some(s) = sessions.remove(&id) {
-                        finish(s, &book, &counters);
+                        finish(s, &mut endings, &book, &counters);
                     }
                 }
             }
@@ -271,6 +297,7 @@ const DRAIN_NOW_LIMIT: Duration = Duration::from_millis(500);
 fn drain_now(
     id: SessionId,
     sessions: &mut HashMap<SessionId, Session>,
+    endings: &mut Endings,
     scratch: &mut Vec<u8>,
     cx: &InternCtx<'_>,
     book: &Sender<BookMsg>,
@@ -290,7 +317,7 @@ fn drain_now(
             DrainState::Drained | DrainState::Idle => return,
             DrainState::Finished => {
                 if let Some(s) = sessions.remove(&id) {
-                    finish(s, book, counters);
+                    finish(s, endings, book, counters);
                 }
                 return;
             }
@@ -462,7 +489,7 @@ fn client_error(e: heapprofd_shmem::ClientError) -> ClientError {
     }
 }
 
-fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
+fn finish(s: Session, endings: &mut Endings, book: &Sender<BookMsg>, counters: &Counters) {
     let stats = session_stats(&s);
     counters.costs.add_session(
         &s.reader.stats(),
@@ -486,20 +513,16 @@ fn finish(s: Session, book: &Sender<BookMsg>, counters: &Counters) {
     );
     // The socket closes a moment before the process is reaped; a client
     // that went away while its process lives on (teardown after an error)
-    // is what Perfetto calls "disconnected".
-    let exited = || {
-        s.pidfd
-            .as_ref()
-            .is_none_or(|fd| has_exited(fd, Duration::from_millis(200)))
-    };
-    let end = SessionEnd {
-        disconnected: s.closed_at.is_some() && !s.stopping && !exited(),
-        stopped_by_daemon: s.stopping,
-    };
-    let _ = book.send(BookMsg::Session(Box::new(SessionEvent::Ended {
-        id: s.id,
-        pid: s.pid,
-        stats,
-        end,
-    })));
+    // is what Perfetto calls "disconnected". Whether it does is waited for
+    // in `endings`, not here (see there).
+    match s.pidfd {
+        Some(pidfd) if s.closed_at.is_some() && !s.stopping => endings.add(Ending {
+            id: s.id,
+            pid: s.pid,
+            stats,
+            pidfd,
+            deadline: Instant::now() + EXIT_WAIT,
+        }),
+        _ => send_end(s.id, s.pid, stats, false, s.stopping, book),
+    }
 }
