@@ -7,7 +7,8 @@
 # sample, from the daemon's `costs:` line (HEAPPROFD_DEBUG=1).
 #
 # Workloads: `tree` (scripts/gen-call-tree.py: ~3,000 distinct leaf stacks
-# of random depth, 1 and 4 threads), `onestack` (tests/programs/client/
+# of random depth, 1 and 4 threads, and 1 thread started through `env`, a
+# program that execs), `onestack` (tests/programs/client/
 # bench.c: one stack of depth 20, 1 and 4 threads), sqlite3 in memory and on
 # a file (100k INSERTs and an index), gcc's cc1 -O2 on a generated C file,
 # python3 and node building and serializing a list of dicts (node only if
@@ -81,6 +82,9 @@ pairs = 200000 if quick else 2000000
 W = [  # name, argv, stdin file, file to remove before each run
     ("tree-1t", [f"{WORK}/tree", "1", str(calls)], None, None),
     ("tree-4t", [f"{WORK}/tree", "4", str(calls // 4)], None, None),
+    # The same behind an exec (`env`): the new image keeps the pid, so its
+    # session goes to the worker that ends the old image's.
+    ("tree-exec", ["env", f"{WORK}/tree", "1", str(calls)], None, None),
     ("onestack-1t", [f"{WORK}/onestack", "1", str(pairs), "20"], None, None),
     ("onestack-4t", [f"{WORK}/onestack", "4", str(pairs // 4), "20"], None, None),
     ("sqlite-mem", ["sqlite3", ":memory:"], f"{WORK}/mem.sql", None),
