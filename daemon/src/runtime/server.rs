@@ -164,7 +164,7 @@ struct Shared {
     book: mpsc::Sender<BookMsg>,
     /// A ring made ready for the next handshake (`record`'s own daemon only:
     /// every client there gets the same size).
-    spare: Option<SpareRing>,
+    spare: Option<Arc<SpareRing>>,
     /// Pids already noted as running unprofiled: each is noted once, and at
     /// most [`MAX_UNPROFILABLE`] in all (a peer cannot flood the trace or
     /// the terminal with notices).
@@ -290,7 +290,7 @@ impl Daemon {
             workers.push(tx);
             worker_threads.push(handle);
         }
-        let spare = options.admit.is_none().then(SpareRing::default);
+        let spare = options.admit.is_none().then(Arc::default);
         let shared = Arc::new(Shared {
             client: options.client,
             admit: options.admit,
@@ -402,13 +402,8 @@ impl Daemon {
     /// Only one is made: a program of one process gets it, and one that
     /// starts many is no worse off than before.
     pub fn prepare_ring(&self) {
-        if self.shared.spare.is_some() {
-            let shared = Arc::clone(&self.shared);
-            tokio::task::spawn_blocking(move || {
-                if let Some(spare) = &shared.spare {
-                    spare.prepare(shared.client.shmem_size);
-                }
-            });
+        if let Some(spare) = &self.shared.spare {
+            spare.prepare_on_pool(self.shared.client.shmem_size);
         }
     }
 
@@ -618,7 +613,7 @@ async fn handle_connection(
     let sh = Arc::clone(&shared);
     let joined = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        establish(*received, &config, &sh.cache, sh.spare.as_ref())
+        establish(*received, &config, &sh.cache, sh.spare.as_deref())
     })
     .await;
     let session = match joined {
@@ -635,6 +630,11 @@ async fn handle_connection(
     let Some(mut session) = session else {
         return;
     };
+    if let Some(spare) = shared.spare.as_ref().filter(|_| id >= 2) {
+        // A program that started a second process is likely to start more
+        // (a shell, make): the next one's ring is made now (`SpareRing`).
+        spare.prepare_on_pool(shared.client.shmem_size);
+    }
     let keeper = session.keeper.take();
     let watch = match session.stream.try_clone().and_then(|s| {
         s.set_nonblocking(true)?;
