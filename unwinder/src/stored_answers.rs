@@ -213,10 +213,10 @@ impl StoredAnswers {
     /// to copy ([`ToWrite::Kept`]).
     pub(crate) fn kept(&self) -> impl Iterator<Item = (u64, &[u8])> + '_ {
         self.index.iter().filter_map(|&(pc, at, end)| {
-            self.decodes_at(at)
-                .then(|| self.bytes.get(at as usize - 8..end as usize))
-                .flatten()
-                .map(|b| (pc, b))
+            // The answer's address is the 8 bytes before its frame count.
+            let start = (at as usize).checked_sub(8)?;
+            let bytes = self.bytes.get(start..end as usize)?;
+            self.decodes_at(at).then_some((pc, bytes))
         })
     }
 

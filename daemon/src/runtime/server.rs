@@ -399,8 +399,7 @@ impl Daemon {
     /// Makes the ring of the next client ready on the blocking pool (see
     /// [`SpareRing`]; `record`'s own daemon only): call it when a client is
     /// about to come, and there is time (CMD spawned, or before an attach).
-    /// Only one is made: a program of one process gets it, and one that
-    /// starts many is no worse off than before.
+    /// Later ones are made after each handshake from the second on.
     pub fn prepare_ring(&self) {
         if let Some(spare) = &self.shared.spare {
             spare.prepare_on_pool(self.shared.client.shmem_size);
