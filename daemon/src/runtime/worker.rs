@@ -128,6 +128,11 @@ pub fn run_worker(
     // `SessionUnwinder::handle_record`), shared by the worker's sessions.
     let mut scratch = Vec::with_capacity(64 * 1024);
     let mut next_tick = Instant::now() + TICK;
+    let cx = InternCtx {
+        interner: &interner,
+        symbolizer: &symbolizer,
+        symbolize: options.symbolize,
+    };
     loop {
         // Every session drained and finished (what is left in `ready` and
         // `repolls` are ids of finished sessions).
@@ -221,39 +226,15 @@ pub fn run_worker(
                 ready.extend(sessions.keys().copied());
             }
             Some(WorkerMsg::Drain(id, done)) => {
-                let cx = InternCtx {
-                    interner: &interner,
-                    symbolizer: &symbolizer,
-                    symbolize: options.symbolize,
-                };
-                drain_now(
-                    id,
-                    &mut sessions,
-                    &mut endings,
-                    &mut scratch,
-                    &cx,
-                    &book,
-                    &counters,
-                );
+                let s = &mut sessions;
+                drain_now(id, s, &mut endings, &mut scratch, &cx, &book, &counters);
                 let _ = done.send(());
             }
             Some(WorkerMsg::DrainAll(done)) => {
-                let cx = InternCtx {
-                    interner: &interner,
-                    symbolizer: &symbolizer,
-                    symbolize: options.symbolize,
-                };
                 let ids: Vec<SessionId> = sessions.keys().copied().collect();
                 for id in ids {
-                    drain_now(
-                        id,
-                        &mut sessions,
-                        &mut endings,
-                        &mut scratch,
-                        &cx,
-                        &book,
-                        &counters,
-                    );
+                    let s = &mut sessions;
+                    drain_now(id, s, &mut endings, &mut scratch, &cx, &book, &counters);
                 }
                 let _ = done.send(());
             }
@@ -266,11 +247,6 @@ pub fn run_worker(
             ready.retain(|&r| r != id);
             let Some(session) = sessions.get_mut(&id) else {
                 continue;
-            };
-            let cx = InternCtx {
-                interner: &interner,
-                symbolizer: &symbolizer,
-                symbolize: options.symbolize,
             };
             let state = drain_batch(session, &mut scratch, &mut ops, &cx, &counters);
             send_ops(id, session, &mut ops, &book);
