@@ -70,9 +70,10 @@ impl Endings {
     pub fn settle(&mut self, now: Instant, newer: impl Fn(u32) -> bool, book: &Sender<BookMsg>) {
         self.waiting.retain(|e| {
             let gone = has_exited(&e.pidfd, Duration::ZERO);
-            let known = gone || newer(e.pid) || now >= e.deadline;
+            let exec = !gone && newer(e.pid);
+            let known = gone || exec || now >= e.deadline;
             if known {
-                tell(e, !gone && !newer(e.pid), book);
+                tell(e, !gone && !exec, book);
             }
             !known
         });
