@@ -282,6 +282,18 @@ impl Reservation<'_> {
         self.len
     }
 
+    /// Bytes of the ring in use once this record was reserved (this
+    /// record's included): how far the reader is behind.
+    pub fn used_after(&self) -> u64 {
+        self.used_after
+    }
+
+    /// The ring's write position just past this record (positions only
+    /// grow; the reader's is `end_pos() - used_after()`).
+    pub fn end_pos(&self) -> u64 {
+        self.header_pos + record_size(self.len) as u64
+    }
+
     /// Whether the reservation is zero-length.
     pub fn is_empty(&self) -> bool {
         self.len == 0

@@ -161,6 +161,13 @@ impl ClientConfig {
     /// `maps_ask`); without it the client never asks. Set by the daemon
     /// for every session (a flag of [`version::V6`]: no layout change).
     pub const FLAG_KEEPS_MAPS: u32 = 8;
+    /// The client may raise its `libc.malloc` interval (doubling it, up to
+    /// `MallocHeader::MAX_INTERVAL_SHIFT` times) while its ring is filling
+    /// faster than the daemon reads it, and lower it again once the ring
+    /// has room; each sample says the interval it was drawn at
+    /// (`MallocHeader::INTERVAL_SHIFT_MASK`). Without it the interval is
+    /// fixed and a full ring blocks or drops. No layout change.
+    pub const FLAG_ADAPTIVE_INTERVAL: u32 = 16;
 
     /// A configuration sampling `libc.malloc` every `interval` bytes.
     pub fn new(sampling_interval: u64, shmem_size: u64) -> ClientConfig {
@@ -217,6 +224,12 @@ impl ClientConfig {
     /// Whether malloc samples may reuse their thread's last stack.
     pub fn stack_reuse(&self) -> bool {
         self.flags & Self::FLAG_STACK_REUSE != 0
+    }
+
+    /// Whether the client may raise its interval under load
+    /// ([`Self::FLAG_ADAPTIVE_INTERVAL`]).
+    pub fn adaptive_interval(&self) -> bool {
+        self.flags & Self::FLAG_ADAPTIVE_INTERVAL != 0
     }
 
     /// Whether the daemon answers the ring's maps ask.

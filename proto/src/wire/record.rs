@@ -112,6 +112,21 @@ impl MallocHeader {
     /// sample of the thread may reuse its top bytes (`stack_reused`). Set
     /// on every record that reuses, too.
     pub const FLAG_STACK_BASE: u32 = 4;
+    /// Bits 8..12: the sample was drawn at the heap's interval times
+    /// `2^shift` (the client raised its interval while its ring was
+    /// filling: `ClientConfig::FLAG_ADAPTIVE_INTERVAL`); 0 = the heap's
+    /// interval. At most [`MallocHeader::MAX_INTERVAL_SHIFT`].
+    pub const INTERVAL_SHIFT_MASK: u32 = 0x1f << Self::INTERVAL_SHIFT_BIT;
+    /// Lowest bit of [`MallocHeader::INTERVAL_SHIFT_MASK`].
+    pub const INTERVAL_SHIFT_BIT: u32 = 8;
+    /// Largest interval shift a record may carry (an interval 1,024 times
+    /// the configured one).
+    pub const MAX_INTERVAL_SHIFT: u32 = 10;
+
+    /// The interval shift in `flags` (see [`MallocHeader::INTERVAL_SHIFT_MASK`]).
+    pub fn interval_shift(&self) -> u32 {
+        (self.flags & Self::INTERVAL_SHIFT_MASK) >> Self::INTERVAL_SHIFT_BIT
+    }
 
     /// Decodes a whole malloc record: the header and the stack bytes after it.
     ///
@@ -176,6 +191,11 @@ impl MallocHeader {
             .is_none()
         {
             return Err(DecodeError::InvalidField("stack_pointer"));
+        }
+        if (flags & Self::INTERVAL_SHIFT_MASK) >> Self::INTERVAL_SHIFT_BIT
+            > Self::MAX_INTERVAL_SHIFT
+        {
+            return Err(DecodeError::InvalidField("flags"));
         }
         if stack_reused as usize > STACK_REUSE_WINDOW
             || (stack_reused != 0 && flags & Self::FLAG_STACK_BASE == 0)
