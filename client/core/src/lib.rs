@@ -48,6 +48,7 @@
 //! a libm dependency.
 
 pub mod activation;
+pub mod adaptive;
 pub mod capture;
 pub mod connect;
 pub mod contexts;

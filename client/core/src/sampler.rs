@@ -71,6 +71,14 @@ impl Sampler {
         s
     }
 
+    /// This sampler at mean `interval`: the random state goes on, both
+    /// gaps at hand are drawn afresh at the new rate (the gaps are
+    /// memoryless, so the picks stay a Poisson process whose rate changes
+    /// here; see `adaptive`).
+    pub fn retuned(&self, interval: u64) -> Sampler {
+        Sampler::new(interval, self.rng)
+    }
+
     /// The sampling interval.
     pub fn interval(&self) -> u64 {
         self.threshold.max(1)
@@ -227,6 +235,37 @@ mod tests {
     }
 
     /// The mean gap is the interval, and gaps are at least 1.
+    /// A sampler retuned between two intervals every few thousand
+    /// allocations (as `adaptive` does under load) stays unbiased: each
+    /// stretch is Poisson at its own rate, so the variances of the
+    /// stretches add (bounded here by the larger interval's).
+    #[test]
+    fn retuning_mid_stream_keeps_the_estimate_unbiased() {
+        for seed in [7u64, 8, 9] {
+            let (lo, hi) = (4096u64, 65536u64);
+            let mut sampler = Sampler::new(lo, seed);
+            let (mut truth, mut small, mut estimate) = (0u64, 0u64, 0u64);
+            for (i, size) in sizes(1_000_000, seed ^ 0x7777).enumerate() {
+                if i % 5000 == 0 {
+                    let next = if (i / 5000) % 2 == 0 { hi } else { lo };
+                    sampler = sampler.retuned(next);
+                    assert_eq!(sampler.interval(), next);
+                }
+                truth += size as u64;
+                if (size as u64) < hi {
+                    small += size as u64;
+                }
+                estimate += sampler.sample_size(size);
+            }
+            let sigma = (((hi - 1) as f64) * small as f64).sqrt();
+            let err = estimate as f64 - truth as f64;
+            assert!(
+                err.abs() <= 3.0 * sigma,
+                "seed {seed}: estimate {estimate}, truth {truth}, error {err}, sigma {sigma}"
+            );
+        }
+    }
+
     #[test]
     fn gaps_are_geometric_with_mean_interval() {
         let mut s = Sampler::new(1000, 42);

@@ -38,6 +38,7 @@ use heapprofd_proto::wire::{
 };
 use heapprofd_shmem::{ClientError, RingBuffer, WriteError, WriteMode};
 
+use crate::adaptive::{self, AdaptiveInterval};
 use crate::freeset::Removal;
 use crate::state::{ACTIVE, IDLE, STATE, free_set, mode};
 use crate::tls::{Guard, ThreadState};
@@ -68,6 +69,8 @@ pub struct Session {
     config: ClientConfig,
     pub(crate) max_stack: usize,
     write_mode: WriteMode,
+    /// The `libc.malloc` interval under load (see `adaptive`).
+    pub(crate) adaptive: AdaptiveInterval,
     rb: UnsafeCell<ManuallyDrop<RingBuffer>>,
     retired: AtomicBool,
     reclaimed: AtomicBool,
@@ -139,6 +142,7 @@ pub(crate) fn activate(p: SessionParams) -> Option<&'static Session> {
         config: p.config,
         max_stack,
         write_mode: p.write_mode,
+        adaptive: AdaptiveInterval::new(p.config.adaptive_interval() && p.interval > 1),
         rb: UnsafeCell::new(ManuallyDrop::new(p.rb)),
         retired: AtomicBool::new(false),
         reclaimed: AtomicBool::new(false),
@@ -371,7 +375,13 @@ impl Session {
         if context_id != 0 {
             contexts::ensure_sent(context_id, self.mode_word, |rec| self.write_small(rec));
         }
-        let mut flags = 0;
+        let malloc_heap = heap_id == wire::HEAP_LIBC_MALLOC;
+        let mut flags = if malloc_heap {
+            // SAFETY: the calling thread's own block.
+            u32::from(unsafe { (*st).interval_shift }) << MallocHeader::INTERVAL_SHIFT_BIT
+        } else {
+            0
+        };
         let mut reuse = None;
         let stack_len = match capture::stack_end_for(st, sp) {
             Some(end) => {
@@ -396,6 +406,7 @@ impl Session {
                 0
             }
         };
+        let now_ns = coarse_now_ns();
         let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
         MallocHeader {
             flags,
@@ -403,7 +414,7 @@ impl Session {
             alloc_size: size as u64,
             sample_size,
             address: addr as u64,
-            timestamp_ns: coarse_now_ns(),
+            timestamp_ns: now_ns,
             context_id,
             tid: capture::tid(st),
             heap_id,
@@ -424,6 +435,11 @@ impl Session {
                 return false;
             }
         };
+        if malloc_heap {
+            let size = self.rb().size() as u64;
+            self.adaptive
+                .observe(r.used_after(), size, r.end_pos(), now_ns);
+        }
         r.write_at(0, &fixed);
         // SAFETY: [sp, sp + stack_len) (with reuse: [sp, end), of which
         // stack_len bytes are copied) is this thread's live stack (within
@@ -602,7 +618,22 @@ pub(crate) fn sampled_alloc(g: &Guard, mode_word: u64, addr: *mut c_void, size: 
     {
         free_set().insert(addr as u64);
     }
+    take_session_interval(g.thread(), s);
     release(s);
+}
+
+/// Moves the calling thread's sampler to the session's current interval
+/// (see `adaptive`), after its sample was written at the old one.
+#[inline(always)]
+fn take_session_interval(st: *mut ThreadState, s: &Session) {
+    let shift = s.adaptive.shift();
+    // SAFETY: the calling thread's own block.
+    unsafe {
+        if u32::from((*st).interval_shift) != shift && s.interval > 1 {
+            (*st).sampler = (*st).sampler.retuned(adaptive::raised(s.interval, shift));
+            (*st).interval_shift = shift as u8;
+        }
+    }
 }
 
 /// A free (or the free half of a realloc) of an address the free set may
@@ -644,11 +675,13 @@ pub(crate) fn init_thread(st: *mut ThreadState, mode_word: u64) -> bool {
     // SAFETY: the calling thread's own block.
     unsafe {
         // Interval 0: the configuration leaves libc.malloc out.
+        let shift = s.adaptive.shift();
         (*st).sampler = if s.interval == 0 {
             crate::sampler::Sampler::disabled()
         } else {
-            crate::sampler::Sampler::new(s.interval, seed)
+            crate::sampler::Sampler::new(adaptive::raised(s.interval, shift), seed)
         };
+        (*st).interval_shift = shift as u8;
         (*st).mode_seen = mode_word;
     }
     contexts::init_thread(st);

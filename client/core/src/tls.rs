@@ -11,14 +11,16 @@
 //!
 //! ```text
 //! offset  field                      written by
-//!   0     sampler (32 bytes)         the thread's own hooks
-//!  32     mode_seen: u64             mode word the sampler was set up for
-//!  40     stack_lo:  u64             cached stack bounds (computed once,
-//!  48     stack_hi:  u64               under the guard)
-//!  56     tid: u32, guard: u8, stack_state: u8, 2 bytes padding
-//!  64     context:   u64             the installed user context, `id << 1 |
+//!   0     sampler (40 bytes)         the thread's own hooks
+//!  40     mode_seen: u64             mode word the sampler was set up for
+//!  48     stack_lo:  u64             cached stack bounds (computed once,
+//!  56     stack_hi:  u64               under the guard)
+//!  64     tid: u32, guard: u8, stack_state: u8, interval_shift: u8 (the
+//!           sampler's interval is the session's times 2^shift, see
+//!           `adaptive`), 1 byte padding
+//!  72     context:   u64             the installed user context, `id << 1 |
 //!                                      excluded` (see `contexts`)
-//!  72     snapshot:  u64             the thread's last sampled stack (see
+//!  80     snapshot:  u64             the thread's last sampled stack (see
 //!                                      `stackreuse`: 0 none yet, 1 never)
 //! ```
 
@@ -49,7 +51,10 @@ pub(crate) struct ThreadState {
     pub guard: u8,
     /// `STACK_*`.
     pub stack_state: u8,
-    _pad: [u8; 2],
+    /// The sampler's interval is the session's `libc.malloc` interval
+    /// times `2^interval_shift` (see `adaptive`).
+    pub interval_shift: u8,
+    _pad: u8,
     /// The installed user context: `id << 1 | excluded` (see `contexts`).
     pub context: u64,
     /// The thread's last sampled stack (see `stackreuse`).

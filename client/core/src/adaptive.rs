@@ -1,0 +1,196 @@
+//! The `libc.malloc` interval under load: a session whose ring fills faster
+//! than the daemon reads it doubles its interval, rather than block the
+//! program or drop samples, and halves it again once the ring has room.
+//!
+//! Each sample says the interval it was drawn at (`MallocHeader`'s interval
+//! shift), so the daemon weights it exactly: the bytes a sample stands for
+//! are `interval * picks` at its own interval, and its allocation count is
+//! `1 / p(size)` at that interval. Nothing is estimated from a rate that
+//! changed under it.
+//!
+//! * The writer of a `libc.malloc` sample looks at how much of the ring is
+//!   in use once its record is reserved ([`AdaptiveInterval::observe`]):
+//!   half or more doubles the interval (seven eighths or more: two
+//!   doublings at once, as writers are about to wait), once the reader has
+//!   read a 32nd of the ring since the last doubling: a ring still that
+//!   full then was written about as fast as it was read, at the new rate.
+//!   (A clock would not do: the coarse one ticks every 4 ms here, and a
+//!   ring fills in less. Waiting for the reader to read all that was
+//!   written before the doubling kept an 8 MiB ring full for most of a
+//!   run.) A
+//!   sixteenth or less halves it, once the last change is
+//!   [`LOWER_AFTER_NS`] old. At most [`MallocHeader::MAX_INTERVAL_SHIFT`]
+//!   doublings.
+//! * A thread takes the session's interval at its next sample (after
+//!   writing it: see `session::sampled_alloc`) or when it first samples in
+//!   the session. Its sampler keeps its random state and draws its gaps
+//!   afresh at the new rate. The gaps are memoryless, so a pick process
+//!   whose rate changes at a byte boundary is still a Poisson process with
+//!   that piecewise rate, and each pick stands for the interval of the rate
+//!   it was drawn at.
+//! * Off unless the daemon asks (`ClientConfig::FLAG_ADAPTIVE_INTERVAL`;
+//!   never at interval 1, where every allocation is wanted), and never for
+//!   custom heaps, whose intervals are their programs' own.
+//!
+//! Cost: one relaxed load on each sample's path (and a compare of the ring's
+//! fill, which the reservation has at hand); the shared words are written
+//! only at a change.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use heapprofd_proto::wire::MallocHeader;
+
+/// Least time since the last change before a halving.
+pub const LOWER_AFTER_NS: u64 = 10_000_000;
+
+/// The session's current interval shift and when it last changed.
+#[derive(Debug)]
+pub struct AdaptiveInterval {
+    enabled: bool,
+    /// The interval is the configured one times `2^shift`.
+    shift: AtomicU32,
+    /// CLOCK_MONOTONIC_COARSE of the last change (0 = never).
+    changed_ns: AtomicU64,
+    /// The reader's position at the last doubling plus a 32nd of the ring
+    /// (0 = never doubled).
+    mark: AtomicU64,
+    /// Doublings so far (for tests and debugging).
+    raises: AtomicU64,
+}
+
+impl AdaptiveInterval {
+    /// Starts at the configured interval; `enabled` false keeps it there.
+    pub const fn new(enabled: bool) -> AdaptiveInterval {
+        AdaptiveInterval {
+            enabled,
+            shift: AtomicU32::new(0),
+            changed_ns: AtomicU64::new(0),
+            mark: AtomicU64::new(0),
+            raises: AtomicU64::new(0),
+        }
+    }
+
+    /// The current shift.
+    #[inline(always)]
+    pub fn shift(&self) -> u32 {
+        self.shift.load(Ordering::Relaxed)
+    }
+
+    /// Doublings so far.
+    pub fn raises(&self) -> u64 {
+        self.raises.load(Ordering::Relaxed)
+    }
+
+    /// After a sample's reservation: `used` of the ring's `size` bytes are
+    /// in use, the write position is `end_pos`, at `now_ns`
+    /// (CLOCK_MONOTONIC_COARSE). May change the shift.
+    #[inline]
+    pub fn observe(&self, used: u64, size: u64, end_pos: u64, now_ns: u64) {
+        if !self.enabled {
+            return;
+        }
+        let cur = self.shift();
+        let read_pos = end_pos.saturating_sub(used);
+        let caught_up = read_pos >= self.mark.load(Ordering::Relaxed);
+        let since = now_ns.saturating_sub(self.changed_ns.load(Ordering::Relaxed));
+        let Some(next) = decide(cur, used, size, caught_up, since) else {
+            return;
+        };
+        // One thread wins a change; the others see it at their next sample.
+        if self
+            .shift
+            .compare_exchange(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.changed_ns.store(now_ns, Ordering::Relaxed);
+            if next > cur {
+                self.mark.store(read_pos + size / 32, Ordering::Relaxed);
+                self.raises.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The shift after a sample found `used` of `size` ring bytes in use,
+/// `since_ns` after the last change, at shift `cur`; `caught_up`: the
+/// reader has read a 32nd of the ring since the last doubling. `None` =
+/// unchanged.
+pub fn decide(cur: u32, used: u64, size: u64, caught_up: bool, since_ns: u64) -> Option<u32> {
+    if used >= size / 2 {
+        // Nearly full: writers are about to wait; two doublings at once.
+        let step = if used >= size / 8 * 7 { 2 } else { 1 };
+        (cur < MallocHeader::MAX_INTERVAL_SHIFT && caught_up)
+            .then(|| (cur + step).min(MallocHeader::MAX_INTERVAL_SHIFT))
+    } else if used <= size / 16 {
+        (cur > 0 && since_ns >= LOWER_AFTER_NS).then(|| cur - 1)
+    } else {
+        None
+    }
+}
+
+/// The interval at `shift` doublings of `base` (capped at the sampler's
+/// largest).
+pub fn raised(base: u64, shift: u32) -> u64 {
+    base.saturating_mul(1u64 << shift.min(MallocHeader::MAX_INTERVAL_SHIFT))
+        .min(crate::sampler::MAX_INTERVAL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const MAX: u32 = MallocHeader::MAX_INTERVAL_SHIFT;
+
+    #[test]
+    fn a_filling_ring_doubles_once_the_reader_caught_up_and_up_to_the_cap() {
+        assert_eq!(decide(0, MIB / 2, MIB, true, 0), Some(1));
+        assert_eq!(decide(0, MIB / 8 * 7 - 8, MIB, true, 0), Some(1));
+        // Nearly full: two at once.
+        assert_eq!(decide(0, MIB / 8 * 7, MIB, true, u64::MAX), Some(2));
+        assert_eq!(decide(3, MIB, MIB, false, u64::MAX), None);
+        assert_eq!(decide(MAX - 1, MIB, MIB, true, 0), Some(MAX));
+        assert_eq!(decide(MAX, MIB, MIB, true, u64::MAX), None);
+    }
+
+    #[test]
+    fn an_emptied_ring_halves_after_a_while_and_the_middle_holds() {
+        assert_eq!(decide(2, MIB / 16, MIB, true, LOWER_AFTER_NS), Some(1));
+        assert_eq!(decide(2, 0, MIB, true, LOWER_AFTER_NS - 1), None);
+        assert_eq!(decide(0, 0, MIB, true, u64::MAX), None);
+        assert_eq!(decide(2, MIB / 2 - 8, MIB, true, u64::MAX), None);
+        assert_eq!(decide(0, MIB / 16 + 8, MIB, true, u64::MAX), None);
+    }
+
+    #[test]
+    fn observe_changes_the_shared_shift_only_when_enabled() {
+        let off = AdaptiveInterval::new(false);
+        off.observe(MIB, MIB, 5 * MIB, 10 * LOWER_AFTER_NS);
+        assert_eq!(off.shift(), 0);
+        let on = AdaptiveInterval::new(true);
+        let t0 = 10 * LOWER_AFTER_NS;
+        // Half full at write position 5 MiB (the reader at 4.5 MiB): doubled.
+        on.observe(MIB / 2, MIB, 5 * MIB, t0);
+        assert_eq!(on.shift(), 1);
+        // Still half full, the reader not yet a 32nd further: unchanged.
+        let mark = 5 * MIB - MIB / 2 + MIB / 32;
+        on.observe(MIB / 2, MIB, mark + MIB / 2 - 8, t0);
+        assert_eq!(on.shift(), 1);
+        // The reader a 32nd further and the ring half full: doubled again.
+        on.observe(MIB / 2, MIB, mark + MIB / 2, t0);
+        assert_eq!((on.shift(), on.raises()), (2, 2));
+        // Empty, but too soon to halve; then halved.
+        on.observe(0, MIB, 6 * MIB, t0 + 1);
+        assert_eq!(on.shift(), 2);
+        on.observe(0, MIB, 6 * MIB, t0 + LOWER_AFTER_NS);
+        assert_eq!((on.shift(), on.raises()), (1, 2));
+    }
+
+    #[test]
+    fn raised_intervals_double_and_stay_within_the_sampler() {
+        assert_eq!(raised(4096, 0), 4096);
+        assert_eq!(raised(4096, 4), 65536);
+        assert_eq!(raised(4096, 99), 4096 << MAX);
+        assert_eq!(raised(u64::MAX / 2, 3), crate::sampler::MAX_INTERVAL);
+    }
+}
