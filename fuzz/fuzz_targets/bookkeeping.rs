@@ -188,6 +188,8 @@ fuzz_target!(|data: &[u8]| {
                                 stack: u32::from(k >> 2) % 5,
                                 // Undefined contexts too: totals are the same.
                                 context: u64::from(input.u8() % 3),
+                                // A raised interval weighs counts, not bytes.
+                                interval_shift: input.u8() % 12,
                             }
                         }
                         _ => {

@@ -268,6 +268,7 @@ impl Bookkeeping {
                     timestamp_ns,
                     stack,
                     context,
+                    interval_shift,
                 } => {
                     // Every id is defined before use; an undefined one
                     // would be a worker bug, kept visible as an empty stack.
@@ -297,7 +298,8 @@ impl Bookkeeping {
                         tid,
                         timestamp_ns,
                     };
-                    self.profile.malloc_at(pid, alloc, callsite)
+                    self.profile
+                        .malloc_drawn_at(pid, alloc, callsite, interval_shift)
                 }
                 Op::Free { heap, seq, address } => self.profile.free(pid, heap, seq, address),
                 Op::StackSample {

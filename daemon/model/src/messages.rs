@@ -46,6 +46,9 @@ pub enum Op {
         /// The user context installed on the thread (0 = none), defined by
         /// an earlier [`Op::Context`].
         context: u64,
+        /// The sample was drawn at the heap's interval times
+        /// `2^interval_shift` (the client raised it under load).
+        interval_shift: u8,
     },
     /// Defines (or redefines) a stack id of the session for the
     /// operations that follow.

@@ -38,6 +38,17 @@ pub enum ProcessWarning {
     /// The client had no room for this many user contexts: their samples
     /// are under the context `heapprofd.context=overflow`.
     ContextOverflow(u64),
+    /// The client raised its `libc.malloc` interval while its ring was
+    /// filling (`ClientConfig::FLAG_ADAPTIVE_INTERVAL`): the estimates
+    /// stay unbiased, with more variance.
+    IntervalRaised {
+        /// Samples drawn at a raised interval.
+        samples: u64,
+        /// The interval asked for.
+        from: u64,
+        /// The largest interval a sample was drawn at.
+        to: u64,
+    },
 }
 
 /// One process of the summary.
@@ -117,6 +128,21 @@ pub(crate) fn summarize<'a>(
                 estimated += h.retired.estimated_allocs;
             }
             let exact = p.heaps().all(|h| h.sampling_interval == 1);
+            let raised = p
+                .heaps()
+                .filter(|h| h.raised.samples > 0)
+                .map(|h| {
+                    (
+                        h.raised.samples,
+                        h.orig_sampling_interval,
+                        h.raised.max_interval,
+                    )
+                })
+                .fold(None, |acc: Option<(u64, u64, u64)>, (n, from, to)| {
+                    Some(acc.map_or((n, from, to), |(an, af, at)| {
+                        (an + n, af.min(from), at.max(to))
+                    }))
+                });
             let dropped = dropped_by_pid.get(&p.pid).copied().unwrap_or(0);
             let mut warnings = Vec::new();
             if dropped > 0 {
@@ -137,6 +163,9 @@ pub(crate) fn summarize<'a>(
                     errors: p.stats.unwinding_errors,
                     samples: p.stats.heap_samples,
                 });
+            }
+            if let Some((samples, from, to)) = raised {
+                warnings.push(ProcessWarning::IntervalRaised { samples, from, to });
             }
             if p.contexts.overflowed > 0 {
                 warnings.push(ProcessWarning::ContextOverflow(p.contexts.overflowed));

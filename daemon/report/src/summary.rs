@@ -37,8 +37,12 @@ pub struct HeapReport {
     pub ppid: Option<u32>,
     /// Heap name.
     pub heap: String,
-    /// Sampling interval in bytes (1 = every allocation).
+    /// Sampling interval in bytes (1 = every allocation); the largest one
+    /// a sample was drawn at when the client raised it under load.
     pub sampling_interval_bytes: u64,
+    /// The interval asked for, when the client raised it under load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raised_from_bytes: Option<u64>,
     /// Every allocation recorded, lifetimes counted.
     pub exact: bool,
     /// Dumps of this heap.
@@ -182,6 +186,8 @@ pub fn heap_report(
         ppid: process.and_then(|p| p.ppid),
         heap: h.heap_name.clone(),
         sampling_interval_bytes: h.sampling_interval_bytes,
+        raised_from_bytes: Some(h.orig_sampling_interval_bytes)
+            .filter(|&o| o != 0 && o < h.sampling_interval_bytes),
         exact: h.exact,
         dumps: h.dumps,
         dump_at_max: h.dump_at_max,

@@ -196,10 +196,15 @@ fn write_header(out: &mut impl Write, h: &HeapReport) -> io::Result<()> {
     };
     let parent = h.ppid.map(|p| format!(" (parent {p})")).unwrap_or_default();
     writeln!(out, "\nPROCESS {}{cmd}{parent}, HEAP {}", h.pid, h.heap)?;
-    let interval = match h.sampling_interval_bytes {
-        0 => "unknown".to_owned(),
-        1 => "every allocation".to_owned(),
-        n => format!("1 sample per {} on average", human_bytes(n)),
+    let interval = match (h.sampling_interval_bytes, h.raised_from_bytes) {
+        (0, _) => "unknown".to_owned(),
+        (1, _) => "every allocation".to_owned(),
+        (n, Some(from)) => format!(
+            "1 sample per {} on average, raised up to {} while the profiler fell behind",
+            human_bytes(from),
+            human_bytes(n)
+        ),
+        (n, None) => format!("1 sample per {} on average", human_bytes(n)),
     };
     write!(out, "  sampling: {interval}; {} dump(s)", h.dumps)?;
     // As of an earlier dump (--peak) the span would end there: the next

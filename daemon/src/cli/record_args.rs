@@ -126,6 +126,17 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_stack_reuse: bool,
 
+    /// Keep the sampling interval fixed when the daemon falls behind. By
+    /// default a program whose ring buffer is three quarters full doubles
+    /// its malloc interval (up to 1024 times, once a millisecond at most)
+    /// rather than wait for room, and halves it again once the ring has
+    /// emptied; each sample is weighted at the interval it was drawn at, so
+    /// totals stay unbiased, and the summary says how many samples were
+    /// taken at a raised interval. With this option the program waits (or,
+    /// with --no-block-client, drops samples) instead. Never raised at -i 1.
+    #[arg(long)]
+    pub fixed_interval: bool,
+
     /// Do not symbolize: the trace keeps build ids and addresses only, for
     /// symbolization later on another machine.
     #[arg(long)]
@@ -161,7 +172,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
 
-    /// Sampler seed, for reproducible sampling (testing).
+    /// Sampler seed, for reproducible sampling (testing); implies
+    /// --fixed-interval.
     #[arg(long, hide = true, default_value = "0")]
     pub seed: u64,
 

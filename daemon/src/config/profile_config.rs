@@ -121,6 +121,8 @@ pub fn profile_from(c: &HeapprofdConfig) -> Result<FromConfig, Vec<String>> {
             perf_event: 0,
             perf_period: 0,
             no_stack_reuse: false,
+            // heapprofd's interval is fixed unless the config asks.
+            fixed_interval: c.adaptive_sampling_shmem_threshold.unwrap_or(0) == 0,
         },
         dumps: Dumps {
             continuous,
@@ -221,8 +223,9 @@ fn ignored(c: &HeapprofdConfig, warnings: &mut Vec<String>) {
             .is_some_and(|n| n > 0)
     {
         warn(
-            "adaptive sampling",
-            "the client keeps its interval (use block_client or a larger shmem_size_bytes)",
+            "adaptive sampling's threshold and cap",
+            "a client doubles its interval when its ring is three quarters full, up to 1024 times \
+             (on when adaptive_sampling_shmem_threshold is set)",
         );
     }
     if c.disable_fork_teardown {

@@ -404,6 +404,7 @@ mod tests {
                     timestamp_ns: now - ago,
                     stack: 1,
                     context: 0,
+                    interval_shift: 0,
                 },
             ],
             stats: SessionStats::default(),

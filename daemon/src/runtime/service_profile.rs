@@ -155,6 +155,10 @@ fn client_config(spec: &ProfileSpec) -> Result<ClientConfig> {
     if !spec.sampling.no_stack_reuse {
         client.flags |= ClientConfig::FLAG_STACK_REUSE;
     }
+    // A seeded run is for reproducible sampling (see `record --seed`).
+    if !spec.sampling.fixed_interval && spec.sampling.seed == 0 {
+        client.flags |= ClientConfig::FLAG_ADAPTIVE_INTERVAL;
+    }
     if spec.sampling.block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = spec.sampling.block_timeout_us;

@@ -112,6 +112,7 @@ pub(super) fn sampling(args: &RecordArgs) -> Sampling {
         perf_event: args.perf_event().0,
         perf_period: args.perf_event().1,
         no_stack_reuse: args.no_stack_reuse,
+        fixed_interval: args.fixed_interval,
     }
 }
 

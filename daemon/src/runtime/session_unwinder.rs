@@ -255,6 +255,7 @@ impl SessionUnwinder {
             timestamp_ns: h.timestamp_ns,
             stack: entry.id,
             context: h.context_id,
+            interval_shift: h.interval_shift() as u8,
         });
     }
 
@@ -615,6 +616,7 @@ mod tests {
                     timestamp_ns: 7,
                     stack: *id,
                     context: 0,
+                    interval_shift: 0,
                 }
             );
         }

@@ -55,6 +55,11 @@ pub(super) fn daemon_options(
     if !args.no_stack_reuse {
         client.flags |= ClientConfig::FLAG_STACK_REUSE;
     }
+    // A seeded run is for reproducible sampling, which a rate that follows
+    // the daemon's pace would not be.
+    if !args.fixed_interval && args.seed == 0 {
+        client.flags |= ClientConfig::FLAG_ADAPTIVE_INTERVAL;
+    }
     if !args.no_block_client {
         client.flags |= ClientConfig::FLAG_BLOCK_CLIENT;
         client.block_timeout_us = args

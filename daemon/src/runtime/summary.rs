@@ -50,6 +50,14 @@ fn warning_text(w: &ProcessWarning) -> String {
             "the client had no room for {n} user contexts (over 4095 alive, or over their size \
              limits); their samples are under heapprofd.context=overflow"
         ),
+        ProcessWarning::IntervalRaised { samples, from, to } => format!(
+            "{samples} samples were taken at a raised interval (up to {}, from {}) while the \
+             profiler fell behind; the totals are still estimates of the whole run, with more \
+             variance (--fixed-interval keeps {} and makes the program wait instead)",
+            human_bytes(*to),
+            human_bytes(*from),
+            human_bytes(*from)
+        ),
         ProcessWarning::UnwindErrors { errors, samples } => {
             format!("{errors} of {samples} stacks could not be fully unwound")
         }

@@ -113,6 +113,10 @@ pub struct Sampling {
     /// Malloc samples carry their whole stack (`record --no-stack-reuse`).
     #[serde(default)]
     pub no_stack_reuse: bool,
+    /// The client keeps its interval when its ring fills
+    /// (`record --fixed-interval`; see `ClientConfig::FLAG_ADAPTIVE_INTERVAL`).
+    #[serde(default)]
+    pub fixed_interval: bool,
 }
 
 impl Default for Sampling {
@@ -130,6 +134,7 @@ impl Default for Sampling {
             perf_event: 0,
             perf_period: 0,
             no_stack_reuse: false,
+            fixed_interval: false,
         }
     }
 }

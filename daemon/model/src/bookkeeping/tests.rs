@@ -53,6 +53,7 @@ fn malloc(seq: u64, address: u64, size: u64, stack: u32) -> Op {
         timestamp_ns: seq,
         stack,
         context: 0,
+        interval_shift: 0,
     }
 }
 

@@ -118,6 +118,20 @@ pub(crate) struct MallocOp {
     pub(crate) tid: u32,
     pub(crate) timestamp: u64,
     pub(crate) callsite: CallsiteId,
+    /// Drawn at the heap's interval times `2^interval_shift`.
+    pub(crate) interval_shift: u8,
+}
+
+/// The samples of a heap whose client raised its interval while its ring
+/// was filling (`ClientConfig::FLAG_ADAPTIVE_INTERVAL`): each weighs at the
+/// interval it was drawn at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RaisedInterval {
+    /// Samples drawn at a raised interval (allocations of at least the
+    /// interval, recorded with their own size, not counted).
+    pub samples: u64,
+    /// The largest interval a sample was drawn at (0: none raised).
+    pub max_interval: u64,
 }
 
 /// A sampled allocation a free released: what its lifetime needs.
@@ -162,6 +176,8 @@ pub struct HeapState {
     pub sampling_interval: u64,
     /// First sampling interval seen (before any adaptive change).
     pub orig_sampling_interval: u64,
+    /// Samples its client drew at a raised interval (see [`RaisedInterval`]).
+    pub raised: RaisedInterval,
     live: FxHashMap<u64, LiveAlloc>,
     slots: Vec<CallsiteTotals>,
     slot_of: FxHashMap<CallsiteId, u32>,
@@ -187,6 +203,7 @@ impl HeapState {
             name,
             sampling_interval,
             orig_sampling_interval: sampling_interval,
+            raised: RaisedInterval::default(),
             live: FxHashMap::default(),
             slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -328,6 +345,13 @@ impl HeapState {
         // interval.
         let interval = if m.sample_size == m.size {
             1
+        } else if m.interval_shift != 0 {
+            let i = self
+                .sampling_interval
+                .saturating_mul(1u64 << m.interval_shift.min(63));
+            self.raised.samples += 1;
+            self.raised.max_interval = self.raised.max_interval.max(i);
+            i
         } else {
             self.sampling_interval
         };
@@ -482,6 +506,7 @@ mod tests {
             tid: 1,
             timestamp: ts,
             callsite: cs(c),
+            interval_shift: 0,
         };
         h.commit_malloc(seq, &m, 0, in_order);
     }
@@ -500,12 +525,46 @@ mod tests {
             tid: 1,
             timestamp: 6,
             callsite: cs(3),
+            interval_shift: 0,
         };
         h.commit_malloc(2, &m, 0, true);
         let est = |c| h.callsite(cs(c)).unwrap().stats.estimated_allocs;
         assert_eq!(est(2), 1.0);
         let want = super::super::estimate::inverse_probability(100, 4096);
         assert!((est(3) - want).abs() < 1e-9 && want > 40.0, "{}", est(3));
+        assert_eq!(h.raised, RaisedInterval::default());
+    }
+
+    #[test]
+    fn a_sample_drawn_at_a_raised_interval_weighs_at_it() {
+        let mut h = HeapState::new(0, "libc.malloc".into(), 4096);
+        let m = |address, sample_size, size, interval_shift| MallocOp {
+            heap_id: 0,
+            address,
+            sample_size,
+            size,
+            tid: 1,
+            timestamp: 6,
+            callsite: cs(4),
+            interval_shift,
+        };
+        // Picked at 4096 << 3: stands for 32 KiB and about 328 allocations.
+        h.commit_malloc(1, &m(0x10, 32768, 100, 3), 0, true);
+        let est = h.callsite(cs(4)).unwrap().stats.estimated_allocs;
+        let want = super::super::estimate::inverse_probability(100, 32768);
+        assert!((est - want).abs() < 1e-9 && want > 300.0, "{est}");
+        // One of its own size is one allocation, raised or not.
+        h.commit_malloc(2, &m(0x20, 40000, 40000, 3), 0, true);
+        let est2 = h.callsite(cs(4)).unwrap().stats.estimated_allocs;
+        assert!((est2 - want - 1.0).abs() < 1e-9, "{est2}");
+        assert_eq!(
+            h.raised,
+            RaisedInterval {
+                samples: 1,
+                max_interval: 32768
+            }
+        );
+        assert_eq!(h.live_bytes(), 32768 + 40000);
     }
 
     #[test]

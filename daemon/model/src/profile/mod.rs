@@ -45,7 +45,7 @@ use std::collections::BTreeMap;
 
 pub use alloc::Alloc;
 pub use callsite_stats::{CallsiteStats, LifetimeBucket, SizeBucket};
-pub use heap::{CallsiteTotals, HeapState, RetiredTotals};
+pub use heap::{CallsiteTotals, HeapState, RaisedInterval, RetiredTotals};
 pub use histogram::{UNWIND_HISTOGRAM_BUCKETS, UnwindHistogram};
 pub use interner::{
     FrameData, FrameId, Interner, InternerView, Mapping, MappingData, MappingId, RetiredEntries,
@@ -231,6 +231,19 @@ impl Profile {
 
     /// [`Profile::malloc`] with a callsite from [`Profile::intern_callsite`].
     pub fn malloc_at(&mut self, pid: u32, alloc: Alloc, callsite: CallsiteId) {
+        self.malloc_drawn_at(pid, alloc, callsite, 0);
+    }
+
+    /// [`Profile::malloc_at`] of a sample drawn at its heap's interval
+    /// times `2^interval_shift` (a client that raised its interval under
+    /// load): its count weighs at that interval.
+    pub fn malloc_drawn_at(
+        &mut self,
+        pid: u32,
+        alloc: Alloc,
+        callsite: CallsiteId,
+        interval_shift: u8,
+    ) {
         let op = PendingOp::Malloc(MallocOp {
             heap_id: alloc.heap,
             address: alloc.address,
@@ -239,6 +252,7 @@ impl Profile {
             tid: alloc.tid,
             timestamp: alloc.timestamp_ns,
             callsite,
+            interval_shift,
         });
         let p = self.process_or_default(pid);
         p.note_thread(alloc.tid);

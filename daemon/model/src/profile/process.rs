@@ -489,6 +489,7 @@ mod tests {
             tid: 1,
             timestamp: 1,
             callsite: CallsiteId::ROOT,
+            interval_shift: 0,
         });
         p.push(1, op);
         p.flush();
@@ -510,6 +511,7 @@ mod tests {
                     tid: 1,
                     timestamp: 1,
                     callsite: CallsiteId::ROOT,
+                    interval_shift: 0,
                 }),
             )
         };

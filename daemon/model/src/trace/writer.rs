@@ -523,7 +523,9 @@ impl<W: Write> TraceWriter<W> {
         let mut header = cx.base.clone();
         header.pid = Some(u64::from(pid));
         header.heap_name = Some(heap.name.clone());
-        header.sampling_interval_bytes = Some(heap.sampling_interval);
+        // The interval the heap was last sampled at, or the largest its
+        // client raised it to under load (heapprofd's field for both).
+        header.sampling_interval_bytes = Some(heap.sampling_interval.max(heap.raised.max_interval));
         header.orig_sampling_interval_bytes = Some(heap.orig_sampling_interval);
         header.timestamp = Some(end);
         header.start_timestamp = Some(start);
