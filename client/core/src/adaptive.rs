@@ -10,10 +10,13 @@
 //!
 //! * The writer of a `libc.malloc` sample looks at how much of the ring is
 //!   in use once its record is reserved ([`AdaptiveInterval::observe`]):
-//!   half or more doubles the interval (seven eighths or more: two
-//!   doublings at once, as writers are about to wait), once the reader has
-//!   read a 32nd of the ring since the last doubling: a ring still that
-//!   full then was written about as fast as it was read, at the new rate.
+//!   half or more raises the interval, once the reader has read a 32nd of
+//!   the ring since the last raise: a ring still that full then was
+//!   written about as fast as it was read, at the new rate. A raise
+//!   doubles the interval as many times as the bytes written since the last
+//!   raise outnumber those read, rounded up ([`steps`], at most
+//!   [`MAX_STEP`]); the first raise doubles it once (twice when the ring is
+//!   seven eighths full, as writers are about to wait).
 //!   (A clock would not do: the coarse one ticks every 4 ms here, and a
 //!   ring fills in less. Waiting for the reader to read all that was
 //!   written before the doubling kept an 8 MiB ring full for most of a
@@ -54,6 +57,8 @@ pub struct AdaptiveInterval {
     /// The reader's position at the last doubling plus a 32nd of the ring
     /// (0 = never doubled).
     mark: AtomicU64,
+    /// The write position at the last doubling.
+    mark_write: AtomicU64,
     /// Doublings so far (for tests and debugging).
     raises: AtomicU64,
 }
@@ -66,6 +71,7 @@ impl AdaptiveInterval {
             shift: AtomicU32::new(0),
             changed_ns: AtomicU64::new(0),
             mark: AtomicU64::new(0),
+            mark_write: AtomicU64::new(0),
             raises: AtomicU64::new(0),
         }
     }
@@ -91,9 +97,20 @@ impl AdaptiveInterval {
         }
         let cur = self.shift();
         let read_pos = end_pos.saturating_sub(used);
-        let caught_up = read_pos >= self.mark.load(Ordering::Relaxed);
+        let mark = self.mark.load(Ordering::Relaxed);
+        let caught_up = read_pos >= mark;
         let since = now_ns.saturating_sub(self.changed_ns.load(Ordering::Relaxed));
-        let Some(next) = decide(cur, used, size, caught_up, since) else {
+        // Since the last doubling: how much more was written than read.
+        let step = if mark == 0 {
+            if used >= size / 8 * 7 { 2 } else { 1 }
+        } else {
+            let read = read_pos.saturating_sub(mark - size / 32);
+            steps(
+                end_pos.saturating_sub(self.mark_write.load(Ordering::Relaxed)),
+                read,
+            )
+        };
+        let Some(next) = decide(cur, used, size, caught_up, since, step) else {
             return;
         };
         // One thread wins a change; the others see it at their next sample.
@@ -105,20 +122,40 @@ impl AdaptiveInterval {
             self.changed_ns.store(now_ns, Ordering::Relaxed);
             if next > cur {
                 self.mark.store(read_pos + size / 32, Ordering::Relaxed);
+                self.mark_write.store(end_pos, Ordering::Relaxed);
                 self.raises.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 }
 
+/// Doublings that bring a rate that wrote `written` bytes while the reader
+/// read `read` down to the reader's: `ceil(log2(written / read))`, 1 to
+/// [`MAX_STEP`].
+pub fn steps(written: u64, read: u64) -> u32 {
+    let mut step = 1;
+    while step < MAX_STEP && read.checked_shl(step).is_some_and(|r| r < written) {
+        step += 1;
+    }
+    step
+}
+
+/// Most doublings at once.
+pub const MAX_STEP: u32 = 4;
+
 /// The shift after a sample found `used` of `size` ring bytes in use,
 /// `since_ns` after the last change, at shift `cur`; `caught_up`: the
-/// reader has read a 32nd of the ring since the last doubling. `None` =
-/// unchanged.
-pub fn decide(cur: u32, used: u64, size: u64, caught_up: bool, since_ns: u64) -> Option<u32> {
+/// reader has read a 32nd of the ring since the last doubling; `step`:
+/// doublings if raised. `None` = unchanged.
+pub fn decide(
+    cur: u32,
+    used: u64,
+    size: u64,
+    caught_up: bool,
+    since_ns: u64,
+    step: u32,
+) -> Option<u32> {
     if used >= size / 2 {
-        // Nearly full: writers are about to wait; two doublings at once.
-        let step = if used >= size / 8 * 7 { 2 } else { 1 };
         (cur < MallocHeader::MAX_INTERVAL_SHIFT && caught_up)
             .then(|| (cur + step).min(MallocHeader::MAX_INTERVAL_SHIFT))
     } else if used <= size / 16 {
@@ -144,22 +181,31 @@ mod tests {
 
     #[test]
     fn a_filling_ring_doubles_once_the_reader_caught_up_and_up_to_the_cap() {
-        assert_eq!(decide(0, MIB / 2, MIB, true, 0), Some(1));
-        assert_eq!(decide(0, MIB / 8 * 7 - 8, MIB, true, 0), Some(1));
-        // Nearly full: two at once.
-        assert_eq!(decide(0, MIB / 8 * 7, MIB, true, u64::MAX), Some(2));
-        assert_eq!(decide(3, MIB, MIB, false, u64::MAX), None);
-        assert_eq!(decide(MAX - 1, MIB, MIB, true, 0), Some(MAX));
-        assert_eq!(decide(MAX, MIB, MIB, true, u64::MAX), None);
+        assert_eq!(decide(0, MIB / 2, MIB, true, 0, 1), Some(1));
+        assert_eq!(decide(0, MIB, MIB, true, u64::MAX, 3), Some(3));
+        assert_eq!(decide(3, MIB, MIB, false, u64::MAX, 1), None);
+        assert_eq!(decide(MAX - 1, MIB, MIB, true, 0, 4), Some(MAX));
+        assert_eq!(decide(MAX, MIB, MIB, true, u64::MAX, 1), None);
+    }
+
+    #[test]
+    fn steps_catch_the_writers_up_with_the_reader() {
+        assert_eq!(steps(100, 100), 1);
+        assert_eq!(steps(200, 100), 1);
+        assert_eq!(steps(201, 100), 2);
+        assert_eq!(steps(800, 100), 3);
+        assert_eq!(steps(u64::MAX, 1), MAX_STEP);
+        assert_eq!(steps(u64::MAX, 0), MAX_STEP);
+        assert_eq!(steps(0, 0), 1);
     }
 
     #[test]
     fn an_emptied_ring_halves_after_a_while_and_the_middle_holds() {
-        assert_eq!(decide(2, MIB / 16, MIB, true, LOWER_AFTER_NS), Some(1));
-        assert_eq!(decide(2, 0, MIB, true, LOWER_AFTER_NS - 1), None);
-        assert_eq!(decide(0, 0, MIB, true, u64::MAX), None);
-        assert_eq!(decide(2, MIB / 2 - 8, MIB, true, u64::MAX), None);
-        assert_eq!(decide(0, MIB / 16 + 8, MIB, true, u64::MAX), None);
+        assert_eq!(decide(2, MIB / 16, MIB, true, LOWER_AFTER_NS, 1), Some(1));
+        assert_eq!(decide(2, 0, MIB, true, LOWER_AFTER_NS - 1, 1), None);
+        assert_eq!(decide(0, 0, MIB, true, u64::MAX, 1), None);
+        assert_eq!(decide(2, MIB / 2 - 8, MIB, true, u64::MAX, 1), None);
+        assert_eq!(decide(0, MIB / 16 + 8, MIB, true, u64::MAX, 1), None);
     }
 
     #[test]
@@ -176,14 +222,18 @@ mod tests {
         let mark = 5 * MIB - MIB / 2 + MIB / 32;
         on.observe(MIB / 2, MIB, mark + MIB / 2 - 8, t0);
         assert_eq!(on.shift(), 1);
-        // The reader a 32nd further and the ring half full: doubled again.
+        // The reader a 32nd further, as much written: doubled once more.
         on.observe(MIB / 2, MIB, mark + MIB / 2, t0);
         assert_eq!((on.shift(), on.raises()), (2, 2));
+        // A 32nd read while five 32nds were written: three doublings.
+        let mark = mark + MIB / 32;
+        on.observe(MIB / 2 + MIB / 8, MIB, mark + MIB / 2 + MIB / 8, t0);
+        assert_eq!((on.shift(), on.raises()), (5, 3));
         // Empty, but too soon to halve; then halved.
         on.observe(0, MIB, 6 * MIB, t0 + 1);
-        assert_eq!(on.shift(), 2);
+        assert_eq!(on.shift(), 5);
         on.observe(0, MIB, 6 * MIB, t0 + LOWER_AFTER_NS);
-        assert_eq!((on.shift(), on.raises()), (1, 2));
+        assert_eq!((on.shift(), on.raises()), (4, 3));
     }
 
     #[test]
