@@ -15,11 +15,13 @@
 # installed).
 #
 # Usage: cargo build --release -p heapprofd-daemon -p heapprofd-client
-#        scripts/bench-workloads.sh [--quick] [--rounds N] [--only W,W] [--no-heaptrack] [--base BIN]
+#        scripts/bench-workloads.sh [--quick] [--rounds N] [--only W,W] [--no-heaptrack] [--base BIN] [--fixed]
 # --quick: one round of small sizes (a smoke run, a minute or two).
 # --base BIN: also run another build's heapprofd-rs (with its client library
 # beside it) at -i 1, 4 KiB and 512 KiB in the same rounds ("base -i 1", ...),
 # for a before/after of a change.
+# --fixed: also run 4 KiB with --fixed-interval ("4 KiB fixed": the program
+# waits for the daemon instead of raising its interval).
 # Prints markdown tables and the load average before and after.
 set -eu
 cd "$(dirname "$0")/.."
@@ -97,6 +99,8 @@ if shutil.which("node"):
 if only:
     W = [w for w in W if w[0] in only]
 CONFIGS = ["bare", "-i 1", "4 KiB", "512 KiB"] + (["heaptrack"] if heaptrack else [])
+if "--fixed" in args:
+    CONFIGS.append("4 KiB fixed")
 if base:
     CONFIGS += ["base -i 1", "base 4 KiB", "base 512 KiB"]
 
@@ -109,7 +113,8 @@ def command(config, argv, tag):
     binary = B
     if config.startswith("base "):
         binary, config = base, config[5:]
-    interval = {"-i 1": ["-i", "1"], "4 KiB": [], "512 KiB": ["-i", "512k"]}[config]
+    interval = {"-i 1": ["-i", "1"], "4 KiB": [], "512 KiB": ["-i", "512k"],
+                "4 KiB fixed": ["--fixed-interval"]}[config]
     # --no-service: record's own daemon (a running service would take the
     # profile, and its costs are not record's to print).
     return [binary, "record", "--no-service"] + interval + ["-o", out + ".pftrace", "--"] + argv
@@ -147,6 +152,9 @@ def run(config, argv, stdin, remove):
     if m:
         for k, v in re.findall(r"(\w+)=([\d.]+)", m.group(1)):
             r[k] = float(v)
+    # Samples drawn at a raised interval (the summary's warning; none: 0).
+    m = re.search(r"(\d+) samples were taken at a raised interval", err)
+    r["raised"] = float(m.group(1)) if m else 0.0
     m = re.search(r"self usage: user_s=([\d.]+) sys_s=([\d.]+)", err)
     if m:
         r["daemon_cpu"] = float(m.group(1)) + float(m.group(2))
@@ -192,24 +200,30 @@ print(f"# {load()} (after); 1-minute load after each round: {' '.join('%.2f' % l
 print()
 print("## Wall and CPU (medians; CPU = user+sys of the whole command, the profiler's included)")
 print()
-print("| workload | config | wall s | CPU s | wall / bare | CPU / bare | wall / heaptrack | CPU / heaptrack | samples | blocked / wall |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("blocked / wall: the writers' time waiting for room in the ring, summed over threads;"
+      " raised: the share of samples drawn at a raised interval (the client's adaptive interval).")
+print()
+print("| workload | config | wall s | CPU s | wall / bare | CPU / bare | wall / heaptrack | CPU / heaptrack | samples | blocked / wall | raised |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, *_ in W:
     bw, bc = med(name, "bare", "wall"), med(name, "bare", "cpu")
     hw, hc = (med(name, "heaptrack", "wall"), med(name, "heaptrack", "cpu")) if heaptrack else (None, None)
     for c in CONFIGS:
         w, cpu = med(name, c, "wall"), med(name, c, "cpu")
         if w is None:
-            print("| %s | %s | failed | | | | | | | |" % (name, c))
+            print("| %s | %s | failed | | | | | | | | |" % (name, c))
             continue
         rec = c not in ("bare", "heaptrack")
         samples = med(name, c, "samples")
         blocked = med(name, c, "blocked_us")
-        print("| %s | %s | %.3f | %.3f | %s | %s | %s | %s | %s | %s |" % (
+        raised = statistics.median([x["raised"] / x["samples"] for x in res[(name, c)]
+                                    if x.get("samples")] or [0.0])
+        print("| %s | %s | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s |" % (
             name, c, w, cpu, ratio(w, bw) if c != "bare" else "1", ratio(cpu, bc) if c != "bare" else "1",
             ratio(w, hw) if rec else "-", ratio(cpu, hc) if rec else "-",
             "%d" % samples if rec and samples is not None else "-",
-            "%.1f%%" % (100 * blocked / 1e6 / w) if rec and blocked is not None else "-"))
+            "%.1f%%" % (100 * blocked / 1e6 / w) if rec and blocked is not None else "-",
+            "%.0f%%" % (100 * raised) if rec else "-"))
 print()
 print("## Where record's time goes, per malloc sample (medians, ns)")
 print()
