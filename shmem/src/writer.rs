@@ -133,6 +133,7 @@ impl RingBuffer {
                     rb: self,
                     header_pos: write_pos,
                     used_after: used + total,
+                    waited: started.is_some(),
                     // SAFETY: off < size and off + len <= 2 * size thanks to
                     // the mirror mapping (len < size).
                     data: unsafe { self.data_ptr().add(off) },
@@ -271,6 +272,8 @@ pub struct Reservation<'a> {
     header_pos: u64,
     /// Bytes in use once this record was reserved.
     used_after: u64,
+    /// The writer waited for room (or for the lock) first.
+    waited: bool,
     data: *mut u8,
     len: usize,
     committed: bool,
@@ -286,6 +289,12 @@ impl Reservation<'_> {
     /// record's included): how far the reader is behind.
     pub fn used_after(&self) -> u64 {
         self.used_after
+    }
+
+    /// Whether the writer had to wait for room (or, long, for the lock)
+    /// before this reservation.
+    pub fn waited(&self) -> bool {
+        self.waited
     }
 
     /// The ring's write position just past this record (positions only
