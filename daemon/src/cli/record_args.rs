@@ -127,13 +127,14 @@ pub struct RecordArgs {
     pub no_stack_reuse: bool,
 
     /// Keep the sampling interval fixed when the daemon falls behind. By
-    /// default a program whose ring buffer is half full doubles its malloc
-    /// interval (up to 1024 times) rather than wait for room, and halves it
-    /// again once the ring has emptied; each sample is weighted at the
-    /// interval it was drawn at, so totals stay unbiased, and the summary
-    /// says how many samples were taken at a raised interval. With this
-    /// option the program waits (or, with --no-block-client, drops
-    /// samples) instead. Never raised at -i 1 or with --seed.
+    /// default a program whose ring buffer is nearly full (7/8; 1/2 once it
+    /// has had to wait) doubles its malloc interval (up to 1024 times)
+    /// rather than wait for room, and halves it again once the ring has
+    /// emptied; each sample is weighted at the interval it was drawn at, so
+    /// totals stay unbiased, and the summary says how many samples were
+    /// taken at a raised interval. With this option the program waits (or,
+    /// with --no-block-client, drops samples) instead. Never raised at -i 1
+    /// or with --seed.
     #[arg(long)]
     pub fixed_interval: bool,
 

@@ -224,7 +224,7 @@ fn ignored(c: &HeapprofdConfig, warnings: &mut Vec<String>) {
     {
         warn(
             "adaptive sampling's threshold and cap",
-            "a client doubles its interval while its ring is half full, up to 1024 times \
+            "a client doubles its interval while its ring is nearly full, up to 1024 times \
              (on when adaptive_sampling_shmem_threshold is set)",
         );
     }
