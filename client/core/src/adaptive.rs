@@ -9,26 +9,27 @@
 //! changed under it.
 //!
 //! * The writer of a `libc.malloc` sample looks at how much of the ring is
-//!   in use once its record is reserved ([`AdaptiveInterval::observe`]):
-//!   [`RAISE_AT`] (seven eighths; half once a writer of the session had to
-//!   wait for room: the reader is behind for real) or more raises the
-//!   interval, once the reader has read a 32nd of the ring
-//!   since the last raise: a ring still that full then was written about as
-//!   fast as it was read, at the new rate. A raise doubles the interval as
-//!   many times as the bytes written since the last raise outnumber those
-//!   read, rounded up ([`steps`], at most [`MAX_STEP`]); the first raise
-//!   doubles it once. (Raising at half full raised it for 9-21% of the
-//!   samples of sqlite3, cc1 and node at 4 KiB, whose writers never waited
-//!   with the interval fixed: a ring absorbs a burst, and only a reader that
-//!   stays behind needs a lower rate. Raising at seven eighths from the
-//!   start left four-thread programs on two cores waiting twice as long.)
-//!   (A clock would not do: the coarse one ticks every 4 ms here, and a
-//!   ring fills in less. Waiting for the reader to read all that was
-//!   written before the doubling kept an 8 MiB ring full for most of a
-//!   run.) A
-//!   sixteenth or less halves it, once the last change is
-//!   [`LOWER_AFTER_NS`] old. At most [`MallocHeader::MAX_INTERVAL_SHIFT`]
-//!   doublings.
+//!   in use once its record is reserved ([`AdaptiveInterval::observe`]).
+//!   - [`RAISE_AT`] eighths or more (half, once a writer of the session has
+//!     waited for room: the reader is behind for real) raises the
+//!     interval, once the reader has read a 32nd of the ring since the last
+//!     raise: a ring still that full then was written about as fast as it
+//!     was read, at the new rate. The first raise doubles the interval
+//!     once; later ones as many times as the bytes written since the last
+//!     raise outnumber those read, rounded up ([`steps`], at most
+//!     [`MAX_STEP`]). At most [`MallocHeader::MAX_INTERVAL_SHIFT`]
+//!     doublings in all.
+//!   - A sixteenth or less halves it, once the last change is
+//!     [`LOWER_AFTER_NS`] old.
+//!   - Why so: raising at half full from the start raised it for 9-21% of
+//!     the samples of sqlite3, cc1 and node at 4 KiB, whose writers never
+//!     waited with the interval fixed (a ring absorbs a burst; only a reader
+//!     that stays behind needs a lower rate), and raising at seven eighths
+//!     throughout left four-thread programs on two cores waiting twice as
+//!     long. A clock cannot pace the raises (the coarse one ticks every 4 ms
+//!     here, and a ring fills in less); waiting for the reader to read all
+//!     that was written before a raise kept an 8 MiB ring full for much of
+//!     a run.
 //! * A thread takes the session's interval at its next sample (after
 //!   writing it: see `session::sampled_alloc`) or when it first samples in
 //!   the session. Its sampler keeps its random state and draws its gaps
@@ -116,13 +117,17 @@ impl AdaptiveInterval {
         } else {
             size / 8 * RAISE_AT
         };
+        // Between the two thresholds (most samples): nothing to decide.
+        if used < raise_at && used > size / 16 {
+            return;
+        }
         let cur = self.shift();
         let read_pos = end_pos.saturating_sub(used);
         let mark = self.mark.load(Ordering::Relaxed);
         let caught_up = read_pos >= mark;
         let since = now_ns.saturating_sub(self.changed_ns.load(Ordering::Relaxed));
         // Since the last doubling: how much more was written than read.
-        let step = if mark == 0 {
+        let step = if mark == 0 || used < raise_at {
             1
         } else {
             let read = read_pos.saturating_sub(mark - size / 32);

@@ -629,7 +629,8 @@ fn take_session_interval(st: *mut ThreadState, s: &Session) {
     let shift = s.adaptive.shift();
     // SAFETY: the calling thread's own block.
     unsafe {
-        if u32::from((*st).interval_shift) != shift && s.interval > 1 {
+        // The shift only moves in sessions that adapt (interval > 1).
+        if u32::from((*st).interval_shift) != shift {
             (*st).sampler = (*st).sampler.retuned(adaptive::raised(s.interval, shift));
             (*st).interval_shift = shift as u8;
         }
