@@ -99,7 +99,12 @@ pub(crate) struct MetadataPage {
     pub maps_asked: AtomicU32,
     /// The `maps_asked` value whose maps the daemon has read and kept.
     pub maps_kept: AtomicU32,
-    _pad0: [u32; 3],
+    /// Writers waiting for room in a full buffer (a count): while it is
+    /// not 0 the reader publishes its position every 64th of the buffer
+    /// instead of every quarter. Zero (nobody waits) for a peer that
+    /// predates it.
+    pub room_waiters: AtomicU32,
+    _pad0: [u32; 2],
     // --- line 1: writers (under the spinlock or relaxed RMWs) ---------------
     /// Spinlock word: [`LOCK_HELD`] | [`LOCK_POISONED`].
     pub lock: AtomicU32,
