@@ -109,10 +109,11 @@ impl AdaptiveInterval {
         if !self.enabled {
             return;
         }
-        if waited && !self.waited.load(Ordering::Relaxed) {
+        let waited_before = self.waited.load(Ordering::Relaxed);
+        if waited && !waited_before {
             self.waited.store(true, Ordering::Relaxed);
         }
-        let raise_at = if self.waited.load(Ordering::Relaxed) {
+        let raise_at = if waited || waited_before {
             size / 2
         } else {
             size / 8 * RAISE_AT

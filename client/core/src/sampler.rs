@@ -234,7 +234,6 @@ mod tests {
         }
     }
 
-    /// The mean gap is the interval, and gaps are at least 1.
     /// A sampler retuned between two intervals every few thousand
     /// allocations (as `adaptive` does under load) stays unbiased: each
     /// stretch is Poisson at its own rate, so the variances of the
@@ -266,6 +265,7 @@ mod tests {
         }
     }
 
+    /// The mean gap is the interval, and gaps are at least 1.
     #[test]
     fn gaps_are_geometric_with_mean_interval() {
         let mut s = Sampler::new(1000, 42);

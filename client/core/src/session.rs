@@ -436,9 +436,9 @@ impl Session {
             }
         };
         if malloc_heap {
-            let size = self.rb().size() as u64;
+            let ring_size = self.rb().size() as u64;
             self.adaptive
-                .observe(r.used_after(), size, r.end_pos(), r.waited(), now_ns);
+                .observe(r.used_after(), ring_size, r.end_pos(), r.waited(), now_ns);
         }
         r.write_at(0, &fixed);
         // SAFETY: [sp, sp + stack_len) (with reuse: [sp, end), of which

@@ -128,21 +128,14 @@ pub(crate) fn summarize<'a>(
                 estimated += h.retired.estimated_allocs;
             }
             let exact = p.heaps().all(|h| h.sampling_interval == 1);
-            let raised = p
-                .heaps()
-                .filter(|h| h.raised.samples > 0)
-                .map(|h| {
-                    (
-                        h.raised.samples,
-                        h.orig_sampling_interval,
-                        h.raised.max_interval,
-                    )
-                })
-                .fold(None, |acc: Option<(u64, u64, u64)>, (n, from, to)| {
-                    Some(acc.map_or((n, from, to), |(an, af, at)| {
-                        (an + n, af.min(from), at.max(to))
-                    }))
-                });
+            // (samples, from, to) over the heaps whose interval was raised.
+            let mut raised: Option<(u64, u64, u64)> = None;
+            for h in p.heaps().filter(|h| h.raised.samples > 0) {
+                let (n, from, to) = raised.get_or_insert((0, u64::MAX, 0));
+                *n += h.raised.samples;
+                *from = (*from).min(h.orig_sampling_interval);
+                *to = (*to).max(h.raised.max_interval);
+            }
             let dropped = dropped_by_pid.get(&p.pid).copied().unwrap_or(0);
             let mut warnings = Vec::new();
             if dropped > 0 {

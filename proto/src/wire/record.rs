@@ -125,7 +125,11 @@ impl MallocHeader {
 
     /// The interval shift in `flags` (see [`MallocHeader::INTERVAL_SHIFT_MASK`]).
     pub fn interval_shift(&self) -> u32 {
-        (self.flags & Self::INTERVAL_SHIFT_MASK) >> Self::INTERVAL_SHIFT_BIT
+        Self::shift_in(self.flags)
+    }
+
+    const fn shift_in(flags: u32) -> u32 {
+        (flags & Self::INTERVAL_SHIFT_MASK) >> Self::INTERVAL_SHIFT_BIT
     }
 
     /// Decodes a whole malloc record: the header and the stack bytes after it.
@@ -192,9 +196,7 @@ impl MallocHeader {
         {
             return Err(DecodeError::InvalidField("stack_pointer"));
         }
-        if (flags & Self::INTERVAL_SHIFT_MASK) >> Self::INTERVAL_SHIFT_BIT
-            > Self::MAX_INTERVAL_SHIFT
-        {
+        if Self::shift_in(flags) > Self::MAX_INTERVAL_SHIFT {
             return Err(DecodeError::InvalidField("flags"));
         }
         if stack_reused as usize > STACK_REUSE_WINDOW
