@@ -88,6 +88,20 @@ impl RingBuffer {
         }
     }
 
+    /// Whether a record with `len` payload bytes would fit now and leave
+    /// `reserve` bytes free: a hint, read without the lock (stale as soon
+    /// as it returns). Positions that do not make sense say yes, and
+    /// [`Self::begin_write`] reports them.
+    #[inline]
+    pub fn has_room(&self, len: usize, reserve: u64) -> bool {
+        let meta = self.meta();
+        let size = self.size() as u64;
+        let read_pos = meta.read_pos.load(Ordering::Relaxed);
+        let write_pos = meta.write_pos.load(Ordering::Relaxed);
+        used_bytes(read_pos, write_pos, size)
+            .is_none_or(|used| size - used >= record_size(len) as u64 + reserve)
+    }
+
     /// Reserves room for a record with `len` payload bytes.
     ///
     /// The returned [`Reservation`] must be filled and then committed; if it

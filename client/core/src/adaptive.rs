@@ -95,6 +95,21 @@ impl AdaptiveInterval {
         self.shift.load(Ordering::Relaxed)
     }
 
+    /// Whether the session adapts its interval (and so may thin samples
+    /// when the ring is full: see `session`).
+    #[inline(always)]
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// A writer found the ring full: counted as a wait for room (from now
+    /// on a half full ring raises).
+    pub fn note_full(&self) {
+        if !self.waited.load(Ordering::Relaxed) {
+            self.waited.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Doublings so far.
     pub fn raises(&self) -> u64 {
         self.raises.load(Ordering::Relaxed)

@@ -72,6 +72,7 @@ pub mod socket_path;
 pub mod stackreuse;
 pub mod stacksample;
 pub mod state;
+pub mod thinning;
 pub mod threadslots;
 pub mod tls;
 pub mod trigger;

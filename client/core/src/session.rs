@@ -42,7 +42,7 @@ use crate::adaptive::{self, AdaptiveInterval};
 use crate::freeset::Removal;
 use crate::state::{ACTIVE, IDLE, STATE, free_set, mode};
 use crate::tls::{Guard, ThreadState};
-use crate::{capture, contexts, stackreuse};
+use crate::{capture, contexts, stackreuse, thinning};
 
 /// The active session, or null.
 static SESSION: AtomicPtr<Session> = AtomicPtr::new(core::ptr::null_mut());
@@ -376,12 +376,14 @@ impl Session {
             contexts::ensure_sent(context_id, self.mode_word, |rec| self.write_small(rec));
         }
         let malloc_heap = heap_id == wire::HEAP_LIBC_MALLOC;
-        let mut flags = if malloc_heap {
+        let shift = if malloc_heap {
             // SAFETY: the calling thread's own block.
-            u32::from(unsafe { (*st).interval_shift }) << MallocHeader::INTERVAL_SHIFT_BIT
+            u32::from(unsafe { (*st).interval_shift })
         } else {
             0
         };
+        let mut flags = shift << MallocHeader::INTERVAL_SHIFT_BIT;
+        let mut sample_size = sample_size;
         let mut reuse = None;
         let stack_len = match capture::stack_end_for(st, sp) {
             Some(end) => {
@@ -406,6 +408,27 @@ impl Session {
                 0
             }
         };
+        if malloc_heap {
+            // SAFETY: the calling thread's own block.
+            let sampler = unsafe { &mut (*st).sampler };
+            let len = MallocHeader::ENCODED_LEN + stack_len;
+            let sent = thinning::thin(
+                self.rb(),
+                &self.adaptive,
+                sampler,
+                shift,
+                size as u64,
+                sample_size,
+                len,
+            );
+            // Thinned away: no record, and the block stays out of the free set.
+            let Some((thinned_size, sent_shift)) = sent else {
+                return false;
+            };
+            sample_size = thinned_size;
+            flags = (flags & !MallocHeader::INTERVAL_SHIFT_MASK)
+                | (sent_shift << MallocHeader::INTERVAL_SHIFT_BIT);
+        }
         let now_ns = coarse_now_ns();
         let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
         MallocHeader {

@@ -130,7 +130,9 @@ pub struct RecordArgs {
     /// default a program whose ring buffer is nearly full (7/8; 1/2 once it
     /// has had to wait) doubles its malloc interval (up to 1024 times)
     /// rather than wait for room, and halves it again once the ring has
-    /// emptied; each sample is weighted at the interval it was drawn at, so
+    /// emptied; a sample that finds the ring full (less than 1/16 free) is
+    /// thinned to the largest interval rather than wait. Each sample is
+    /// weighted at the interval it was drawn at, so
     /// totals stay unbiased, and the summary says how many samples were
     /// taken at a raised interval. With this option the program waits (or,
     /// with --no-block-client, drops samples) instead. Never raised at -i 1
