@@ -96,7 +96,7 @@ impl AdaptiveInterval {
     }
 
     /// Whether the session adapts its interval (and so may thin samples
-    /// when the ring is full: see `session`).
+    /// when the ring is full: see `thinning`).
     #[inline(always)]
     pub fn enabled(&self) -> bool {
         self.enabled
