@@ -104,7 +104,10 @@ pub(crate) struct MetadataPage {
     /// instead of every quarter. Zero (nobody waits) for a peer that
     /// predates it.
     pub room_waiters: AtomicU32,
-    _pad0: [u32; 2],
+    /// `libc.malloc` samples writers thinned away rather than wait for
+    /// room (the client's `thinning`: each stands for the samples a
+    /// raised interval does not take). Zero from a peer that predates it.
+    pub thinned: AtomicU64,
     // --- line 1: writers (under the spinlock or relaxed RMWs) ---------------
     /// Spinlock word: [`LOCK_HELD`] | [`LOCK_POISONED`].
     pub lock: AtomicU32,

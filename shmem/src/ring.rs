@@ -34,6 +34,8 @@ pub struct Stats {
     pub spinlock_failures: u64,
     /// Microseconds writers spent waiting (spinlock or full buffer).
     pub blocked_us: u64,
+    /// Samples writers thinned away instead of waiting for room.
+    pub thinned: u64,
     /// Records read.
     pub reads_ok: u64,
     /// Reads that found corruption.
@@ -147,6 +149,7 @@ impl RingBuffer {
             writes_corrupt: l(&m.writes_corrupt),
             spinlock_failures: l(&m.spinlock_failures),
             blocked_us: l(&m.blocked_us),
+            thinned: l(&m.thinned),
             reads_ok: l(&m.reads_ok),
             reads_corrupt: l(&m.reads_corrupt),
             reads_empty: l(&m.reads_empty),

@@ -102,6 +102,13 @@ impl RingBuffer {
             .is_none_or(|used| size - used >= record_size(len) as u64 + reserve)
     }
 
+    /// Counts a sample thinned away instead of waiting for room (see
+    /// [`Self::has_room`]).
+    #[inline]
+    pub fn note_thinned(&self) {
+        self.meta().thinned.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Reserves room for a record with `len` payload bytes.
     ///
     /// The returned [`Reservation`] must be filled and then committed; if it

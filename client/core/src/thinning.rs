@@ -59,7 +59,10 @@ pub fn thin(
     adaptive.note_full();
     let room = MallocHeader::MAX_INTERVAL_SHIFT.saturating_sub(shift);
     match sampler.thinned(size, sample_size, room) {
-        (0, _) => None,
+        (0, _) => {
+            rb.note_thinned();
+            None
+        }
         (ss, k) => Some((ss, shift + k)),
     }
 }
@@ -111,7 +114,8 @@ mod tests {
         let mut s = Sampler::new(4096 << 6, 2);
         let rb = ring_with(61 * 1024);
         let max = MallocHeader::MAX_INTERVAL_SHIFT;
-        let mut kept = 0;
+        assert_eq!(rb.writer_stats().thinned, 0);
+        let mut kept = 0u64;
         for _ in 0..16_000 {
             match thin(&rb, &adaptive, &mut s, 6, 100, 4096 << 6, 800) {
                 None => {}
@@ -123,6 +127,7 @@ mod tests {
         }
         // Binomial(16000, 1/16): mean 1000, sd 31.
         assert!((850..1150).contains(&kept), "{kept} of 16000 kept");
+        assert_eq!(rb.writer_stats().thinned, 16_000 - kept);
         // At the largest interval already: nothing left to thin.
         let mut top = Sampler::new(4096 << max, 3);
         assert_eq!(

@@ -61,6 +61,8 @@ pub struct Costs {
     /// Time the clients' writers waited for room in a full ring (µs,
     /// summed over threads).
     pub blocked_us: AtomicU64,
+    /// Samples the clients thinned away rather than wait for room.
+    pub thinned: AtomicU64,
     /// Workers' time in drain turns: reading, decoding, unwinding (ns).
     pub drain_ns: AtomicU64,
     /// Of which unwinding (the sessions' unwinding time, ns).
@@ -108,6 +110,7 @@ impl Costs {
         };
         add(&self.ring_bytes, ring.bytes_written);
         add(&self.blocked_us, ring.blocked_us);
+        add(&self.thinned, ring.thinned);
         add(&self.unwind_ns, ns(unwind));
         add(&self.replays, split.replays);
         add(&self.replay_ns, ns(split.replay));
@@ -129,6 +132,7 @@ impl Costs {
             ("samples", &self.samples),
             ("ring_bytes", &self.ring_bytes),
             ("blocked_us", &self.blocked_us),
+            ("thinned", &self.thinned),
             ("replays", &self.replays),
             ("walks", &self.walks),
             ("traced_walks", &self.traced_walks),
@@ -167,6 +171,7 @@ mod tests {
         let ring = heapprofd_shmem::Stats {
             bytes_written: 1000,
             blocked_us: 7,
+            thinned: 5,
             ..Default::default()
         };
         let split = UnwindSplit {
@@ -185,6 +190,7 @@ mod tests {
         for part in [
             "ring_bytes=2000",
             "blocked_us=14",
+            "thinned=10",
             "replays=6",
             "walks=4",
             "traced_walks=2",
