@@ -191,7 +191,7 @@ impl Sampler {
                 .filter(|_| self.next_u64() & mask == 0)
                 .count() as u64
         };
-        (picks * raised, k)
+        (picks.saturating_mul(raised), k)
     }
 
     /// Next gap between picked bytes: geometric with mean `interval`, >= 1.
