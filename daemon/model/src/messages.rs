@@ -142,6 +142,8 @@ pub struct RingStats {
     pub writes_corrupt: u64,
     /// Microseconds writers spent waiting (spinlock or full buffer).
     pub blocked_us: u64,
+    /// Samples writers thinned away rather than wait for room.
+    pub thinned: u64,
     /// Reads that found corruption.
     pub reads_corrupt: u64,
 }

@@ -48,6 +48,9 @@ pub enum ProcessWarning {
         from: u64,
         /// The largest interval a sample was drawn at.
         to: u64,
+        /// Samples thinned away while the ring was full (each kept one
+        /// stands for them at the largest interval).
+        thinned: u64,
     },
 }
 
@@ -100,9 +103,12 @@ pub(crate) fn summarize<'a>(
     profile: &Profile,
     sessions: impl Iterator<Item = (u32, &'a SessionStats)>,
 ) -> Vec<ProcessSummary> {
-    let mut dropped_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    // (dropped, thinned) records by process.
+    let mut ring_by_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     for (pid, s) in sessions {
-        *dropped_by_pid.entry(pid).or_default() += s.ring.writes_overflow;
+        let e = ring_by_pid.entry(pid).or_default();
+        e.0 += s.ring.writes_overflow;
+        e.1 = e.1.saturating_add(s.ring.thinned);
     }
     profile
         .processes()
@@ -136,7 +142,7 @@ pub(crate) fn summarize<'a>(
                 *from = (*from).min(h.orig_sampling_interval);
                 *to = (*to).max(h.raised.max_interval);
             }
-            let dropped = dropped_by_pid.get(&p.pid).copied().unwrap_or(0);
+            let (dropped, thinned) = ring_by_pid.get(&p.pid).copied().unwrap_or_default();
             let mut warnings = Vec::new();
             if dropped > 0 {
                 warnings.push(ProcessWarning::SamplesDropped(dropped));
@@ -158,7 +164,12 @@ pub(crate) fn summarize<'a>(
                 });
             }
             if let Some((samples, from, to)) = raised {
-                warnings.push(ProcessWarning::IntervalRaised { samples, from, to });
+                warnings.push(ProcessWarning::IntervalRaised {
+                    samples,
+                    from,
+                    to,
+                    thinned,
+                });
             }
             if p.contexts.overflowed > 0 {
                 warnings.push(ProcessWarning::ContextOverflow(p.contexts.overflowed));

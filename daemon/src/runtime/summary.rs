@@ -50,12 +50,22 @@ fn warning_text(w: &ProcessWarning) -> String {
             "the client had no room for {n} user contexts (over 4095 alive, or over their size \
              limits); their samples are under heapprofd.context=overflow"
         ),
-        ProcessWarning::IntervalRaised { samples, from, to } => format!(
-            "{samples} samples were taken at a raised interval (up to {}, from {}) while the \
+        ProcessWarning::IntervalRaised {
+            samples,
+            from,
+            to,
+            thinned,
+        } => format!(
+            "{samples} samples were taken at a raised interval (up to {}, from {}){} while the \
              profiler fell behind; the totals are still estimates of the whole run, with more \
              variance (--fixed-interval keeps {} and makes the program wait instead)",
             human_bytes(*to),
             human_bytes(*from),
+            if *thinned > 0 {
+                format!(" and {thinned} thinned away")
+            } else {
+                String::new()
+            },
             human_bytes(*from)
         ),
         ProcessWarning::UnwindErrors { errors, samples } => {
@@ -182,5 +192,33 @@ impl Summary {
             output.display()
         ));
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raised_interval_names_the_samples_thinned_away() {
+        let text = |thinned| {
+            warning_text(&ProcessWarning::IntervalRaised {
+                samples: 5,
+                from: 4096,
+                to: 4096 << 10,
+                thinned,
+            })
+        };
+        let head = "5 samples were taken at a raised interval (up to 4.00 MiB, from 4.00 KiB)";
+        assert!(
+            text(0).starts_with(&format!("{head} while the profiler")),
+            "{}",
+            text(0)
+        );
+        assert!(
+            text(9).starts_with(&format!("{head} and 9 thinned away while the profiler")),
+            "{}",
+            text(9)
+        );
     }
 }

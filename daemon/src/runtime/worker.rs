@@ -452,6 +452,7 @@ fn ring_stats(r: &heapprofd_shmem::Stats) -> RingStats {
         writes_overflow: r.writes_overflow,
         writes_corrupt: r.writes_corrupt,
         blocked_us: r.blocked_us,
+        thinned: r.thinned,
         reads_corrupt: r.reads_corrupt,
     }
 }

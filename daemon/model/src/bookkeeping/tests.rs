@@ -408,3 +408,46 @@ fn a_malloc_in_a_context_is_charged_under_the_contexts_root_frame() {
             .any(|s| s.warnings.contains(&ProcessWarning::ContextOverflow(3)))
     );
 }
+
+#[test]
+fn a_raised_interval_warns_with_the_samples_thinned_away() {
+    let i = Interner::new();
+    let mut b = Bookkeeping::new(&i, 4096);
+    let f = frames(&i, &["f"]);
+    b.handle(started(1, 4, "app"));
+    let raised = Op::Malloc {
+        heap: 0,
+        seq: 1,
+        address: 0x10,
+        sample_size: 4096 << 10,
+        size: 100,
+        tid: 1,
+        timestamp_ns: 1,
+        stack: 1,
+        context: 0,
+        interval_shift: 10,
+    };
+    let stats = SessionStats {
+        heap_samples: 2,
+        ring: RingStats {
+            thinned: 9,
+            ..RingStats::default()
+        },
+        ..SessionStats::default()
+    };
+    b.handle(SessionEvent::Ops {
+        id: 1,
+        ops: vec![stack(1, &f), raised, malloc(2, 0x20, 8192, 1)],
+        stats,
+    });
+    let s = b.summary();
+    assert_eq!(
+        s[0].warnings,
+        [ProcessWarning::IntervalRaised {
+            samples: 1,
+            from: 4096,
+            to: 4096 << 10,
+            thinned: 9
+        }]
+    );
+}
