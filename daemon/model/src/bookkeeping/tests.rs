@@ -415,18 +415,16 @@ fn a_raised_interval_warns_with_the_samples_thinned_away() {
     let mut b = Bookkeeping::new(&i, 4096);
     let f = frames(&i, &["f"]);
     b.handle(started(1, 4, "app"));
-    let raised = Op::Malloc {
-        heap: 0,
-        seq: 1,
-        address: 0x10,
-        sample_size: 4096 << 10,
-        size: 100,
-        tid: 1,
-        timestamp_ns: 1,
-        stack: 1,
-        context: 0,
-        interval_shift: 10,
-    };
+    // One sample of 100 bytes drawn at 4 KiB << 10.
+    let mut raised = malloc(1, 0x10, 100, 1);
+    if let Op::Malloc {
+        sample_size,
+        interval_shift,
+        ..
+    } = &mut raised
+    {
+        (*sample_size, *interval_shift) = (4096 << 10, 10);
+    }
     let stats = SessionStats {
         heap_samples: 2,
         ring: RingStats {
