@@ -81,7 +81,12 @@ pub(crate) fn size_range(r: &SizeRow) -> String {
     if r.high < 1024 {
         return format!("{}-{} B", r.low, r.high);
     }
-    format!("{}-{}", human_bytes(r.low), human_bytes(r.high + 1))
+    // A corrupt trace's size can be the largest there is.
+    format!(
+        "{}-{}",
+        human_bytes(r.low),
+        human_bytes(r.high.saturating_add(1))
+    )
 }
 
 struct Table<'a> {
@@ -387,4 +392,30 @@ pub fn write_text(r: &Report, out: &mut impl Write, o: &TextOptions) -> io::Resu
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A corrupt trace can hold a size bucket that ends at the largest
+    /// size there is (the robustness property test found it).
+    #[test]
+    fn a_bucket_ending_at_the_largest_size_is_named() {
+        let r = SizeRow {
+            low: 1 << 63,
+            high: u64::MAX,
+            samples: 1,
+            allocations: 1.0,
+        };
+        assert!(size_range(&r).contains('-'), "{}", size_range(&r));
+        assert_eq!(
+            size_range(&SizeRow {
+                low: 16,
+                high: 31,
+                ..r
+            }),
+            "16-31 B"
+        );
+    }
 }
