@@ -376,13 +376,13 @@ impl Session {
             contexts::ensure_sent(context_id, self.mode_word, |rec| self.write_small(rec));
         }
         let malloc_heap = heap_id == wire::HEAP_LIBC_MALLOC;
-        let shift = if malloc_heap {
+        let mut shift = if malloc_heap {
             // SAFETY: the calling thread's own block.
             u32::from(unsafe { (*st).interval_shift })
         } else {
             0
         };
-        let mut flags = shift << MallocHeader::INTERVAL_SHIFT_BIT;
+        let mut flags = 0;
         let mut sample_size = sample_size;
         let mut reuse = None;
         let stack_len = match capture::stack_end_for(st, sp) {
@@ -422,13 +422,12 @@ impl Session {
                 len,
             );
             // Thinned away: no record, and the block stays out of the free set.
-            let Some((thinned_size, sent_shift)) = sent else {
+            let Some(sent) = sent else {
                 return false;
             };
-            sample_size = thinned_size;
-            flags = (flags & !MallocHeader::INTERVAL_SHIFT_MASK)
-                | (sent_shift << MallocHeader::INTERVAL_SHIFT_BIT);
+            (sample_size, shift) = sent;
         }
+        flags |= shift << MallocHeader::INTERVAL_SHIFT_BIT;
         let now_ns = coarse_now_ns();
         let mut fixed = [0u8; MallocHeader::ENCODED_LEN];
         MallocHeader {
