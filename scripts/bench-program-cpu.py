@@ -11,8 +11,8 @@ path in $PROGRAM, default ./onestack) prints its worker threads' CPU,
 which leaves out the profiler's daemon and `record`'s start and end. An
 empty PREFIX runs the program bare; the first NAME is the baseline. Prints
 per NAME the median, the paired median difference to the baseline (this
-NAME's value less the baseline's in the same round) and the ratio of the
-medians.
+NAME's value less the baseline's in the same round) with its 95%
+bootstrap interval (`bench_stats.py`), and the ratio of the medians.
 
 Example: scripts/bench-program-cpu.py 15 "1 10000000 20" bare= \\
     head="target/release/heapprofd-rs record --no-service -i 512k -o /tmp/h.pftrace --"
@@ -22,6 +22,8 @@ import re
 import statistics
 import subprocess
 import sys
+
+from bench_stats import paired_median_interval
 
 
 def main() -> int:
@@ -45,10 +47,16 @@ def main() -> int:
     base = values[configs[0][0]]
     for name, _ in configs:
         v = values[name]
-        paired = statistics.median(x - y for x, y in zip(v, base))
+        diffs = [x - y for x, y in zip(v, base)]
+        paired = statistics.median(diffs)
         ratio = statistics.median(v) / statistics.median(base)
         print(f"{name:12s} median {statistics.median(v):9.1f} ms  paired {paired:+8.1f} ms  "
               f"({ratio:.3f}x)  min {min(v):.1f}")
+        if name != configs[0][0]:
+            lo, hi = paired_median_interval(diffs)
+            b = statistics.median(base)
+            print(f"{'':12s} 95% of the paired median: [{lo:+.1f}, {hi:+.1f}] ms "
+                  f"= [{1 + lo / b:.3f}x, {1 + hi / b:.3f}x]")
     return 0
 
 

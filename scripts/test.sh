@@ -40,6 +40,9 @@ scripts/check-deps.sh
 step "layout rules (module docs, file length, no too_many_arguments, no import circles)"
 python3 scripts/check-layout.py --self-test && python3 scripts/check-layout.py
 
+step "benchmark statistics (the interval the bench scripts print)"
+python3 scripts/bench_stats.py
+
 step "release build (the end-to-end tests run these binaries)"
 cargo build --release --workspace
 
