@@ -32,6 +32,8 @@ fn watch(s: &'static Session) {
     // The part of the ring past `connect::PREFAULT_HEAD` (a no-op for the
     // pages already in). Best effort: without it, writers fault pages in.
     s.rb().prefault();
+    // The free set's slots, likewise (see `FreeSet::prefault`).
+    let _ = crate::state::free_set().prefault();
     let mut sink = [0u8; 64];
     // CPU-time profiling and perf events: the watcher arms the threads'
     // timers and events now and looks for new threads every
