@@ -262,9 +262,11 @@ impl FreeSet {
     /// zeroing 2 MiB took about 0.1 ms here, but 25-45 ms in about one
     /// `record` of ten (`perf`: `clear_page_erms` under an insert; a VM that
     /// reports free 2 MiB blocks to its host). Else it is up to 512 page
-    /// faults. Nothing while unmapped or bypassed (no address goes in);
-    /// pages already in stay as they are. Best effort: true if the kernel
-    /// faulted the slots in (Linux 5.14+).
+    /// faults. So every profiled process has the 2 MiB in, sampled or not
+    /// (before, a process that never sampled had none of it). Nothing
+    /// while unmapped or bypassed (no address goes in); pages already in
+    /// stay as they are. Best effort: true if the kernel faulted the slots
+    /// in (Linux 5.14+).
     pub fn prefault(&self) -> bool {
         let slots = self.slots.load(Ordering::Acquire);
         if slots.is_null() || self.bypassed() {
