@@ -259,10 +259,10 @@ impl FreeSet {
     /// session's first inserts, on the program's threads, do not. The
     /// watcher thread calls it as its session starts, beside the program.
     /// That first touch is the slots' huge page where the kernel gives one:
-    /// zeroing 2 MiB took about 0.1 ms here, but 25-45 ms in about one
-    /// `record` of ten (`perf`: `clear_page_erms` under an insert; a VM that
-    /// reports free 2 MiB blocks to its host). Else it is up to 512 page
-    /// faults. So every profiled process has the 2 MiB in, sampled or not
+    /// zeroing 2 MiB took 0.05-0.25 ms alone here, but 17-58 ms in 2 or 3
+    /// of 10 runs of `record -i 512k` of a 4-thread program (`perf`:
+    /// `clear_page_erms` under an insert; a VM that reports free 2 MiB
+    /// blocks to its host). Else it is up to 512 page faults. So every profiled process has the 2 MiB in, sampled or not
     /// (before, a process that never sampled had none of it). Nothing
     /// while unmapped or bypassed (no address goes in); pages already in
     /// stay as they are. Best effort: true if the kernel faulted the slots

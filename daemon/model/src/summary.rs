@@ -107,7 +107,8 @@ pub(crate) fn summarize<'a>(
     let mut ring_by_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     for (pid, s) in sessions {
         let e = ring_by_pid.entry(pid).or_default();
-        e.0 += s.ring.writes_overflow;
+        // Both counts come from the ring, which a peer can corrupt.
+        e.0 = e.0.saturating_add(s.ring.writes_overflow);
         e.1 = e.1.saturating_add(s.ring.thinned);
     }
     profile
