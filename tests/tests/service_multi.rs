@@ -7,7 +7,8 @@
 //! with the signal); `record --all`; `heapprofd-rs --pid` as shorthand;
 //! SIGTERM of the service writing every open profile, SIGKILL leaving the
 //! profiled programs running; a program still starting when a profile
-//! takes the running ones left to its own client.
+//! takes the running ones left to its own client; the free set's prefault
+//! only in processes a profile names (not under `--all`).
 //!
 //! Each test has its own service in a scratch `HEAPPROFD_SERVICE_DIR`; the
 //! programs are named through their `argv[0]` so that no other test's
@@ -23,7 +24,7 @@ use heapprofd_tests::record_harness::{
     TraceSummary, check_trace, frame_is, heapprofd, record_programs, scratch_dir,
 };
 use heapprofd_tests::service_harness::{
-    Reaped, Service, Stepper, preloaded, run_preloaded, signal, wait_exit,
+    Reaped, Service, Stepper, preloaded, run_preloaded, signal, wait_exit, wait_for,
 };
 
 /// The tests of this file run concurrently, each with its own service,
@@ -491,6 +492,78 @@ fn a_control_peer_that_goes_away_mid_profile_is_harmless() {
         totals(&check_trace(&other), kept_pid, "alloc_then_exit"),
         (4, 4 * 64)
     );
+    let (code, log) = svc.stop();
+    assert_eq!(code, 0, "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `RssAnon` of `pid` in KiB.
+fn rss_anon_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssAnon in status")
+}
+
+/// Waits until `pid`'s client thread (the session's watcher) sleeps in
+/// `poll` (x86_64 7, or `ppoll`, 271), which it enters only after its
+/// session's start-up work, the free set's prefault included.
+fn wait_watching(pid: u32) {
+    let name = heapprofd_proto::attach::CLIENT_THREAD_NAME;
+    wait_for(&format!("pid {pid}'s {name} thread in poll"), || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+                read("comm").trim_end() == name
+                    && matches!(read("syscall").split(' ').next(), Some("7" | "271"))
+            })
+    });
+}
+
+/// `ClientConfig::FLAG_PREFAULT_FREE_SET` end to end: a process woken by a
+/// profile that names it has its free set's 2 MiB of slots in before it
+/// samples; one woken by a profile of every process (whose idle processes
+/// would each pay twice their ring) does not. At `-i 64m`, the stepper's
+/// 20 KB after the wake-up are sampled with a probability of 0.03%.
+#[test]
+fn only_profiles_that_name_a_process_fault_its_free_set_in() {
+    let _beside = beside_others();
+    let dir = scratch_dir("svc-prefault");
+    let svc = Service::start(&dir.join("svc"));
+    for (name, args, faulted) in [
+        ("pf_all", &["--all"][..], false),
+        ("pf_named", &["-n", "pf_named", "--no-startup"][..], true),
+    ] {
+        let mut stepper = Stepper::start(&svc.dir, name);
+        let before = rss_anon_kib(stepper.pid);
+        let trace = dir.join(format!("{name}.pftrace"));
+        let mut all_args = args.to_vec();
+        all_args.extend(["-i", "64m"]);
+        let rec = svc.record(&all_args, &trace);
+        svc.wait_log(&format!("woke pid {}", stepper.pid));
+        // The wake-up starts the session at the next allocation.
+        stepper.say("small");
+        wait_watching(stepper.pid);
+        let grown = rss_anon_kib(stepper.pid).saturating_sub(before);
+        end_record(rec, name);
+        stepper.finish();
+        if faulted {
+            assert!(
+                grown >= 1536,
+                "{name}: RssAnon grew by {grown} KiB, want 2 MiB"
+            );
+        } else {
+            assert!(
+                grown < 1024,
+                "{name}: RssAnon grew by {grown} KiB, want no 2 MiB"
+            );
+        }
+    }
     let (code, log) = svc.stop();
     assert_eq!(code, 0, "{log}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -13,8 +13,8 @@
 //!                                 0 = empty; MAP_PRIVATE, so a forked child
 //!                                 gets its own copy; faulted in by the
 //!                                 watcher thread as a session starts
-//!                                 ([`FreeSet::prefault`]; the summary and
-//!                                 counts when mapped)
+//!                                 if the daemon asks ([`FreeSet::prefault`];
+//!                                 the summary and counts when mapped)
 //! bucket(addr) = (addr >> 4) * golden_ratio >> (64 - log2(BUCKETS))
 //! ```
 //!
@@ -262,11 +262,15 @@ impl FreeSet {
     /// zeroing 2 MiB took 0.05-0.25 ms alone here, but 17-58 ms in 2 or 3
     /// of 10 runs of `record -i 512k` of a 4-thread program (`perf`:
     /// `clear_page_erms` under an insert; a VM that reports free 2 MiB
-    /// blocks to its host). Else it is up to 512 page faults. So every profiled process has the 2 MiB in, sampled or not
-    /// (before, a process that never sampled had none of it). Nothing
-    /// while unmapped or bypassed (no address goes in); pages already in
-    /// stay as they are. Best effort: true if the kernel faulted the slots
-    /// in (Linux 5.14+).
+    /// blocks to its host). Else it is up to 512 page faults. So a
+    /// process has the 2 MiB in whether it samples or not: the watcher
+    /// calls this only when the daemon asks
+    /// (`ClientConfig::FLAG_PREFAULT_FREE_SET`: `record`, and a service
+    /// profile that names its processes; not one of every process, whose
+    /// idle processes would each pay twice their ring). Nothing while
+    /// unmapped or bypassed (no address goes in); pages already in stay as
+    /// they are. Best effort: true if the kernel faulted the slots in
+    /// (Linux 5.14+).
     pub fn prefault(&self) -> bool {
         let slots = self.slots.load(Ordering::Acquire);
         if slots.is_null() || self.bypassed() {

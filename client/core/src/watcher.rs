@@ -32,8 +32,11 @@ fn watch(s: &'static Session) {
     // The part of the ring past `connect::PREFAULT_HEAD` (a no-op for the
     // pages already in). Best effort: without it, writers fault pages in.
     s.rb().prefault();
-    // The free set's slots, likewise (see `FreeSet::prefault`).
-    let _ = crate::state::free_set().prefault();
+    // The free set's slots, likewise, if the daemon asks (see
+    // `FreeSet::prefault` and `ClientConfig::FLAG_PREFAULT_FREE_SET`).
+    if s.config().prefault_free_set() {
+        let _ = crate::state::free_set().prefault();
+    }
     let mut sink = [0u8; 64];
     // CPU-time profiling and perf events: the watcher arms the threads'
     // timers and events now and looks for new threads every

@@ -155,6 +155,12 @@ fn client_config(spec: &ProfileSpec) -> Result<ClientConfig> {
     if !spec.sampling.no_stack_reuse {
         client.flags |= ClientConfig::FLAG_STACK_REUSE;
     }
+    // Named processes fault their free sets in as their sessions start, as
+    // under `record`; a profile of every process does not (most of its
+    // processes may never sample; see `FLAG_PREFAULT_FREE_SET`).
+    if !spec.targets.all {
+        client.flags |= ClientConfig::FLAG_PREFAULT_FREE_SET;
+    }
     // A seeded run is for reproducible sampling (see `record --seed`).
     if !spec.sampling.fixed_interval && spec.sampling.seed == 0 {
         client.flags |= ClientConfig::FLAG_ADAPTIVE_INTERVAL;
@@ -547,5 +553,47 @@ pub(super) async fn sleep_for(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(targets: Targets) -> ProfileSpec {
+        let mut s = ProfileSpec {
+            targets,
+            ..ProfileSpec::default()
+        };
+        s.sampling.interval = 4096;
+        s.sampling.shmem_size = 2 << 20;
+        s
+    }
+
+    #[test]
+    fn only_a_profile_of_every_process_leaves_the_free_sets_unfaulted() {
+        let named = spec(Targets {
+            names: vec!["python3".into()],
+            ..Targets::default()
+        });
+        let pids = spec(Targets {
+            pids: vec![42],
+            ..Targets::default()
+        });
+        let all = spec(Targets {
+            all: true,
+            ..Targets::default()
+        });
+        let flag = |s: &ProfileSpec| client_config(s).unwrap().prefault_free_set();
+        assert!(flag(&named));
+        assert!(flag(&pids));
+        assert!(!flag(&all));
+        // The other flags do not depend on the targets.
+        let (a, n) = (client_config(&all).unwrap(), client_config(&named).unwrap());
+        assert_eq!(
+            a.flags | ClientConfig::FLAG_PREFAULT_FREE_SET,
+            n.flags,
+            "only the prefault differs"
+        );
     }
 }

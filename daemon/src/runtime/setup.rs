@@ -55,6 +55,9 @@ pub(super) fn daemon_options(
     if !args.no_stack_reuse {
         client.flags |= ClientConfig::FLAG_STACK_REUSE;
     }
+    // The program `record` runs or names is the one profiled: its first
+    // samples should not pay the free set's page faults.
+    client.flags |= ClientConfig::FLAG_PREFAULT_FREE_SET;
     // A seeded run is for reproducible sampling, which a rate that follows
     // the daemon's pace would not be.
     if !args.fixed_interval && args.seed == 0 {

@@ -168,6 +168,13 @@ impl ClientConfig {
     /// (`MallocHeader::INTERVAL_SHIFT_MASK`). Without it the interval is
     /// fixed and a full ring blocks or drops. No layout change.
     pub const FLAG_ADAPTIVE_INTERVAL: u32 = 16;
+    /// The client faults its free set's slots in (2 MiB) as the session
+    /// starts, on its own thread, so that the first sampled allocations
+    /// do not on the program's threads. Set for the sessions of `record`
+    /// and of a service profile that names its processes; not for one of
+    /// every process (`--all`), where most processes may never sample and
+    /// the 2 MiB each would be twice their ring. No layout change.
+    pub const FLAG_PREFAULT_FREE_SET: u32 = 32;
 
     /// A configuration sampling `libc.malloc` every `interval` bytes.
     pub fn new(sampling_interval: u64, shmem_size: u64) -> ClientConfig {
@@ -230,6 +237,12 @@ impl ClientConfig {
     /// ([`Self::FLAG_ADAPTIVE_INTERVAL`]).
     pub fn adaptive_interval(&self) -> bool {
         self.flags & Self::FLAG_ADAPTIVE_INTERVAL != 0
+    }
+
+    /// Whether the client faults its free set in as the session starts
+    /// ([`Self::FLAG_PREFAULT_FREE_SET`]).
+    pub fn prefault_free_set(&self) -> bool {
+        self.flags & Self::FLAG_PREFAULT_FREE_SET != 0
     }
 
     /// Whether the daemon answers the ring's maps ask.
