@@ -14,6 +14,13 @@ per NAME the median, the paired median difference to the baseline (this
 NAME's value less the baseline's in the same round) with its 95%
 bootstrap interval (`bench_stats.py`), and the ratio of the medians.
 
+Then, per NAME, where the whole command's CPU went (medians, and paired
+medians against the baseline): the whole command's (`wait4`'s user+sys of
+it and its children), the program's worker threads' (`cpu_ns=`), the
+profiler's daemon's (`record`'s own `self usage` line: the commands run
+with HEAPPROFD_DEBUG=1) and the rest (the program's other threads, exec
+and loading, `record`'s process before and after).
+
 Example: scripts/bench-program-cpu.py 15 "1 10000000 20" bare= \\
     head="target/release/heapprofd-rs record --no-service -i 512k -o /tmp/h.pftrace --"
 """
@@ -34,16 +41,30 @@ def main() -> int:
     configs = [a.split("=", 1) for a in sys.argv[3:]]
     program = os.environ.get("PROGRAM", "./onestack")
     values = {name: [] for name, _ in configs}
+    daemon = {name: [] for name, _ in configs}
+    whole = {name: [] for name, _ in configs}
+    env = dict(os.environ, HEAPPROFD_DEBUG="1")
     for r in range(rounds):
         k = r % len(configs)
         for name, prefix in configs[k:] + configs[:k]:
             cmd = prefix.split() + [program] + args
-            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=env)
+            # Small outputs (well under a pipe's 64 KiB): read one, then the
+            # other, then reap with wait4 for the command's own CPU.
+            out, err = p.stdout.read(), p.stderr.read()
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            p.stdout.close()
+            p.stderr.close()
             m = re.search(r"cpu_ns=(\d+)", out)
             if not m:
                 print(f"{name}: no cpu_ns= in the output of {cmd}", file=sys.stderr)
                 return 1
             values[name].append(int(m.group(1)) / 1e6)
+            d = re.search(r"self usage: user_s=([\d.]+) sys_s=([\d.]+)", err)
+            daemon[name].append((float(d.group(1)) + float(d.group(2))) * 1e3 if d else 0.0)
+            whole[name].append((usage.ru_utime + usage.ru_stime) * 1e3)
     base = values[configs[0][0]]
     for name, _ in configs:
         v = values[name]
@@ -57,6 +78,19 @@ def main() -> int:
             b = statistics.median(base)
             print(f"{'':12s} 95% of the paired median: [{lo:+.1f}, {hi:+.1f}] ms "
                   f"= [{1 + lo / b:.3f}x, {1 + hi / b:.3f}x]")
+    print("CPU split, ms: median (paired median against the baseline)")
+    for name, _ in configs:
+        rest = [w - v - d for w, v, d in zip(whole[name], values[name], daemon[name])]
+        base_rest = [w - v - d for w, v, d in
+                     zip(whole[configs[0][0]], base, daemon[configs[0][0]])]
+        cols = []
+        for label, v, b in [("whole", whole[name], whole[configs[0][0]]),
+                            ("program", values[name], base),
+                            ("daemon", daemon[name], daemon[configs[0][0]]),
+                            ("rest", rest, base_rest)]:
+            paired = statistics.median([x - y for x, y in zip(v, b)])
+            cols.append(f"{label} {statistics.median(v):7.1f} ({paired:+6.1f})")
+        print(f"{name:12s} " + "  ".join(cols))
     return 0
 
 
