@@ -507,9 +507,20 @@ fn rss_anon_kib(pid: u32) -> u64 {
         .expect("RssAnon in status")
 }
 
+/// Whether system call `nr` is `poll` or `ppoll` (glibc's `poll` is
+/// either, by architecture).
+fn is_poll(nr: i64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if nr == libc::SYS_poll {
+        return true;
+    }
+    nr == libc::SYS_ppoll
+}
+
 /// Waits until `pid`'s client thread (the session's watcher) sleeps in
-/// `poll` (x86_64 7, or `ppoll`, 271), which it enters only after its
-/// session's start-up work, the free set's prefault included.
+/// `poll`, which it enters only after its session's start-up work, the
+/// free set's prefault included (`/proc/PID/task/TID/syscall` starts with
+/// the number of the call a thread is blocked in).
 fn wait_watching(pid: u32) {
     let name = heapprofd_proto::attach::CLIENT_THREAD_NAME;
     wait_for(&format!("pid {pid}'s {name} thread in poll"), || {
@@ -519,8 +530,11 @@ fn wait_watching(pid: u32) {
             .flatten()
             .any(|t| {
                 let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-                read("comm").trim_end() == name
-                    && matches!(read("syscall").split(' ').next(), Some("7" | "271"))
+                let nr = read("syscall")
+                    .split(' ')
+                    .next()
+                    .and_then(|n| n.parse().ok());
+                read("comm").trim_end() == name && nr.is_some_and(is_poll)
             })
     });
 }
