@@ -79,16 +79,15 @@ def main() -> int:
             print(f"{'':12s} 95% of the paired median: [{lo:+.1f}, {hi:+.1f}] ms "
                   f"= [{1 + lo / b:.3f}x, {1 + hi / b:.3f}x]")
     print("CPU split, ms: median (paired median against the baseline)")
+    rest = {name: [w - v - d for w, v, d in zip(whole[name], values[name], daemon[name])]
+            for name, _ in configs}
+    parts = [("whole", whole), ("program", values), ("daemon", daemon), ("rest", rest)]
+    first = configs[0][0]
     for name, _ in configs:
-        rest = [w - v - d for w, v, d in zip(whole[name], values[name], daemon[name])]
-        base_rest = [w - v - d for w, v, d in
-                     zip(whole[configs[0][0]], base, daemon[configs[0][0]])]
         cols = []
-        for label, v, b in [("whole", whole[name], whole[configs[0][0]]),
-                            ("program", values[name], base),
-                            ("daemon", daemon[name], daemon[configs[0][0]]),
-                            ("rest", rest, base_rest)]:
-            paired = statistics.median([x - y for x, y in zip(v, b)])
+        for label, part in parts:
+            v = part[name]
+            paired = statistics.median([x - y for x, y in zip(v, part[first])])
             cols.append(f"{label} {statistics.median(v):7.1f} ({paired:+6.1f})")
         print(f"{name:12s} " + "  ".join(cols))
     return 0

@@ -225,6 +225,16 @@ pub fn client_thread(pid: u32) -> Option<u32> {
         })
 }
 
+/// A `kB` field of `/proc/PID/status` (`VmHWM`, `RssAnon`...), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
 /// Whether `path` is mapped in `pid`.
 pub fn maps_contain(pid: u32, needle: &str) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains(needle))

@@ -212,12 +212,7 @@ pub fn record_socket(record_pid: i32) -> PathBuf {
 
 /// `VmHWM` (peak resident set) of a process, in KiB.
 pub fn peak_rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmHWM")
+    crate::attach_harness::status_kib(pid as u32, "VmHWM")
 }
 
 /// Raises this process's soft limit on open files (the children started

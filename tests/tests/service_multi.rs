@@ -20,6 +20,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{ChildStdin, ChildStdout, Stdio};
 
+use heapprofd_tests::attach_harness::{client_thread, status_kib};
 use heapprofd_tests::record_harness::{
     TraceSummary, check_trace, frame_is, heapprofd, record_programs, scratch_dir,
 };
@@ -497,16 +498,6 @@ fn a_control_peer_that_goes_away_mid_profile_is_harmless() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `RssAnon` of `pid` in KiB.
-fn rss_anon_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("RssAnon in status")
-}
-
 /// Whether system call `nr` is `poll` or `ppoll` (glibc's `poll` is
 /// either, by architecture).
 fn is_poll(nr: i64) -> bool {
@@ -522,20 +513,13 @@ fn is_poll(nr: i64) -> bool {
 /// free set's prefault included (`/proc/PID/task/TID/syscall` starts with
 /// the number of the call a thread is blocked in).
 fn wait_watching(pid: u32) {
-    let name = heapprofd_proto::attach::CLIENT_THREAD_NAME;
-    wait_for(&format!("pid {pid}'s {name} thread in poll"), || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|t| {
-                let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-                let nr = read("syscall")
-                    .split(' ')
-                    .next()
-                    .and_then(|n| n.parse().ok());
-                read("comm").trim_end() == name && nr.is_some_and(is_poll)
-            })
+    wait_for(&format!("pid {pid}'s client thread in poll"), || {
+        client_thread(pid).is_some_and(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall"))
+                .ok()
+                .and_then(|s| s.split(' ').next()?.parse().ok())
+                .is_some_and(is_poll)
+        })
     });
 }
 
@@ -554,7 +538,7 @@ fn only_profiles_that_name_a_process_fault_its_free_set_in() {
         ("pf_named", &["-n", "pf_named", "--no-startup"][..], true),
     ] {
         let mut stepper = Stepper::start(&svc.dir, name);
-        let before = rss_anon_kib(stepper.pid);
+        let before = status_kib(stepper.pid, "RssAnon");
         let trace = dir.join(format!("{name}.pftrace"));
         let mut all_args = args.to_vec();
         all_args.extend(["-i", "64m"]);
@@ -563,7 +547,7 @@ fn only_profiles_that_name_a_process_fault_its_free_set_in() {
         // The wake-up starts the session at the next allocation.
         stepper.say("small");
         wait_watching(stepper.pid);
-        let grown = rss_anon_kib(stepper.pid).saturating_sub(before);
+        let grown = status_kib(stepper.pid, "RssAnon").saturating_sub(before);
         end_record(rec, name);
         stepper.finish();
         if faulted {
