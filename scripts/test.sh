@@ -40,8 +40,9 @@ scripts/check-deps.sh
 step "layout rules (module docs, file length, no too_many_arguments, no import circles)"
 python3 scripts/check-layout.py --self-test && python3 scripts/check-layout.py
 
-step "benchmark statistics (the interval the bench scripts print)"
+step "benchmark scripts' self-checks (the interval they print, bench-sample-cost's classes)"
 python3 scripts/bench_stats.py
+python3 scripts/bench-sample-cost.py --self-test
 
 step "release build (the end-to-end tests run these binaries)"
 cargo build --release --workspace
