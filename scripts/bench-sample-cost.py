@@ -14,9 +14,10 @@ cpu-clock -F 10000`:
            (SIZE 64k by default; the count of samples is read from the
            `costs:` line HEAPPROFD_DEBUG=1 prints)
 
-and sorts every `perf` sample by thread and symbol. A thread named
-`heapprofd-*` or `tokio-rt-worker` is the daemon's; any other is the
-program's. The program's samples go to the client's hooks (the exported
+and sorts every `perf` sample (`perf script`) by process and symbol. The
+process with threads named `heapprofd-book` and `heapprofd-unwind-N` is
+the daemon (`record`); any other is the program (the client's watcher
+thread, also named `heapprofd-rs`, included). The program's samples go to the client's hooks (the exported
 allocation functions of `libheapprofd_client.so`: `malloc`, `free`, ...),
 the client's other code (the sampled path: registers, stack copy, ring,
 free set, gap draws), the C library's copies, compares and clocks (which
@@ -64,44 +65,58 @@ LIBC_HELPERS = ("__memmove", "__memcpy", "__memcmp", "memcpy", "memmove", "memcm
                 "clock_gettime", "__clock_gettime")
 
 
-def classify(comm: str, dso: str, sym: str) -> str:
-    """The part a `perf` sample of thread `comm` in `dso` at `sym` goes to."""
-    if comm.startswith("heapprofd") or comm.startswith("tokio-rt"):
+# Threads only the daemon has; the process that has them is `record`'s.
+# (Its main thread is called heapprofd-rs, as is the client's watcher thread
+# in the program, so the daemon is told by process, not by thread name.)
+DAEMON_THREADS = ("heapprofd-book", "heapprofd-unwin")
+# One line of `perf script -F comm,pid,tid,ip,sym,dso`.
+SCRIPT_LINE = re.compile(r"^\s*(.*?)\s+(\d+)/(\d+)\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$")
+
+
+def classify(daemon: bool, dso: str, sym: str) -> str:
+    """The part a `perf` sample goes to: of the daemon's process or not, in
+    `dso` (a path or `[kernel.kallsyms]`) at `sym`."""
+    if daemon:
         return "daemon"
-    if "libheapprofd_client" in dso:
+    base = os.path.basename(dso)
+    if base.startswith("libheapprofd_client"):
         # C++ operators demangle to "operator new(...)" and the like.
         if sym in HOOKS or sym.startswith("operator new") or sym.startswith("operator delete"):
             return "program: client hooks"
         return "program: client sampled path"
-    if dso.startswith("libc.so") or dso.startswith("libc-"):
+    if base.startswith("libc.so") or base.startswith("libc-"):
         if sym.startswith(LIBC_HELPERS):
             return "program: C library, copies and clocks"
         return "program: C library, the rest"
-    if dso.startswith("[kernel"):
+    if base.startswith("[kernel"):
         return "program: kernel"
     return "program: rest"
 
 
-def perf_parts(data: str) -> dict:
-    """Milliseconds per part in one `perf record` file (10 kHz samples)."""
-    out = subprocess.run(
-        ["perf", "report", "-i", data, "--sort", "comm,dso,sym", "--stdio", "-n",
-         "--field-separator", "\t"],
-        capture_output=True, text=True, check=True).stdout
+def parts_of(lines) -> dict:
+    """Milliseconds per part (10 kHz samples) in `perf script` lines."""
+    samples = []
+    daemon_pids = set()
+    for line in lines:
+        m = SCRIPT_LINE.match(line)
+        if not m:
+            continue
+        comm, pid, _tid, sym, dso = m.groups()
+        if comm.startswith(DAEMON_THREADS):
+            daemon_pids.add(pid)
+        samples.append((pid, dso, sym))
     ms = collections.Counter()
-    for line in out.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        f = line.split("\t")
-        if len(f) < 5:
-            continue
-        try:
-            n = int(f[1])
-        except ValueError:
-            continue
-        sym = re.sub(r"^\[[.k]\]\s+", "", f[4].strip())
-        ms[classify(f[2].strip(), f[3].strip(), sym)] += n / 10.0
+    for pid, dso, sym in samples:
+        ms[classify(pid in daemon_pids, dso, sym)] += 0.1
     return ms
+
+
+def perf_parts(data: str) -> dict:
+    """Milliseconds per part in one `perf record` file."""
+    out = subprocess.run(
+        ["perf", "script", "-i", data, "-F", "comm,pid,tid,ip,sym,dso"],
+        capture_output=True, text=True, check=True).stdout
+    return parts_of(out.splitlines())
 
 
 def run(cmd: list, data: str) -> tuple:
@@ -117,25 +132,34 @@ def run(cmd: list, data: str) -> tuple:
 
 
 def self_test() -> None:
-    """Checks `classify` on the shapes of `perf report` lines seen here."""
-    cases = [
-        (("onestack", "libheapprofd_client.so", "free"), "program: client hooks"),
-        (("node", "libheapprofd_client.so", "operator new(unsigned long)"),
-         "program: client hooks"),
-        (("onestack", "libheapprofd_client.so",
-          "heapprofd_client_core::freeset::FreeSet::insert"), "program: client sampled path"),
-        (("onestack", "libc.so.6", "__memmove_avx512_unaligned_erms"),
-         "program: C library, copies and clocks"),
-        (("onestack", "libc.so.6", "_int_free"), "program: C library, the rest"),
-        (("onestack", "[kernel.kallsyms]", "clear_page_erms"), "program: kernel"),
-        (("onestack", "onestack", "leaf"), "program: rest"),
-        (("heapprofd-unwin", "heapprofd-rs", "drain_batch"), "daemon"),
-        (("tokio-rt-worker", "libc.so.6", "_int_free"), "daemon"),
+    """Checks the sorting on the shapes of `perf script` lines seen here."""
+    client = "/usr/local/lib/heapprofd-rs/libheapprofd_client.so"
+    lines = [
+        # record's process: its main thread, a worker, its C library.
+        "    heapprofd-rs 100/100  7f23909c76bd dl_main (/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)",
+        "  heapprofd-unwin 100/104  55d0c0ffee00 drain_batch (/usr/local/bin/heapprofd-rs)",
+        "  tokio-rt-worker 100/106  7f2390000000 _int_free (/usr/lib/x86_64-linux-gnu/libc.so.6)",
+        # The program: hooks, the sampled path, the C library, the kernel,
+        # its own code, and the client's watcher thread, named heapprofd-rs.
+        f"        onestack 200/201  7f0000001000 free ({client})",
+        f"            node 300/300  7f0000001000 operator new(unsigned long) ({client})",
+        f"        onestack 200/201  7f0000002000 heapprofd_client_core::freeset::FreeSet::insert ({client})",
+        "        onestack 200/201  7f0000003000 __memmove_avx512_unaligned_erms (/usr/lib/x86_64-linux-gnu/libc.so.6)",
+        "        onestack 200/201  7f0000004000 _int_free (/usr/lib/x86_64-linux-gnu/libc.so.6)",
+        "        onestack 200/201  ffffffff8221d78a clear_page_erms ([kernel.kallsyms])",
+        "        onestack 200/201  55d000000100 leaf (/tmp/onestack)",
+        f"    heapprofd-rs 200/207  7f0000005000 heapprofd_client_core::watcher::run ({client})",
     ]
-    for args, want in cases:
-        got = classify(*args)
-        assert got == want, f"classify{args} = {got!r}, want {want!r}"
-    print(f"bench-sample-cost: self-test passed ({len(cases)} cases)")
+    got = parts_of(lines)
+    want = {
+        "daemon": 3, "program: client hooks": 2, "program: client sampled path": 2,
+        "program: C library, copies and clocks": 1, "program: C library, the rest": 1,
+        "program: kernel": 1, "program: rest": 1,
+    }
+    for part in PARTS:
+        n = round(got[part] * 10)
+        assert n == want.get(part, 0), f"{part}: {n} samples, want {want.get(part, 0)}"
+    print(f"bench-sample-cost: self-test passed ({len(lines)} lines)")
 
 
 def main() -> int:
