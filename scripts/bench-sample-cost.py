@@ -2,11 +2,11 @@
 """What a sample costs, by where `perf` finds the CPU: the client's code, the
 program's own code, the kernel and the daemon, per sample.
 
-Usage: scripts/bench-sample-cost.py [--heapprofd BIN] [-i SIZE] ROUNDS -- CMD [ARGS...]
+Usage: scripts/bench-sample-cost.py [--heapprofd [NAME=]BIN]... [-i SIZE] ROUNDS -- CMD [ARGS...]
        scripts/bench-sample-cost.py --self-test   (the suite runs it)
 
-Each round runs, in turn (the order alternates), under `perf record -e
-cpu-clock -F 10000`:
+Each round runs, for each build given with --heapprofd (the order
+rotates from round to round), under `perf record -e cpu-clock -F 10000`:
 
   armed    heapprofd-rs record --no-service -i 1g -- CMD
            (a session whose hooks are armed, almost no samples)
@@ -37,10 +37,15 @@ change to the sampled path shows here after a few rounds, where whole
 wall times need hundreds. The caveat: `perf` charges a stall to the
 instruction that waits, so time the processor overlaps with other work
 is counted too (the hooks' rows overstate what removing them would save;
-compare a build without them in bench-interleaved.py for that).
+compare a build without them in bench-interleaved.py for that). And the
+machine's speed still moves from one quarter of an hour to the next
+(here by 10-20%): compare builds in one invocation (--heapprofd
+base=BIN --heapprofd head=BIN), not across invocations.
 
 Needs `perf` (software event cpu-clock) and a release build.
-Example: scripts/bench-sample-cost.py 3 -- ./onestack 1 10000000 20
+Examples: scripts/bench-sample-cost.py 5 -- ./onestack 1 10000000 20
+          scripts/bench-sample-cost.py --heapprofd base=/tmp/base/heapprofd-rs \\
+              --heapprofd head=target/release/heapprofd-rs 5 -- ./onestack 4 2500000 20
 """
 import argparse
 import collections
@@ -162,44 +167,11 @@ def self_test() -> None:
     print(f"bench-sample-cost: self-test passed ({len(lines)} lines)")
 
 
-def main() -> int:
-    if sys.argv[1:] == ["--self-test"]:
-        self_test()
-        return 0
-    ap = argparse.ArgumentParser(usage=__doc__.split("\n\n")[1].removeprefix("Usage: "))
-    ap.add_argument("--heapprofd", default="target/release/heapprofd-rs")
-    ap.add_argument("-i", dest="interval", default="64k")
-    ap.add_argument("rounds", type=int)
-    ap.add_argument("cmd", nargs=argparse.REMAINDER)
-    a = ap.parse_args()
-    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
-    if not cmd or a.rounds < 1:
-        ap.error("give ROUNDS and a command after --")
-    if shutil.which("perf") is None:
-        sys.exit("bench-sample-cost: `perf` is not on PATH (Debian: apt install linux-perf)")
-    if not os.access(a.heapprofd, os.X_OK):
-        sys.exit(f"bench-sample-cost: {a.heapprofd} is not an executable: build it "
-                 "(cargo build --release) or name it with --heapprofd")
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = os.path.join(tmp, "t.pftrace")
-        configs = {
-            "armed": [a.heapprofd, "record", "--no-service", "-i", "1g", "-o", trace, "--"] + cmd,
-            "sampled": [a.heapprofd, "record", "--no-service", "--fixed-interval",
-                        "-i", a.interval, "-o", trace, "--"] + cmd,
-        }
-        res = {name: [] for name in configs}
-        samples = {name: [] for name in configs}
-        for r in range(a.rounds):
-            order = list(configs) if r % 2 == 0 else list(reversed(configs))
-            for name in order:
-                parts, n = run(configs[name], os.path.join(tmp, "perf.data"))
-                res[name].append(parts)
-                samples[name].append(n)
-                print(f"round {r + 1} {name}: {n} samples, "
-                      + ", ".join(f"{k} {parts[k]:.1f}" for k in PARTS), file=sys.stderr)
-    med = {name: {k: statistics.median(p[k] for p in res[name]) for k in PARTS} for name in res}
+def report(name: str, cmd: list, interval: str, rounds: int, res: dict, samples: dict) -> None:
+    """Prints the table of one build."""
+    med = {c: {k: statistics.median(p[k] for p in res[c]) for k in PARTS} for c in res}
     n = statistics.median(samples["sampled"]) - statistics.median(samples["armed"])
-    print(f"# {a.rounds} rounds of: {' '.join(cmd)}; sampled at {a.interval} (fixed): "
+    print(f"# {name}: {rounds} rounds of: {' '.join(cmd)}; sampled at {interval} (fixed): "
           f"{statistics.median(samples['sampled']):.0f} samples a run, armed (1g): "
           f"{statistics.median(samples['armed']):.0f}")
     if n < 10_000:
@@ -218,6 +190,57 @@ def main() -> int:
             arm, smp = med["armed"][k], med["sampled"][k]
         per = (smp - arm) * 1e6 / n if n > 0 else float("nan")
         print(f"| {k} | {arm:.1f} | {smp:.1f} | {per:.0f} |")
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return 0
+    ap = argparse.ArgumentParser(usage=__doc__.split("\n\n")[1].removeprefix("Usage: "))
+    ap.add_argument("--heapprofd", action="append", metavar="[NAME=]BIN",
+                    help="the heapprofd-rs to measure (repeat to compare builds in the "
+                    "same rounds; default target/release/heapprofd-rs)")
+    ap.add_argument("-i", dest="interval", default="64k")
+    ap.add_argument("rounds", type=int)
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd or a.rounds < 1:
+        ap.error("give ROUNDS and a command after --")
+    builds = {}
+    for i, b in enumerate(a.heapprofd or ["target/release/heapprofd-rs"]):
+        name, _, path = b.rpartition("=")
+        builds[name or (f"build{i + 1}" if a.heapprofd and len(a.heapprofd) > 1 else "head")] = path
+    if shutil.which("perf") is None:
+        sys.exit("bench-sample-cost: `perf` is not on PATH (Debian: apt install linux-perf)")
+    for path in builds.values():
+        if not os.access(path, os.X_OK):
+            sys.exit(f"bench-sample-cost: {path} is not an executable: build it "
+                     "(cargo build --release) or name it with --heapprofd")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "t.pftrace")
+        runs = []
+        for name, path in builds.items():
+            runs.append((name, "armed",
+                         [path, "record", "--no-service", "-i", "1g", "-o", trace, "--"] + cmd))
+            runs.append((name, "sampled",
+                         [path, "record", "--no-service", "--fixed-interval", "-i", a.interval,
+                          "-o", trace, "--"] + cmd))
+        res = {name: {"armed": [], "sampled": []} for name in builds}
+        samples = {name: {"armed": [], "sampled": []} for name in builds}
+        for r in range(a.rounds):
+            k = r % len(runs)
+            order = runs[k:] + runs[:k]
+            if r % 2:
+                order.reverse()
+            for name, config, argv in order:
+                parts, n = run(argv, os.path.join(tmp, "perf.data"))
+                res[name][config].append(parts)
+                samples[name][config].append(n)
+                print(f"round {r + 1} {name} {config}: {n} samples, "
+                      + ", ".join(f"{p} {parts[p]:.1f}" for p in PARTS), file=sys.stderr)
+    for name in builds:
+        report(name, cmd, a.interval, a.rounds, res[name], samples[name])
     return 0
 
 
