@@ -74,8 +74,10 @@ LIBC_HELPERS = ("__memmove", "__memcpy", "__memcmp", "memcpy", "memmove", "memcm
 # (Its main thread is called heapprofd-rs, as is the client's watcher thread
 # in the program, so the daemon is told by process, not by thread name.)
 DAEMON_THREADS = ("heapprofd-book", "heapprofd-unwin")
-# One line of `perf script -F comm,pid,tid,ip,sym,dso`.
-SCRIPT_LINE = re.compile(r"^\s*(.*?)\s+(\d+)/(\d+)\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$")
+# One line of `perf script -F comm,pid,tid,period,ip,sym,dso` (the period
+# of a cpu-clock sample is in ns: 100000 at 10 kHz, more if the kernel
+# lowered the rate).
+SCRIPT_LINE = re.compile(r"^\s*(.*?)\s+(\d+)/(\d+)\s+(\d+)\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$")
 
 
 def classify(daemon: bool, dso: str, sym: str) -> str:
@@ -99,27 +101,27 @@ def classify(daemon: bool, dso: str, sym: str) -> str:
 
 
 def parts_of(lines) -> dict:
-    """Milliseconds per part (10 kHz samples) in `perf script` lines."""
+    """Milliseconds per part in `perf script` lines."""
     samples = []
     daemon_pids = set()
     for line in lines:
         m = SCRIPT_LINE.match(line)
         if not m:
             continue
-        comm, pid, _tid, sym, dso = m.groups()
+        comm, pid, _tid, period, sym, dso = m.groups()
         if comm.startswith(DAEMON_THREADS):
             daemon_pids.add(pid)
-        samples.append((pid, dso, sym))
+        samples.append((pid, int(period), dso, sym))
     ms = collections.Counter()
-    for pid, dso, sym in samples:
-        ms[classify(pid in daemon_pids, dso, sym)] += 0.1
+    for pid, period, dso, sym in samples:
+        ms[classify(pid in daemon_pids, dso, sym)] += period / 1e6
     return ms
 
 
 def perf_parts(data: str) -> dict:
     """Milliseconds per part in one `perf record` file."""
     out = subprocess.run(
-        ["perf", "script", "-i", data, "-F", "comm,pid,tid,ip,sym,dso"],
+        ["perf", "script", "-i", data, "-F", "comm,pid,tid,period,ip,sym,dso"],
         capture_output=True, text=True, check=True).stdout
     return parts_of(out.splitlines())
 
@@ -133,7 +135,10 @@ def run(cmd: list, data: str) -> tuple:
     if p.returncode != 0:
         sys.exit(f"bench-sample-cost: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
     m = re.search(r"costs: records=\d+ samples=(\d+)", p.stderr)
-    return perf_parts(data), int(m.group(1)) if m else 0
+    if not m:
+        sys.exit(f"bench-sample-cost: no `costs:` line from {cmd[0]} under HEAPPROFD_DEBUG=1; "
+                 "is it a heapprofd-rs (name it with --heapprofd)?")
+    return perf_parts(data), int(m.group(1))
 
 
 def self_test() -> None:
@@ -141,29 +146,30 @@ def self_test() -> None:
     client = "/usr/local/lib/heapprofd-rs/libheapprofd_client.so"
     lines = [
         # record's process: its main thread, a worker, its C library.
-        "    heapprofd-rs 100/100  7f23909c76bd dl_main (/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)",
-        "  heapprofd-unwin 100/104  55d0c0ffee00 drain_batch (/usr/local/bin/heapprofd-rs)",
-        "  tokio-rt-worker 100/106  7f2390000000 _int_free (/usr/lib/x86_64-linux-gnu/libc.so.6)",
+        "    heapprofd-rs 100/100     100000  7f23909c76bd dl_main (/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)",
+        "  heapprofd-unwin 100/104     100000  55d0c0ffee00 drain_batch (/usr/local/bin/heapprofd-rs)",
+        "  tokio-rt-worker 100/106     100000  7f2390000000 _int_free (/usr/lib/x86_64-linux-gnu/libc.so.6)",
         # The program: hooks, the sampled path, the C library, the kernel,
         # its own code, and the client's watcher thread, named heapprofd-rs.
-        f"        onestack 200/201  7f0000001000 free ({client})",
-        f"            node 300/300  7f0000001000 operator new(unsigned long) ({client})",
-        f"        onestack 200/201  7f0000002000 heapprofd_client_core::freeset::FreeSet::insert ({client})",
-        "        onestack 200/201  7f0000003000 __memmove_avx512_unaligned_erms (/usr/lib/x86_64-linux-gnu/libc.so.6)",
-        "        onestack 200/201  7f0000004000 _int_free (/usr/lib/x86_64-linux-gnu/libc.so.6)",
-        "        onestack 200/201  ffffffff8221d78a clear_page_erms ([kernel.kallsyms])",
-        "        onestack 200/201  55d000000100 leaf (/tmp/onestack)",
-        f"    heapprofd-rs 200/207  7f0000005000 heapprofd_client_core::watcher::run ({client})",
+        f"        onestack 200/201     100000  7f0000001000 free ({client})",
+        f"            node 300/300     100000  7f0000001000 operator new(unsigned long) ({client})",
+        f"        onestack 200/201     100000  7f0000002000 heapprofd_client_core::freeset::FreeSet::insert ({client})",
+        "        onestack 200/201     100000  7f0000003000 __memmove_avx512_unaligned_erms (/usr/lib/x86_64-linux-gnu/libc.so.6)",
+        "        onestack 200/201     100000  7f0000004000 _int_free (/usr/lib/x86_64-linux-gnu/libc.so.6)",
+        "        onestack 200/201     100000  ffffffff8221d78a clear_page_erms ([kernel.kallsyms])",
+        # A sample of a lowered rate weighs its period.
+        "        onestack 200/201     300000  55d000000100 leaf (/tmp/onestack)",
+        f"    heapprofd-rs 200/207     100000  7f0000005000 heapprofd_client_core::watcher::run ({client})",
     ]
     got = parts_of(lines)
     want = {
         "daemon": 3, "program: client hooks": 2, "program: client sampled path": 2,
         "program: C library, copies and clocks": 1, "program: C library, the rest": 1,
-        "program: kernel": 1, "program: rest": 1,
+        "program: kernel": 1, "program: rest": 3,
     }
     for part in PARTS:
         n = round(got[part] * 10)
-        assert n == want.get(part, 0), f"{part}: {n} samples, want {want.get(part, 0)}"
+        assert n == want.get(part, 0), f"{part}: {n} tenths of a ms, want {want.get(part, 0)}"
     print(f"bench-sample-cost: self-test passed ({len(lines)} lines)")
 
 
